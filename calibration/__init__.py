@@ -1,0 +1,1 @@
+"""quantkit.calibration: calibration data for quantization (sources live in the top-level calibration/)."""

@@ -1,0 +1,68 @@
+"""Shared CLI plumbing: one-line errors, the console, and run-in-a-temp-folder-then-rename."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from quantkit.errors import QuantkitError
+
+console = Console(stderr=True)
+
+
+def one_line_errors(fn: Callable) -> Callable:
+    """Turn QuantkitError into 'error: ...' on stderr and exit 2; Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except QuantkitError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            console.print("[bold red]interrupted[/]: nothing was written")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def prepare_output_dir(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise QuantkitError(f"{out}: already exists (pass --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise QuantkitError(f"{out}: exists and is not a folder")
+
+
+@contextmanager
+def staged_output(out: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary folder beside `out`; on success it replaces `out`, on any failure it is removed."""
+    prepare_output_dir(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()

@@ -1,0 +1,103 @@
+"""Validated configuration objects, built once at the CLI edge and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+from quantkit.quant.primitives import QuantScheme
+
+METHODS = ("rtn", "gptq", "awq")
+FORMATS = ("gptq", "awq")
+BITS = (4, 8)
+GROUP_SIZES = (-1, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class CalibConfig:
+    source: str = "wikitext2"  # a .txt/.jsonl file, a folder of them, or a recipe name
+    nsamples: int = 128
+    seqlen: int = 2048
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.nsamples < 1:
+            raise QuantkitError(f"--nsamples must be at least 1 (got {self.nsamples})")
+        if self.seqlen < 8:
+            raise QuantkitError(f"--seqlen must be at least 8 (got {self.seqlen})")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    model: str
+    out: Path
+    method: str = "gptq"
+    format: str | None = None  # None: the method's natural layout (awq -> awq, else gptq)
+    bits: int = 4
+    group_size: int = 128
+    sym: bool | None = None  # None: the method's default (gptq/rtn symmetric, awq asymmetric)
+    desc_act: bool = False
+    static_groups: bool = False
+    damp: float = 0.01
+    block_size: int = 128
+    true_sequential: bool = True
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    device: str = "auto"
+    force: bool = False
+    dry_run: bool = False
+    max_shard_size: int = 2 * 1024**3
+    awq_duo_scaling: bool = False
+    awq_grid: int = 20
+    load_plan: Path | None = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise QuantkitError(f"unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+        if self.format is not None and self.format not in FORMATS:
+            raise QuantkitError(f"unknown format {self.format!r}; expected one of {', '.join(FORMATS)}")
+        if self.bits not in BITS:
+            raise QuantkitError(f"unsupported --bits {self.bits}; supported: 4, 8")
+        if self.group_size not in GROUP_SIZES:
+            raise QuantkitError(f"unsupported --group-size {self.group_size}; supported: 32, 64, 128, -1 (per channel)")
+        if not 0 < self.damp < 1:
+            raise QuantkitError(f"--damp must be in (0, 1) (got {self.damp})")
+        if self.block_size < 1 or (self.group_size != -1 and self.block_size % self.group_size):
+            raise QuantkitError(f"--block-size {self.block_size} must be a multiple of the group size")
+        if self.layout_format == "awq" and self.bits != 4:
+            raise QuantkitError("the AWQ format holds 4-bit weights only")
+        if self.layout_format == "awq" and self.desc_act:
+            raise QuantkitError("--desc-act (act-order) cannot be written in the AWQ format, which has no g_idx; "
+                                "use --format gptq")
+        if self.desc_act and self.method != "gptq":
+            raise QuantkitError("--desc-act applies to --method gptq only")
+        if self.load_plan is not None and self.method != "awq":
+            raise QuantkitError("--load-plan applies to --method awq only")
+
+    @property
+    def layout_format(self) -> str:
+        return self.format or ("awq" if self.method == "awq" else "gptq")
+
+    @property
+    def is_sym(self) -> bool:
+        return (self.method != "awq") if self.sym is None else self.sym
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return QuantScheme(bits=self.bits, group_size=self.group_size, sym=self.is_sym)
+
+    @property
+    def layout(self) -> str:
+        """On-disk layout: awq, gptq (v1, symmetric) or gptq_v2 (asymmetric, since v1 stores zero - 1)."""
+        if self.layout_format == "awq":
+            return "awq"
+        return "gptq" if self.is_sym else "gptq_v2"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d["load_plan"] = None if self.load_plan is None else str(self.load_plan)
+        d["sym"] = self.is_sym
+        d["format"] = self.layout_format
+        d["layout"] = self.layout
+        return d

@@ -1,0 +1,67 @@
+"""The contract between the layer-by-layer pipeline and a quantization method.
+
+The pipeline (quantkit.quant.pipeline) owns loading, calibration capture, propagation
+of activations from layer to layer, packing and writing. A method sees one decoder layer
+at a time through a `LayerContext` and returns a `LayerResult`:
+
+* it quantizes every linear named in `ctx.linears` (those that can be packed; the others stay
+  float and are listed in `ctx.skipped`),
+* it leaves each quantized linear's `.weight` set to the dequantized (fake-quantized) weight,
+  so the pipeline's re-run of the layer feeds quantized outputs to the next layer,
+* it may change other float tensors of the layer (AWQ folds scales into norms and linears);
+  the pipeline writes the layer's float tensors as the method leaves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from quantkit.config import QuantizeConfig
+from quantkit.quant.arch import ArchSpec
+from quantkit.quant.primitives import QuantizedWeight, QuantScheme
+
+
+@dataclass
+class LayerContext:
+    index: int
+    layer: nn.Module  # the decoder layer, real weights in the compute dtype (fp32), on ctx.device
+    spec: ArchSpec
+    model_config: object  # the transformers config (num_attention_heads, num_key_value_heads, ...)
+    inputs: list[torch.Tensor]  # one hidden-state tensor per calibration sample, [1, seq, hidden]
+    layer_kwargs: dict  # what the decoder layer's forward takes besides hidden states (RoPE, mask, ...)
+    scheme: QuantScheme
+    config: QuantizeConfig
+    linears: tuple[str, ...]  # linears to quantize, relative to the layer, in true-sequential order
+    skipped: dict[str, str]  # linears left float -> reason
+    device: torch.device = torch.device("cpu")
+
+    def run_layer(self, inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Outputs of the layer, as it is now, for each input (default: the calibration inputs)."""
+        outs = []
+        with torch.no_grad():
+            for x in self.inputs if inputs is None else inputs:
+                out = self.layer(x, **self.layer_kwargs)
+                outs.append(out[0] if isinstance(out, tuple) else out)
+        return outs
+
+
+@dataclass
+class LayerResult:
+    weights: dict[str, QuantizedWeight]  # relative linear name -> integer weight (original column order)
+    losses: dict[str, float] = field(default_factory=dict)  # per-linear error (GPTQ: its objective)
+    stats: dict = field(default_factory=dict)  # method-specific numbers for quantkit_meta.json
+    plan: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors saved with the checkpoint (AWQ)
+
+
+class LayerMethod(Protocol):
+    name: str
+
+    def quantize_layer(self, ctx: LayerContext) -> LayerResult: ...
+
+
+MethodFactory = Callable[[QuantizeConfig], LayerMethod]

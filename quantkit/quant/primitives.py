@@ -1,0 +1,130 @@
+"""Integer quantization primitives: min-max parameters, quantize, dequantize.
+
+Conventions used everywhere in quantkit:
+  weight  W: [N, K]  (out_features, in_features), as stored by torch.nn.Linear
+  groups run along K: group g covers input columns [g*G, (g+1)*G)
+  scale, zero: [N] for one group, or [num_groups, N] for a whole weight
+  integer codes q in [0, 2**bits - 1]; W ~= scale * (q - zero)
+
+Scales are rounded to fp16 as soon as they are computed, because fp16 is what the
+checkpoint stores: the codes are then chosen against the exact scale a loader
+will use, and dequantizing the packed checkpoint reproduces the fake-quantized
+weight bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a weight is quantized: bit width, group size along K (-1 = per channel), symmetry."""
+
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+
+    @property
+    def maxq(self) -> int:
+        return 2**self.bits - 1
+
+    def group_len(self, in_features: int) -> int:
+        return in_features if self.group_size == -1 else self.group_size
+
+    def num_groups(self, in_features: int) -> int:
+        g = self.group_len(in_features)
+        return (in_features + g - 1) // g
+
+
+def minmax_params(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point for each row of `w` from its min and max.
+
+    w: [N, L] float. Returns scale [N] (fp16-representable, fp32 dtype) and zero [N] (integral, fp32).
+    Symmetric schemes put the zero at the middle code (8 for 4 bits), as GPTQ does.
+    """
+    maxq = 2**bits - 1
+    w = w.float()
+    xmin = torch.clamp(w.min(dim=1).values, max=0)
+    xmax = torch.clamp(w.max(dim=1).values, min=0)
+    if sym:
+        xmax = torch.maximum(xmin.abs(), xmax)
+        xmin = torch.where(xmin < 0, -xmax, xmin)
+    flat = (xmin == 0) & (xmax == 0)
+    xmin = torch.where(flat, torch.full_like(xmin, -1.0), xmin)
+    xmax = torch.where(flat, torch.full_like(xmax, 1.0), xmax)
+    scale = round_scale((xmax - xmin) / maxq)
+    if sym:
+        zero = torch.full_like(scale, (maxq + 1) / 2)
+    else:
+        zero = torch.round(-xmin / scale).clamp(0, maxq)
+    return scale, zero
+
+
+def round_scale(scale: torch.Tensor) -> torch.Tensor:
+    """Round scales to the fp16 values the checkpoint will store, keeping them positive and finite."""
+    tiny = torch.finfo(torch.float16).tiny
+    return scale.float().clamp(min=tiny, max=torch.finfo(torch.float16).max).half().float()
+
+
+def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
+    """Integer codes for `w` [N, L] given per-row scale/zero [N] (or broadcastable). Returns float codes."""
+    return torch.clamp(torch.round(w / scale.unsqueeze(-1)) + zero.unsqueeze(-1), 0, maxq)
+
+
+def dequantize_codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """scale * (q - zero) with per-row scale/zero [N] broadcast over columns."""
+    return scale.unsqueeze(-1) * (q - zero.unsqueeze(-1))
+
+
+@dataclass
+class QuantizedWeight:
+    """A weight in integer form, in the original column order.
+
+    qweight: [N, K] int codes (int32); scales, zeros: [num_groups, N] (fp32, integral zeros);
+    g_idx: [K] int32 group of each input column (act-order makes it non-monotonic).
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    g_idx: torch.Tensor
+    scheme: QuantScheme
+
+    def dequantize(self) -> torch.Tensor:
+        """W_hat [N, K] fp32."""
+        s = self.scales[self.g_idx.long()].T  # [N, K]
+        z = self.zeros[self.g_idx.long()].T
+        return s * (self.qweight.float() - z)
+
+    @property
+    def act_order(self) -> bool:
+        g = self.g_idx.long()
+        return bool((g[1:] < g[:-1]).any()) if g.numel() > 1 else False
+
+
+def default_g_idx(in_features: int, scheme: QuantScheme) -> torch.Tensor:
+    return (torch.arange(in_features) // scheme.group_len(in_features)).to(torch.int32)
+
+
+def rtn_quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """Round-to-nearest, group by group along K. w: [N, K] float."""
+    w = w.float()
+    n, k = w.shape
+    g = scheme.group_len(k)
+    scales, zeros, codes = [], [], []
+    for start in range(0, k, g):
+        block = w[:, start : start + g]
+        s, z = minmax_params(block, scheme.bits, scheme.sym)
+        scales.append(s)
+        zeros.append(z)
+        codes.append(quantize_codes(block, s, z, scheme.maxq))
+    return QuantizedWeight(
+        qweight=torch.cat(codes, dim=1).to(torch.int32),
+        scales=torch.stack(scales),
+        zeros=torch.stack(zeros),
+        g_idx=default_g_idx(k, scheme),
+        scheme=scheme,
+    )

@@ -1,0 +1,1 @@
+"""quantkit.serve"""

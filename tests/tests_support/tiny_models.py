@@ -1,0 +1,46 @@
+"""Tiny random models saved with save_pretrained, for shapes the real shared model lacks.
+
+Shapes are chosen so every linear packs at group size 32/64/128 (hidden 128, intermediate 256),
+with GQA (4 heads, 2 kv heads) like the real families. The tokenizer is the project's own
+synthetic-corpus BPE, so no download is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+}
+
+
+def make_tiny_model(out: Path, family: str = "llama", hidden: int = 128, intermediate: int = 256,
+                    layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int = 512,
+                    max_positions: int = 512, seed: int = 0, tie: bool = False) -> Path:
+    import transformers
+
+    from quantkit.calibration.synthetic import build_tokenizer
+
+    cfg_name, model_name, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    config = getattr(transformers, cfg_name)(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0, **extra,
+    )
+    model = getattr(transformers, model_name)(config).to(torch.float32)
+    # Random init gives near-uniform logits; widen the weights so outputs depend on the input.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+            elif "bias" in name:
+                p.normal_(0, 0.02)
+    model.save_pretrained(out)
+    build_tokenizer(vocab_size=vocab).save_pretrained(out)
+    return Path(out)
