@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.kernels.reference import w4a16_matmul_reference
+from quantkit.kernels.triton_w4a16 import triton_available
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -26,11 +27,13 @@ def w4a16_matmul(
 
     layout: "gptq" (v1, zeros stored minus one), "gptq_v2", or "awq" (GEMM layout).
     backend: "triton", "torch" (the reference), or "auto" (Triton on CUDA, torch elsewhere).
+    The Triton backend also takes CPU tensors: it then runs the kernels in Triton's interpreter
+    (slow; for tests and checks).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if backend == "auto":
-        backend = "triton" if x.is_cuda else "torch"
+        backend = "triton" if x.is_cuda and triton_available() else "torch"
     if backend == "torch":
         return w4a16_matmul_reference(x, qweight, qzeros, scales, layout=layout, group_size=group_size,
                                       g_idx=g_idx, bias=bias)

@@ -1,0 +1,69 @@
+"""Attention over a paged KV cache in pure torch: the CPU path of the engine and the test oracle
+of the Triton kernel in paged_attention.py.
+
+Cache layout, per layer:
+  key_cache, value_cache  [num_blocks, block_size, kv_heads, head_dim]
+  block_tables            int32 [num_seqs, max_blocks]  (row i: the blocks of sequence i, in order;
+                                                          unused entries are ignored)
+  seq_lens                int32 [num_seqs]  tokens in the cache for each sequence, this step's included
+A token at position p of sequence i lives in block block_tables[i, p // block_size], row p % block_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store k, v [T, kv_heads, head_dim] at flat slots [T] (slot = block * block_size + row)."""
+    num_blocks, block_size = key_cache.shape[:2]
+    key_cache.view(num_blocks * block_size, *key_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    value_cache.view(num_blocks * block_size, *value_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence: [length, kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    n = -(-length // block_size)
+    return cache[block_table[:n].long()].reshape(n * block_size, *cache.shape[2:])[:length]
+
+
+def paged_prefill_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                      block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """One sequence's chunk of queries. q [n, heads, head_dim] holds positions seq_len - n .. seq_len - 1.
+
+    Exact causal masking for chunked prefill: query i sees keys 0 .. seq_len - n + i.
+    """
+    n = q.shape[0]
+    k = gather_kv(key_cache, block_table, seq_len).transpose(0, 1)  # [kv_heads, seq_len, D]
+    v = gather_kv(value_cache, block_table, seq_len).transpose(0, 1)
+    qt = q.transpose(0, 1)  # [heads, n, D]
+    if n == seq_len:
+        out = F.scaled_dot_product_attention(qt, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        rows = torch.arange(n, device=q.device)[:, None] + (seq_len - n)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= rows  # [n, seq_len]
+        out = F.scaled_dot_product_attention(qt, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def paged_decode_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                     scale: float) -> torch.Tensor:
+    """One new token per sequence. q [B, heads, head_dim] -> [B, heads, head_dim].
+
+    All sequences at once: gather block_tables' blocks ([B, max_blocks * block_size] keys)
+    and mask the keys at positions >= seq_len.
+    """
+    b, heads, d = q.shape
+    max_blocks = block_tables.shape[1]
+    block_size, kv_heads = key_cache.shape[1], key_cache.shape[2]
+    idx = block_tables.long().clamp(min=0)
+    k = key_cache[idx].reshape(b, max_blocks * block_size, kv_heads, d).transpose(1, 2)  # [B, kvh, L, D]
+    v = value_cache[idx].reshape(b, max_blocks * block_size, kv_heads, d).transpose(1, 2)
+    positions = torch.arange(max_blocks * block_size, device=q.device)
+    mask = (positions[None, :] < seq_lens[:, None].to(q.device))[:, None, None, :]  # [B, 1, 1, L]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[:, :, 0, :]
