@@ -1,0 +1,222 @@
+"""AWQ (activation-aware weight quantization) as a LayerMethod, one decoder layer at a time.
+
+For a layer, on the cached calibration inputs, as in the paper and llm-awq:
+  1. capture each LinearGroup's input and its inspected module's calls on the float layer;
+  2. search a scale per group (the spec's AWQ mappings): s = mean|x|**ratio over a grid of
+     ratios, keeping the one whose inspected output is closest to float with the group's
+     weights set to Q(W * s) / s (search, on the float weights, for every group first);
+  3. fold every scale into its feeder (norm weight or feeding linear's rows), skipping groups
+     the spec marks as needing full heads under GQA (v -> o), and say so in the stats;
+  4. re-capture the (now scaled) inputs and search a clip threshold per (row, group) of each
+     quantized linear on a 512-token sample; clamp;
+  5. quantize with RTN (asymmetric by default: ctx.scheme), leave the dequantized weights in
+     the layer, and return the plan (scales and clips) for `awq_plan.safetensors`.
+With `--load-plan`, steps 2 and 4 read the saved tensors instead of searching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from quantkit.config import QuantizeConfig
+from quantkit.quant.arch import LinearGroup, get_submodule
+from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
+from quantkit.quant.awq_plan import PlanFile, clip_key, scale_key
+from quantkit.quant.awq_search import (
+    act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
+)
+from quantkit.quant.methods import LayerContext, LayerResult
+from quantkit.quant.primitives import rtn_quantize
+
+
+@dataclass
+class Capture:
+    """What one run of the float layer shows: its outputs, each group's input, each inspected call."""
+
+    outputs: list[torch.Tensor]  # per sample, [1, seq, hidden]
+    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # group -> per sample [1, seq, K]
+    calls: dict[str, list[tuple[tuple, dict]]] = field(default_factory=dict)  # inspect path -> (args, kwargs)
+
+
+def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool) -> Capture:
+    """Run the layer once with pre-hooks on each group's first linear (and inspected modules)."""
+    cap = Capture(outputs=[])
+    hooks = []
+    for g in groups:
+        store = cap.inputs.setdefault(g.name, [])
+        hooks.append(get_submodule(ctx.layer, g.linears[0]).register_forward_pre_hook(
+            lambda _m, args, kwargs, store=store: store.append(args[0] if args else kwargs["input"]),
+            with_kwargs=True))
+        if inspect and g.inspect not in cap.calls:
+            calls = cap.calls.setdefault(g.inspect, [])
+            hooks.append(get_submodule(ctx.layer, g.inspect).register_forward_pre_hook(
+                lambda _m, args, kwargs, calls=calls: calls.append((args, dict(kwargs))), with_kwargs=True))
+    try:
+        cap.outputs = ctx.run_layer()
+    finally:
+        for h in hooks:
+            h.remove()
+    return cap
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _mse(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    """Mean squared error over every element of every sample."""
+    err = sum(float((o.float() - r.float()).pow(2).sum()) for o, r in zip(outs, refs))
+    return err / sum(r.numel() for r in refs)
+
+
+class AWQMethod:
+    """The `awq` LayerMethod (see quantkit.quant.methods for the contract)."""
+
+    name = "awq"
+
+    def __init__(self, config: QuantizeConfig):
+        self.config = config
+        self._plan_file: PlanFile | None = None
+
+    def quantize_layer(self, ctx: LayerContext) -> LayerResult:
+        quantized = [n for n in ctx.linears if n not in ctx.skipped]
+        groups, skipped_groups = self._scaled_groups(ctx, quantized)
+        expected = self._expected_plan(ctx, groups, quantized)
+        loaded = self._load_layer_plan(ctx, expected)
+        cap = capture(ctx, groups, inspect=loaded is None)
+        loss_rtn = self._rtn_block_loss(ctx, quantized, cap.outputs)
+        stats: dict = {"skipped_groups": skipped_groups, "groups": {}}
+        plan: dict[str, torch.Tensor] = {}
+        for g in groups:
+            key = scale_key(g.name)
+            if loaded is None:
+                s, stats["groups"][g.name] = self._search_group(ctx, g, quantized, cap)
+            else:
+                s = loaded[key]
+                stats["groups"][g.name] = _scale_stats(s)
+            plan[key] = s.detach().float().cpu()
+        for g in groups:
+            fold_scale(ctx.layer, g, plan[scale_key(g.name)])
+        weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan)
+        stats["clip"] = clip_stats
+        stats["loss_rtn"] = loss_rtn
+        stats["loss_awq"] = _mse(ctx.run_layer(), cap.outputs)
+        return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan)
+
+    # ---- which groups are scaled, and what a plan must hold -------------------------------------
+
+    def _scaled_groups(self, ctx: LayerContext, quantized: list[str]) -> tuple[list[LinearGroup], dict[str, str]]:
+        groups, skipped = [], {}
+        for g in ctx.spec.groups:
+            reason = None
+            if not any(n in quantized for n in g.linears):
+                reason = f"{', '.join(g.linears)} left float, nothing to scale"
+            else:
+                reason = fold_reason(ctx.layer, g, ctx.model_config)
+            if reason is None:
+                groups.append(g)
+            else:
+                skipped[g.name] = reason
+        return groups, skipped
+
+    def _expected_plan(self, ctx: LayerContext, groups: list[LinearGroup],
+                       quantized: list[str]) -> dict[str, tuple[int, ...]]:
+        shapes = {scale_key(g.name): (get_submodule(ctx.layer, g.linears[0]).weight.shape[1],) for g in groups}
+        for name in quantized:
+            n, k = get_submodule(ctx.layer, name).weight.shape
+            shapes[clip_key(name)] = (n, ctx.scheme.num_groups(k))
+        return shapes
+
+    def _load_layer_plan(self, ctx: LayerContext, expected) -> dict[str, torch.Tensor] | None:
+        if self.config.load_plan is None:
+            return None
+        if self._plan_file is None:
+            self._plan_file = PlanFile(self.config.load_plan)
+            num_layers = getattr(ctx.model_config, "num_hidden_layers", None)
+            if num_layers is not None:
+                self._plan_file.check_layer_count(num_layers)
+        return self._plan_file.layer(ctx.index, expected)
+
+    # ---- search -----------------------------------------------------------------------------
+
+    def _search_group(self, ctx: LayerContext, g: LinearGroup, quantized: list[str],
+                      cap: Capture) -> tuple[torch.Tensor, dict]:
+        """The best scale [K] of one group, and its statistics for quantkit_meta.json."""
+        linears = [get_submodule(ctx.layer, n) for n in g.linears if n in quantized]
+        originals = [lin.weight.data for lin in linears]
+        module = get_submodule(ctx.layer, g.inspect)
+        calls = cap.calls[g.inspect]
+        with torch.no_grad():
+            refs = [_first(module(*a, **kw)) for a, kw in calls]
+
+        def loss_of(s: torch.Tensor) -> float:
+            try:
+                for lin, w in zip(linears, originals):
+                    lin.weight.data = scaled_fake_weight(w, s.to(w.device), ctx.scheme).to(w.dtype)
+                with torch.no_grad():
+                    return _mse([_first(module(*a, **kw)) for a, kw in calls], refs)
+            finally:
+                for lin, w in zip(linears, originals):
+                    lin.weight.data = w
+
+        x_mean = act_mean(cap.inputs[g.name]).to(originals[0].device)
+        w_mean = weight_mean(originals, ctx.scheme) if self.config.awq_duo_scaling else None
+        s, ratio, loss, history = search_scale(x_mean, w_mean, self.config.awq_grid, loss_of)
+        unscaled = history[0] if w_mean is None else loss_of(torch.ones_like(x_mean))
+        return s, {**_scale_stats(s), "ratio": ratio, "loss_unscaled": unscaled, "loss_scaled": loss}
+
+    # ---- clip and quantize --------------------------------------------------------------------
+
+    def _clip_and_quantize(self, ctx: LayerContext, quantized: list[str], loaded, plan: dict):
+        """Clip (searched or loaded) then RTN-quantize each linear; per-linear output losses."""
+        by_linear = {n: g for g in ctx.spec.groups for n in g.linears}
+        needed = list({by_linear[n].name: by_linear[n] for n in quantized}.values())
+        samples = {name: clip_sample(xs) for name, xs in capture(ctx, needed, inspect=False).inputs.items()}
+        weights, losses, clip_stats = {}, {}, {}
+        for name in quantized:
+            lin = get_submodule(ctx.layer, name)
+            x = samples[by_linear[name].name].to(lin.weight.device)
+            w = lin.weight.data.float()
+            key = clip_key(name)
+            max_val = loaded[key] if loaded is not None else search_clip(w, x, ctx.scheme, self.config.awq_grid)
+            plan[key] = max_val.detach().float().cpu()
+            apply_clip(lin, plan[key])
+            qw = rtn_quantize(lin.weight.data, ctx.scheme)
+            w_hat = qw.dequantize().to(lin.weight.device)
+            lin.weight.data = w_hat.to(lin.weight.dtype)
+            weights[name] = qw
+            losses[name] = float((x @ w_hat.T - x @ w.T).pow(2).mean())
+            org_max = _group_abs_max(w, max_val.shape[1])
+            clip_stats[name] = float((max_val.to(w.device) / org_max.clamp(min=1e-12)).mean())
+        return weights, losses, clip_stats
+
+    def _rtn_block_loss(self, ctx: LayerContext, quantized: list[str], refs: list[torch.Tensor]) -> float:
+        """Block output MSE with plain RTN on the same linears (the 'before AWQ' figure)."""
+        linears = [get_submodule(ctx.layer, n) for n in quantized]
+        originals = [lin.weight.data for lin in linears]
+        try:
+            for lin, w in zip(linears, originals):
+                lin.weight.data = fake_quantize(w, ctx.scheme).to(w.dtype)
+            return _mse(ctx.run_layer(), refs)
+        finally:
+            for lin, w in zip(linears, originals):
+                lin.weight.data = w
+
+
+def _group_abs_max(w: torch.Tensor, num_groups: int) -> torch.Tensor:
+    n, k = w.shape
+    return w.abs().reshape(n, num_groups, k // num_groups).amax(dim=-1)
+
+
+def _scale_stats(s: torch.Tensor) -> dict:
+    s = s.float()
+    return {"scale_min": float(s.min()), "scale_max": float(s.max()), "scale_mean": float(s.mean())}
+
+
+def make_method(config: QuantizeConfig) -> AWQMethod:
+    return AWQMethod(config)
+
+
+__all__ = ["AWQMethod", "Capture", "capture", "make_method"]

@@ -1,0 +1,61 @@
+"""Apply an AWQ plan to one decoder layer: fold scales into the feeding ops, clamp clips.
+
+Folding a scale s [K] of a LinearGroup: every linear of the group gets W[:, k] *= s[k], and
+the group's feeder divides its output channel k by s[k] (a norm's weight, or a feeding
+linear's output row and bias), so the float layer computes the same function. Which op feeds
+which group is the spec's data (quantkit.quant.arch.LinearGroup); nothing here matches names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from quantkit.quant.arch import LinearGroup, get_submodule
+from quantkit.quant.awq_search import clip_weight
+
+
+def fold_reason(layer: nn.Module, group: LinearGroup, model_config) -> str | None:
+    """None when the group's scale can be folded into its feeder, else why not (e.g. GQA v -> o)."""
+    heads = getattr(model_config, "num_attention_heads", None)
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    if group.requires_full_heads and heads != kv_heads:
+        return (f"{group.feeder} -> {', '.join(group.linears)} not scaled: grouped-query attention "
+                f"({heads} heads, {kv_heads} kv heads) repeats each {group.feeder} row across heads")
+    feeder = get_submodule(layer, group.feeder)
+    out_channels = feeder.weight.shape[0]
+    for name in group.linears:
+        k = get_submodule(layer, name).weight.shape[1]
+        if k != out_channels:
+            return f"{group.feeder} has {out_channels} output channels but {name} reads {k}"
+    return None
+
+
+@torch.no_grad()
+def fold_scale(layer: nn.Module, group: LinearGroup, s: torch.Tensor) -> None:
+    """Divide the feeder's output channels by s [K] and multiply the group's input columns by s."""
+    feeder = get_submodule(layer, group.feeder)
+    s = s.to(feeder.weight.device)
+    if group.feeder_is_norm:
+        _scale_param(feeder, "weight", 1 / s)  # norm weight: [K]
+        _scale_param(feeder, "bias", 1 / s)  # LayerNorm-style feeders only
+    else:
+        _scale_param(feeder, "weight", (1 / s).unsqueeze(1))  # feeding linear: rows [K, K_prev]
+        _scale_param(feeder, "bias", 1 / s)
+    for name in group.linears:
+        _scale_param(get_submodule(layer, name), "weight", s.unsqueeze(0))  # [N, K] columns
+
+
+def _scale_param(module: nn.Module, attr: str, factor: torch.Tensor) -> None:
+    """param *= factor, computed in fp32 and stored back in the parameter's dtype."""
+    p = getattr(module, attr, None)
+    if p is None:
+        return
+    p.data = (p.data.float() * factor.float()).to(p.dtype)
+
+
+@torch.no_grad()
+def apply_clip(linear: nn.Module, max_val: torch.Tensor) -> None:
+    """Clamp the linear's weight [N, K] to [-max_val, max_val] per (row, group); max_val [N, G]."""
+    w = linear.weight.data
+    linear.weight.data = clip_weight(w.float(), max_val.to(w.device)).to(w.dtype)

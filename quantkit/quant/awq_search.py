@@ -1,0 +1,153 @@
+"""AWQ math as small pure functions: activation statistics, candidate scales, fake quantization,
+and the per-group clipping search.
+
+Conventions (see quantkit.quant.primitives): W [N, K] (out, in), groups of G columns along K,
+x [T, K] (tokens, in). An AWQ scale s [K] multiplies the weight's input columns (W * s) and
+divides the input (x / s), so x @ W.T is unchanged in float; quantizing W * s instead of W
+protects the input channels where |x| is large (the paper's "salient" channels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from quantkit.quant.primitives import QuantScheme, dequantize_codes, minmax_params, quantize_codes
+
+SCALE_FLOOR = 1e-4  # as llm-awq: keeps x_mean**ratio away from 0 for dead channels
+CLIP_MAX_SHRINK = 0.5  # the clip grid tries max|w| * (1 - i / grid) down to (but not including) half
+CLIP_TOKENS = 512  # tokens sampled for the clip search
+CLIP_ELEMENTS = 2**25  # cap on N_batch * T * K floats materialized at once by the clip search
+
+
+def fake_quantize(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Quantize then dequantize W [N, K] group by group: the same numbers as
+    `rtn_quantize(w, scheme).dequantize()`, vectorized over groups (min-max is row-wise)."""
+    n, k = w.shape
+    g = scheme.group_len(k)
+    rows = w.float().reshape(n * (k // g), g)  # one row per (output, group)
+    scale, zero = minmax_params(rows, scheme.bits, scheme.sym)
+    q = quantize_codes(rows, scale, zero, scheme.maxq)
+    return dequantize_codes(q, scale, zero).reshape(n, k)
+
+
+def act_mean(xs: list[torch.Tensor]) -> torch.Tensor:
+    """Mean |x| per input channel over every token of every sample: xs [.., K] -> [K] fp32."""
+    total = None
+    count = 0
+    for x in xs:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        part = flat.abs().sum(dim=0)
+        total = part if total is None else total + part
+        count += flat.shape[0]
+    return total / count
+
+
+def weight_mean(weights: list[torch.Tensor], scheme: QuantScheme) -> torch.Tensor:
+    """Duo scaling's weight statistic: mean over output rows of |W| normalized by its group's max.
+
+    weights: the group's linears, each [N_i, K]. Returns [K] fp32.
+    """
+    w = torch.cat([x.float() for x in weights], dim=0)  # [sum N_i, K]
+    n, k = w.shape
+    g = scheme.group_len(k)
+    grouped = w.abs().reshape(n, k // g, g)
+    normed = grouped / grouped.amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    return normed.reshape(n, k).mean(dim=0)
+
+
+def candidate_scale(x_mean: torch.Tensor, w_mean: torch.Tensor | None, ratio: float) -> torch.Tensor:
+    """s = x_mean**ratio (or x_mean**ratio / w_mean**(1 - ratio) with duo scaling), normalized
+    so that max(s) * min(s) = 1 (the geometric middle of the range sits at 1). [K] fp32."""
+    s = x_mean.pow(ratio)
+    if w_mean is not None:
+        s = s / w_mean.pow(1 - ratio)
+    s = s.clamp(min=SCALE_FLOOR)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def ratio_grid(n_grid: int) -> list[float]:
+    """The exponents tried: i / n for i in 0 .. n - 1 (so [0, 1))."""
+    return [i / n_grid for i in range(n_grid)]
+
+
+def scaled_fake_weight(w: torch.Tensor, s: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """Q(W * s) / s: what the linear computes on the unscaled input once s is folded. [N, K]."""
+    return fake_quantize(w.float() * s, scheme) / s
+
+
+def search_scale(x_mean: torch.Tensor, w_mean: torch.Tensor | None, n_grid: int,
+                 loss_of: Callable[[torch.Tensor], float]) -> tuple[torch.Tensor, float, float, list[float]]:
+    """Grid search over the ratio: returns (best scale [K], best ratio, best loss, all losses).
+
+    `loss_of(s)` gives the output error of the inspected module with the group's weights set
+    to Q(W * s) / s. Non-finite losses are never chosen.
+    """
+    best = (None, -1.0, float("inf"))
+    history = []
+    for ratio in ratio_grid(n_grid):
+        s = candidate_scale(x_mean, w_mean, ratio)
+        loss = loss_of(s)
+        history.append(loss)
+        if loss < best[2]:
+            best = (s, ratio, loss)
+    if best[0] is None:
+        raise RuntimeError(f"AWQ scale search found no finite loss (losses: {history})")
+    return best[0], best[1], best[2], history
+
+
+def clip_sample(xs: list[torch.Tensor], max_tokens: int = CLIP_TOKENS) -> torch.Tensor:
+    """An evenly strided sample of at most `max_tokens` tokens from every sample: [T, K] fp32."""
+    x = torch.cat([t.reshape(-1, t.shape[-1]) for t in xs], dim=0).float()
+    step = max(1, x.shape[0] // max_tokens)
+    return x[::step][:max_tokens]
+
+
+def search_clip(w: torch.Tensor, x: torch.Tensor, scheme: QuantScheme, n_grid: int,
+                max_shrink: float = CLIP_MAX_SHRINK) -> torch.Tensor:
+    """Per (output row, group) clip threshold minimizing that group's share of the output error.
+
+    w: [N, K] (already scaled), x: [T, K] (already scaled). Each candidate clamps the group to
+    [-m, m] with m = max|w_group| * (1 - i / n_grid), fake-quantizes, and compares the group's
+    partial dot products x_g @ w_g with the float ones. Returns max_val [N, G] fp32.
+    """
+    w = w.float()
+    n, k = w.shape
+    g = scheme.group_len(k)
+    ng = k // g
+    xg = x.float().reshape(-1, ng, g)  # [T, G, g]
+    batch = max(1, min(n, CLIP_ELEMENTS // max(1, xg.shape[0] * k)))
+    out = []
+    for start in range(0, n, batch):
+        out.append(_clip_rows(w[start:start + batch], xg, scheme, n_grid, max_shrink))
+    return torch.cat(out, dim=0)
+
+
+def _clip_rows(w: torch.Tensor, xg: torch.Tensor, scheme: QuantScheme, n_grid: int,
+               max_shrink: float) -> torch.Tensor:
+    """search_clip for a slice of rows: w [n, K], xg [T, G, g] -> max_val [n, G]."""
+    n, k = w.shape
+    ng, g = xg.shape[1], xg.shape[2]
+    wg = w.reshape(n, ng, g)
+    org_out = torch.einsum("tjc,njc->ntj", xg, wg)  # [n, T, G] partial outputs per group
+    org_max = wg.abs().amax(dim=-1)  # [n, G]
+    best_max = org_max.clone()
+    best_err = torch.full_like(org_max, float("inf"))
+    for i in range(int(max_shrink * n_grid)):
+        max_val = org_max * (1 - i / n_grid)
+        q = fake_quantize(clip_weight(w, max_val), QuantScheme(scheme.bits, g, scheme.sym))
+        cur_out = torch.einsum("tjc,njc->ntj", xg, q.reshape(n, ng, g))
+        err = (cur_out - org_out).pow(2).mean(dim=1)  # [n, G]
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_max = torch.where(better, max_val, best_max)
+    return best_max
+
+
+def clip_weight(w: torch.Tensor, max_val: torch.Tensor) -> torch.Tensor:
+    """Clamp W [N, K] to [-max_val, max_val] per (row, group); max_val [N, G]."""
+    n, k = w.shape
+    ng = max_val.shape[1]
+    m = max_val.to(w.dtype).unsqueeze(-1)  # [N, G, 1]
+    return torch.clamp(w.reshape(n, ng, k // ng), -m, m).reshape(n, k)

@@ -1,0 +1,100 @@
+"""AWQ's pure math: fake quantization, candidate scales, the ratio grid, the clip search."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.quant.awq_search import (
+    act_mean, candidate_scale, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
+    search_clip, search_scale, weight_mean,
+)
+from quantkit.quant.primitives import QuantScheme, rtn_quantize
+
+
+@pytest.mark.parametrize("group_size,sym", [(32, False), (64, True), (-1, False)])
+def test_fake_quantize_matches_rtn_bit_for_bit(group_size, sym):
+    torch.manual_seed(0)
+    w = torch.randn(48, 128) * torch.rand(1, 128) * 3
+    scheme = QuantScheme(4, group_size, sym)
+    assert torch.equal(fake_quantize(w, scheme), rtn_quantize(w, scheme).dequantize())
+
+
+def test_ratio_grid_is_twenty_points_in_unit_interval():
+    grid = ratio_grid(20)
+    assert len(grid) == 20 and grid[0] == 0.0 and max(grid) < 1.0
+    assert grid == sorted(grid)
+
+
+def test_candidate_scale_is_normalized_and_follows_activations():
+    x_mean = torch.tensor([0.01, 0.1, 1.0, 10.0])
+    assert torch.allclose(candidate_scale(x_mean, None, 0.0), torch.ones(4))
+    s = candidate_scale(x_mean, None, 0.5)
+    assert torch.allclose(s.max() * s.min(), torch.tensor(1.0))
+    assert torch.all(s[1:] > s[:-1])  # larger activations get larger scales
+    duo = candidate_scale(x_mean, torch.tensor([1.0, 1.0, 1.0, 0.1]), 0.5)
+    assert duo[3] / duo[2] > s[3] / s[2]  # duo scaling also boosts channels with small weights
+
+
+def test_act_and_weight_means():
+    xs = [torch.tensor([[[1.0, -2.0]]]), torch.tensor([[[-3.0, 4.0], [1.0, 0.0]]])]
+    assert torch.allclose(act_mean(xs), torch.tensor([5 / 3, 2.0]))
+    w = torch.tensor([[1.0, -2.0, 4.0, 4.0]])
+    assert torch.allclose(weight_mean([w], QuantScheme(4, 2, False)), torch.tensor([0.5, 1.0, 1.0, 1.0]))
+
+
+def test_scaled_fake_weight_is_float_exact_without_quantization_error():
+    # with 8 bits and a tiny weight range the fold round trip W*s/s is the only error
+    torch.manual_seed(1)
+    w = torch.randn(16, 64)
+    s = torch.rand(64) + 0.5
+    got = scaled_fake_weight(w, s, QuantScheme(8, 32, False))
+    assert torch.allclose(got, w, atol=0.05)
+
+
+def test_search_scale_picks_the_lowest_loss():
+    x_mean = torch.tensor([1.0, 4.0])
+    target = candidate_scale(x_mean, None, 0.35)
+    s, ratio, loss, history = search_scale(x_mean, None, 20, lambda s: float((s - target).abs().sum()))
+    assert ratio == 0.35 and loss == min(history) and torch.equal(s, target)
+    with pytest.raises(RuntimeError):
+        search_scale(x_mean, None, 4, lambda s: float("nan"))
+
+
+def test_clip_sample_strides_over_all_samples():
+    xs = [torch.arange(6.0).view(1, 3, 2), torch.arange(6.0, 12.0).view(1, 3, 2)]
+    got = clip_sample(xs, max_tokens=3)
+    assert got.shape == (3, 2) and torch.equal(got[:, 0], torch.tensor([0.0, 4.0, 8.0]))
+
+
+def _group_errors(w, q, x, g):
+    n, k = w.shape
+    xg = x.view(-1, k // g, g)
+    return (torch.einsum("tjc,njc->ntj", xg, (q - w).view(n, k // g, g))).pow(2).mean(dim=1)
+
+
+def test_clip_search_never_worse_than_no_clip_and_cuts_outliers():
+    torch.manual_seed(2)
+    scheme = QuantScheme(4, 32, False)
+    w = torch.randn(16, 64) * 0.1
+    w[3, 5] = 4.0  # an outlier weight on an input channel that carries almost nothing
+    x = torch.randn(256, 64)
+    x[:, 5] *= 1e-3
+    max_val = search_clip(w, x, scheme, 20)
+    org_max = w.abs().view(16, 2, 32).amax(-1)
+    assert max_val.shape == (16, 2) and torch.all(max_val <= org_max)
+    assert max_val[3, 0] < 0.6 * org_max[3, 0]  # the outlier group is clipped hard
+    clipped = fake_quantize(clip_weight(w, max_val), scheme)
+    plain = fake_quantize(w, scheme)
+    assert torch.all(_group_errors(w, clipped, x, 32) <= _group_errors(w, plain, x, 32) + 1e-9)
+
+
+def test_clip_search_batches_rows_without_changing_the_answer(monkeypatch):
+    import quantkit.quant.awq_search as awq_search
+
+    torch.manual_seed(3)
+    w, x = torch.randn(24, 64), torch.randn(64, 64)
+    scheme = QuantScheme(4, 32, False)
+    whole = search_clip(w, x, scheme, 20)
+    monkeypatch.setattr(awq_search, "CLIP_ELEMENTS", 64 * 64 * 5)  # 5 rows per batch
+    assert torch.equal(search_clip(w, x, scheme, 20), whole)
