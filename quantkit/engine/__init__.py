@@ -1,1 +1,28 @@
-"""quantkit.engine"""
+"""The paged-KV engine: continuous batching, prefix caching, preemption; offline API `LLM`.
+
+Imports are lazy so that `import quantkit.engine` stays cheap (no torch/transformers at import).
+"""
+
+from __future__ import annotations
+
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from quantkit.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from quantkit.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    if name == "EngineConfig":
+        from quantkit.engine.config import EngineConfig
+
+        return EngineConfig
+    if name in ("RequestOutput", "CompletionOutput"):
+        from quantkit.engine import request
+
+        return getattr(request, name)
+    raise AttributeError(name)

@@ -1,0 +1,85 @@
+"""Attention metadata for one engine step, and attention over the paged cache.
+
+The metadata is built once per step by the model runner and passed explicitly to every layer
+(no module-global context). Sequences whose chunk is a single token (decodes) run batched;
+longer chunks (prefills, possibly chunked, possibly after a prefix hit) run one by one with
+exact causal masking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantkit.kernels.paged_attention_reference import (
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
+    write_kv,
+)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # int64 [T]: cache slot of each scheduled token
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    seq_lens: list[int]  # [B] tokens in the cache after this step
+    query_start_loc: list[int]  # [B + 1] offsets of each sequence's tokens in the flat batch
+    decode_rows: torch.Tensor  # int64 [D]: sequences whose chunk is one token
+    decode_tokens: torch.Tensor  # int64 [D]: their token index in the flat batch
+    decode_seq_lens: torch.Tensor  # int32 [D]
+    prefill_rows: list[int]  # sequences with longer chunks
+
+
+def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int,
+                   device: torch.device) -> AttentionMetadata:
+    """Flat-batch metadata from each sequence's cache length, chunk length and block ids."""
+    starts = [0]
+    slots: list[int] = []
+    for seq_len, n, blocks in zip(seq_lens, query_lens, block_ids):
+        starts.append(starts[-1] + n)
+        for pos in range(seq_len - n, seq_len):
+            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+    width = max(len(b) for b in block_ids)
+    table = torch.zeros(len(block_ids), width, dtype=torch.int32)
+    for i, blocks in enumerate(block_ids):
+        table[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        block_tables=table.to(device),
+        seq_lens=list(seq_lens),
+        query_start_loc=starts,
+        decode_rows=torch.tensor(decodes, dtype=torch.int64, device=device),
+        decode_tokens=torch.tensor([starts[i] for i in decodes], dtype=torch.int64, device=device),
+        decode_seq_lens=torch.tensor([seq_lens[i] for i in decodes], dtype=torch.int32, device=device),
+        prefill_rows=[i for i, n in enumerate(query_lens) if n != 1],
+    )
+
+
+def _decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
+            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    if q.is_cuda:
+        from quantkit.kernels.paged_attention import paged_decode_attention
+
+        return paged_decode_attention(q, key_cache, value_cache, block_tables, seq_lens, scale)
+    return paged_decode_attention_reference(q, key_cache, value_cache, block_tables, seq_lens, scale)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, heads, D], k/v [T, kv_heads, D] of this step's tokens -> [T, heads, D].
+
+    Writes k/v into the cache first, so each query also sees the keys of its own chunk.
+    """
+    write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+    out = torch.empty_like(q)
+    if meta.decode_rows.numel():
+        tables = meta.block_tables[meta.decode_rows]
+        out[meta.decode_tokens] = _decode(q[meta.decode_tokens], key_cache, value_cache, tables,
+                                          meta.decode_seq_lens, scale)
+    for i in meta.prefill_rows:
+        s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+        out[s:e] = paged_prefill_attention_reference(q[s:e], key_cache, value_cache, meta.block_tables[i],
+                                                     meta.seq_lens[i], scale)
+    return out

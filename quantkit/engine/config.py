@@ -1,0 +1,50 @@
+"""EngineConfig: every engine knob in one validated object, built at the API/CLI edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantkit.errors import QuantkitError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+GiB = 1024**3
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    num_kv_blocks: int | None = None  # set directly, or sized from the memory knobs below
+    kv_cache_memory: int | None = None  # bytes for the KV pool on CPU (None: 1 GiB, capped at what is usable)
+    gpu_memory_utilization: float = 0.9  # on GPU: fraction of total memory for weights + KV pool
+    swap_space: float = 0.0  # GiB of CPU memory for preempted requests' blocks; 0: preempt by recompute
+    dtype: str = "auto"  # auto: float32 on CPU, float16 on GPU
+    device: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise QuantkitError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise QuantkitError(f"max_model_len must be at least 2 (got {self.max_model_len})")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise QuantkitError(f"num_kv_blocks must be at least 1 (got {self.num_kv_blocks})")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise QuantkitError(f"kv_cache_memory must be a positive number of bytes (got {self.kv_cache_memory})")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise QuantkitError(f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
+        if self.swap_space < 0:
+            raise QuantkitError(f"swap_space must be >= 0 GiB (got {self.swap_space})")
+        if self.dtype not in DTYPES:
+            raise QuantkitError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise QuantkitError(f"unknown device {self.device!r}; expected auto, cpu or cuda")
+
+    @property
+    def preemption_mode(self) -> str:
+        return "swap" if self.swap_space > 0 else "recompute"

@@ -1,0 +1,153 @@
+"""The engine's own decoder for the Llama family (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with
+q/k norms), built from the HF config and an ArchSpec.
+
+Module names mirror transformers' (model.layers.N.self_attn.q_proj, ...) so checkpoints load by
+name. Every forward works on a flat batch: x [T, hidden], all scheduled tokens of all requests
+together, with attention going through the paged cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from quantkit.engine.attention import AttentionMetadata, paged_attention
+from quantkit.engine.rope import apply_rope, cos_sin, inv_frequencies, rope_parameters
+from quantkit.errors import QuantkitError
+from quantkit.quant.arch import spec_for
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What the decoder needs from an HF config, normalised."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    rope: dict
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_config(cls, config) -> DecoderShape:
+        spec = spec_for(config)
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise QuantkitError(f"unsupported hidden_act {act!r} (the engine's decoder uses SiLU)")
+        heads = config.num_attention_heads
+        use_window = getattr(config, "use_sliding_window", True)
+        return cls(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
+            num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            rms_norm_eps=config.rms_norm_eps, max_position_embeddings=config.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=spec.qkv_bias or bool(getattr(config, "attention_bias", False)), qk_norm=spec.qk_norm,
+            rope=rope_parameters(config),
+            sliding_window=getattr(config, "sliding_window", None) if use_window else None,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In fp32, then back: transformers' LlamaRMSNorm, bit for bit.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: DecoderShape):
+        super().__init__()
+        self.s = s
+        self.scale = s.head_dim ** -0.5
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=s.qkv_bias)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        if s.qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+            self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        t, s = x.shape[0], self.s
+        q = self.q_proj(x).view(t, s.num_heads, s.head_dim)  # [T, heads, D]
+        k = self.k_proj(x).view(t, s.num_kv_heads, s.head_dim)  # [T, kv_heads, D]
+        v = self.v_proj(x).view(t, s.num_kv_heads, s.head_dim)
+        if s.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
+        return self.o_proj(out.reshape(t, s.num_heads * s.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: DecoderShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: DecoderShape):
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.self_attn = Attention(s)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mlp = MLP(s)
+
+    def forward(self, x, cos, sin, kv, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, s: DecoderShape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.num_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    """A CausalLM over a paged KV cache: forward(token ids, positions, caches, metadata) -> logits."""
+
+    def __init__(self, s: DecoderShape):
+        super().__init__()
+        self.shape = s
+        self.model = Backbone(s)
+        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
+        self.register_buffer("inv_freq", inv_frequencies(s.rope, s.head_dim, s.max_position_embeddings),
+                             persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                logits_rows: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] int64 -> logits [len(logits_rows), vocab] fp32."""
+        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = cos_sin(self.inv_freq, positions, x.dtype)
+        for layer, kv in zip(self.model.layers, kv_caches):
+            x = layer(x, cos, sin, kv, meta)
+        x = self.model.norm(x[logits_rows])
+        return self.lm_head(x).float()

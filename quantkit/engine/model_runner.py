@@ -1,0 +1,66 @@
+"""The model runner: owns the decoder and the KV cache tensors, turns a SchedulerOutput into one forward.
+
+Per layer the cache is a pair key/value [num_blocks, block_size, kv_heads, head_dim] in the
+model dtype; with swap space, a CPU pair of the same shape with `num_swap_blocks` blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.engine.attention import build_metadata
+from quantkit.engine.decoder import Decoder
+from quantkit.engine.scheduler import SchedulerOutput
+
+
+def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one block across all layers, keys and values."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, model: Decoder, num_blocks: int, block_size: int, num_swap_blocks: int,
+                 dtype: torch.dtype, device: torch.device):
+        s = model.shape
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        shape = (num_blocks, block_size, s.num_kv_heads, s.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                          for _ in range(s.num_layers)]
+        swap_shape = (num_swap_blocks, *shape[1:])
+        pin = device.type == "cuda"
+        self.swap_caches = [(torch.zeros(swap_shape, dtype=dtype, pin_memory=pin),
+                             torch.zeros(swap_shape, dtype=dtype, pin_memory=pin))
+                            for _ in range(s.num_layers)] if num_swap_blocks else []
+
+    def _copy_blocks(self, pairs: list[tuple[int, int]], to_cpu: bool) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([a for a, _ in pairs])
+        dst = torch.tensor([b for _, b in pairs])
+        for dev, cpu in zip(self.kv_caches, self.swap_caches):
+            for d, c in zip(dev, cpu):
+                if to_cpu:
+                    c[dst] = d[src.to(self.device)].cpu()
+                else:
+                    d[dst.to(self.device)] = c[src].to(self.device)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+        """Swap blocks out, then in, then run the forward. Returns logits [sampling chunks, vocab] fp32."""
+        self._copy_blocks(out.blocks_to_swap_out, to_cpu=True)
+        self._copy_blocks(out.blocks_to_swap_in, to_cpu=False)
+        ids: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        for chunk in out.chunks:
+            ids.extend(chunk.request.all_token_ids[chunk.start:chunk.start + chunk.num_tokens])
+            positions.extend(range(chunk.start, chunk.start + chunk.num_tokens))
+            if chunk.samples:
+                rows.append(len(ids) - 1)
+        meta = build_metadata([c.start + c.num_tokens for c in out.chunks], [c.num_tokens for c in out.chunks],
+                              [c.block_ids for c in out.chunks], self.block_size, self.device)
+        dev = self.device
+        return self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta,
+                          torch.tensor(rows, dtype=torch.int64, device=dev))

@@ -1,0 +1,78 @@
+"""Rotary position embeddings from an HF config: the default, linear and llama3 scaling types.
+
+Pure functions. Frequencies follow transformers' conventions exactly (fp32, the rotate-half
+layout), so greedy outputs match its models token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from quantkit.errors import QuantkitError
+
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_parameters(config) -> dict:
+    """The config's RoPE settings as one dict (transformers 5 keeps them in `rope_parameters`)."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    legacy = getattr(config, "rope_scaling", None) or {}
+    for key, value in dict(legacy).items():
+        params.setdefault(key, value)
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params["type"]
+    params.setdefault("rope_type", "default")
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+def inv_frequencies(params: dict, head_dim: int, max_position_embeddings: int) -> torch.Tensor:
+    """inv_freq [rot_dim / 2] fp32 for the rope type in `params`."""
+    rope_type = params["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise QuantkitError(f"unsupported RoPE type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+    dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+    base = float(params["rope_theta"])
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+    if rope_type == "linear":
+        return inv_freq / params["factor"]
+    if rope_type == "llama3":
+        return _llama3_scaling(inv_freq, params, max_position_embeddings)
+    return inv_freq
+
+
+def _llama3_scaling(inv_freq: torch.Tensor, params: dict, max_position_embeddings: int) -> torch.Tensor:
+    """Llama 3.1: long wavelengths divided by `factor`, short kept, a smooth blend between."""
+    factor = params["factor"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    old_len = params.get("original_max_position_embeddings", max_position_embeddings)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] int64 -> cos, sin [T, rot_dim] in `dtype` (computed in fp32)."""
+    freqs = positions[:, None].float() * inv_freq[None, :].to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim]; cos/sin [T, rot_dim]. Rotates the first rot_dim dims of each head."""
+    rot = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if rot == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    head, tail = x[..., :rot], x[..., rot:]
+    return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)

@@ -1,0 +1,49 @@
+"""SamplingParams: what one request asks of the sampler, validated once (vLLM's names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quantkit.errors import QuantkitError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0  # in (0, 1]
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0  # in [0, 1]
+    repetition_penalty: float = 1.0  # > 0; 1: off (HF rule: positive logits divided, negative multiplied)
+    seed: int | None = None  # per-request generator: the same seed gives the same tokens in any batch
+    max_tokens: int = 16
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    n: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.temperature < 0:
+            raise QuantkitError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise QuantkitError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < -1:
+            raise QuantkitError(f"top_k must be -1, 0 (off) or positive (got {self.top_k})")
+        if not 0 <= self.min_p <= 1:
+            raise QuantkitError(f"min_p must be in [0, 1] (got {self.min_p})")
+        if self.repetition_penalty <= 0:
+            raise QuantkitError(f"repetition_penalty must be > 0 (got {self.repetition_penalty})")
+        if self.max_tokens < 1:
+            raise QuantkitError(f"max_tokens must be at least 1 (got {self.max_tokens})")
+        if self.n != 1:
+            raise QuantkitError(f"n must be 1 (got {self.n}); quantkit returns one completion per prompt")
+        if any(not s for s in self.stop):
+            raise QuantkitError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,137 @@
+"""The scheduler: one token budget per step, FCFS, chunked prefill, preemption of the newest request.
+
+As in vLLM's v1 core there is no prefill or decode phase: every request tracks
+`num_computed_tokens`, and each step gives running requests (oldest first), then waiting ones,
+up to `num_tokens - num_computed_tokens` tokens within the budget. A long prompt is therefore
+prefilled in chunks beside running decodes, and a prefix hit simply starts a request with
+computed tokens. When blocks run out the newest running request is preempted: by recompute
+(its blocks are freed and it starts over) or, with swap space, by moving its blocks to CPU.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from quantkit.engine.kv_cache_manager import KVCacheManager
+from quantkit.engine.request import Request, RequestStatus
+from quantkit.engine.swap import SwapSpace
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    start: int  # first position computed this step (== num_computed_tokens before the step)
+    num_tokens: int
+    block_ids: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the known tokens, so its last logits are sampled."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 swap: SwapSpace | None = None):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.swap = swap
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:  # after a preemption the pool is short: admit nobody this step
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while self.kv.allocate_slots(req, n) is None:
+                victim = self.running.pop()  # the newest request
+                self._preempt(victim, out)
+                if victim is req:
+                    return budget
+            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.block_ids(req.request_id)))
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.waiting[0]
+            if req.swapped_blocks is not None:
+                n = min(req.num_tokens - req.num_computed_tokens, budget)
+                fresh = self.kv.allocate_slots(req, n)
+                if fresh is None:
+                    return
+                cpu = req.swapped_blocks
+                out.blocks_to_swap_in.extend(zip(cpu, fresh.block_ids()[:len(cpu)]))
+                self.swap.release(cpu)
+                req.swapped_blocks = None
+            else:
+                hits, num_hit = self.kv.get_computed_blocks(req)
+                n = min(req.num_tokens - num_hit, budget)
+                if self.kv.allocate_slots(req, n, hits) is None:
+                    return
+                self.kv.record_prefix_lookup(req.num_tokens, num_hit)
+                req.num_computed_tokens = num_hit
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.block_ids(req.request_id)))
+            budget -= n
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Put `req` back at the head of the waiting queue, its KV swapped to CPU or dropped."""
+        device_blocks = self.kv.block_ids(req.request_id)
+        needed = -(-req.num_computed_tokens // self.kv.block_size)
+        cpu = self.swap.allocate(needed) if self.swap is not None and needed > 0 else None
+        if cpu is not None:
+            out.blocks_to_swap_out.extend(zip(device_blocks[:needed], cpu))
+            req.swapped_blocks = cpu
+        else:
+            req.num_computed_tokens = 0
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(req.request_id)
+        self.waiting.appendleft(req)
+
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """Advance each scheduled request's computed tokens (sampled tokens are appended by the engine)."""
+        for chunk in out.chunks:
+            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
+
+    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        req.status = RequestStatus.FINISHED
+        req.finish_reason, req.stop_reason = reason, stop_reason
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.free(req)

@@ -1,0 +1,67 @@
+"""Build the engine's decoder and load a float or quantized checkpoint into it.
+
+Float tensors load by name from the safetensors shards. A linear with `qweight` in the shards
+(GPTQ v1/v2 or AWQ GEMM layout, as `config.json["quantization_config"]` says) becomes a
+`QuantLinear`, exactly as quantkit's transformers loader does it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from quantkit.engine.decoder import Decoder, DecoderShape
+from quantkit.engine.rope import inv_frequencies
+from quantkit.errors import QuantkitError
+from quantkit.model.checkpoint import ShardReader, read_config
+from quantkit.model.loader import QuantInfo, hf_config, read_quant_info
+from quantkit.model.quant_linear import QuantLinear
+from quantkit.quant.arch import get_submodule, spec_for
+from quantkit.quant.packing import PackedLinear
+
+
+def _quant_linear(reader: ShardReader, prefix: str, info: QuantInfo, dtype: torch.dtype) -> QuantLinear:
+    def get(suffix: str) -> torch.Tensor | None:
+        key = f"{prefix}.{suffix}"
+        return reader.get(key) if key in reader else None
+
+    bias = get("bias")
+    packed = PackedLinear(info.layout, info.bits, info.group_size, get("qweight"), get("qzeros"), get("scales"),
+                          get("g_idx"), None if bias is None else bias.to(dtype))
+    return QuantLinear(packed)
+
+
+def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Decoder, QuantInfo | None]:
+    """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`."""
+    config_dict = read_config(path)
+    spec_for(config_dict)  # unsupported architectures fail here, with the supported list
+    info = read_quant_info(config_dict)
+    shape = DecoderShape.from_config(hf_config(path))
+    reader = ShardReader(path)
+    with torch.device("meta"):
+        model = Decoder(shape)
+    quantized = {k[: -len(".qweight")] for k in reader.keys() if k.endswith(".qweight")}
+    if quantized and info is None:
+        raise QuantkitError(f"{path}: packed weights found but config.json has no quantization_config")
+    for prefix in sorted(quantized):
+        parent, _, attr = prefix.rpartition(".")
+        setattr(get_submodule(model, parent), attr, _quant_linear(reader, prefix, info, dtype))
+    state = {}
+    for key in reader.keys():
+        if key.rpartition(".")[0] in quantized or "rotary_emb" in key:
+            continue
+        t = reader.get(key)
+        state[key] = t.to(dtype) if t.is_floating_point() else t
+    if shape.tie_word_embeddings or "lm_head.weight" not in state:
+        state["lm_head.weight"] = state.get("model.embed_tokens.weight")
+    missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if v is not None},
+                                                strict=False, assign=True)
+    if unexpected:
+        raise QuantkitError(f"{path}: unexpected tensors in the checkpoint: {', '.join(unexpected[:5])}")
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if still_meta:
+        raise QuantkitError(f"{path}: tensors missing from the checkpoint: {', '.join(still_meta[:5])}")
+    # RoPE frequencies are not in checkpoints: the meta buffer is rebuilt for real.
+    model.inv_freq = inv_frequencies(shape.rope, shape.head_dim, shape.max_position_embeddings)
+    return model.to(device).eval(), info

@@ -1,0 +1,116 @@
+"""Paged attention: the Triton decode kernel (under TRITON_INTERPRET=1) against the torch reference,
+and the torch reference against plain dense attention."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported: no GPU here
+
+from quantkit.kernels.paged_attention_reference import (  # noqa: E402
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
+    write_kv,
+)
+
+
+def dense_attention(q, k, v, scale, causal_offset):
+    """q [n, H, D], k/v [L, Hkv, D]; query i sees keys 0 .. causal_offset + i. Naive, fp64."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).double()
+    v = v.repeat_interleave(group, dim=1).double()
+    scores = torch.einsum("nhd,lhd->hnl", q.double(), k) * scale
+    n, length = q.shape[0], k.shape[0]
+    mask = torch.arange(length)[None, :] <= torch.arange(n)[:, None] + causal_offset
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v).float()
+
+
+def random_paged(seq_lens, heads, kv_heads, d, block_size, num_blocks, seed=0):
+    """Random caches, a random permutation of blocks per sequence, and each sequence's dense k/v."""
+    g = torch.Generator().manual_seed(seed)
+    kc = torch.zeros(num_blocks, block_size, kv_heads, d)
+    vc = torch.zeros_like(kc)
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    width = max(-(-n // block_size) for n in seq_lens)
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    dense = []
+    for i, n in enumerate(seq_lens):
+        blocks = [perm.pop() for _ in range(-(-n // block_size))]
+        tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        k = torch.randn(n, kv_heads, d, generator=g)
+        v = torch.randn(n, kv_heads, d, generator=g)
+        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(n)])
+        write_kv(kc, vc, k, v, slots)
+        dense.append((k, v))
+    return kc, vc, tables, dense
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,block_size", [(8, 4, 8, 16), (4, 4, 32, 8), (6, 2, 20, 4)])
+def test_decode_reference_matches_dense(heads, kv_heads, d, block_size):
+    seq_lens = [1, 5, 17, 40]
+    kc, vc, tables, dense = random_paged(seq_lens, heads, kv_heads, d, block_size, num_blocks=64)
+    q = torch.randn(len(seq_lens), heads, d)
+    out = paged_decode_attention_reference(q, kc, vc, tables, torch.tensor(seq_lens, dtype=torch.int32), d ** -0.5)
+    for i, (n, (k, v)) in enumerate(zip(seq_lens, dense)):
+        want = dense_attention(q[i:i + 1], k, v, d ** -0.5, causal_offset=n - 1)
+        torch.testing.assert_close(out[i:i + 1], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seq_len,chunk", [(23, 23), (23, 7), (33, 1), (16, 16)])
+def test_prefill_reference_exact_causal_mask_for_chunks(seq_len, chunk):
+    """A chunk of the last `chunk` positions sees the cached prefix and its own earlier tokens only."""
+    heads, kv_heads, d, bs = 4, 2, 16, 8
+    kc, vc, tables, dense = random_paged([seq_len], heads, kv_heads, d, bs, num_blocks=16, seed=3)
+    q = torch.randn(chunk, heads, d)
+    out = paged_prefill_attention_reference(q, kc, vc, tables[0], seq_len, d ** -0.5)
+    want = dense_attention(q, *dense[0], d ** -0.5, causal_offset=seq_len - chunk)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,block_size,dtype", [
+    (8, 4, 8, 16, torch.float32),  # stories260K's shape
+    (4, 2, 32, 16, torch.float32),
+    (6, 2, 20, 4, torch.float32),  # head_dim not a power of two
+    (4, 4, 16, 8, torch.bfloat16),
+])
+def test_triton_decode_matches_reference(heads, kv_heads, d, block_size, dtype):
+    from quantkit.kernels.paged_attention import paged_decode_attention
+
+    seq_lens = [1, 3, block_size, block_size + 1, 3 * block_size + 5]
+    kc, vc, tables, _ = random_paged(seq_lens, heads, kv_heads, d, block_size, num_blocks=48, seed=1)
+    kc, vc = kc.to(dtype), vc.to(dtype)
+    q = torch.randn(len(seq_lens), heads, d).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    got = paged_decode_attention(q, kc, vc, tables, lens, d ** -0.5)
+    want = paged_decode_attention_reference(q.float(), kc.float(), vc.float(), tables, lens, d ** -0.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+def test_triton_decode_rejects_bad_shapes():
+    from quantkit.kernels.paged_attention import paged_decode_attention
+
+    kc = torch.zeros(4, 16, 3, 8)
+    with pytest.raises(ValueError, match="multiple"):
+        paged_decode_attention(torch.zeros(1, 4, 8), kc, kc, torch.zeros(1, 1, dtype=torch.int32),
+                               torch.ones(1, dtype=torch.int32), 1.0)
+    with pytest.raises(ValueError, match="power of two"):
+        kc = torch.zeros(4, 12, 2, 8)
+        paged_decode_attention(torch.zeros(1, 4, 8), kc, kc, torch.zeros(1, 1, dtype=torch.int32),
+                               torch.ones(1, dtype=torch.int32), 1.0)
+
+
+def test_sdpa_reference_equals_dense_on_full_prefill():
+    """The is_causal fast path (no prefix) agrees with the explicit mask path."""
+    kc, vc, tables, dense = random_paged([12], 4, 2, 8, 4, num_blocks=8, seed=5)
+    q = torch.randn(12, 4, 8)
+    out = paged_prefill_attention_reference(q, kc, vc, tables[0], 12, 8 ** -0.5)
+    k, v = dense[0]
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
+                                          scale=8 ** -0.5, enable_gqa=True).transpose(0, 1)
+    torch.testing.assert_close(out, want)
