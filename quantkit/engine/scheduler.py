@@ -24,11 +24,7 @@ class ScheduledChunk:
     start: int  # first position computed this step (== num_computed_tokens before the step)
     num_tokens: int
     block_ids: list[int]
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the end of the known tokens, so its last logits are sampled."""
-        return self.start + self.num_tokens == self.request.num_tokens
+    samples: bool  # the chunk reaches the end of the known tokens: its last logits are sampled
 
 
 @dataclass
@@ -77,7 +73,7 @@ class Scheduler:
                 self._preempt(victim, out)
                 if victim is req:
                     return budget
-            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.block_ids(req.request_id)))
+            out.chunks.append(self._chunk(req, n))
             budget -= n
             i += 1
         return budget
@@ -104,8 +100,12 @@ class Scheduler:
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.chunks.append(ScheduledChunk(req, req.num_computed_tokens, n, self.kv.block_ids(req.request_id)))
+            out.chunks.append(self._chunk(req, n))
             budget -= n
+
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        start = req.num_computed_tokens
+        return ScheduledChunk(req, start, n, self.kv.block_ids(req.request_id), start + n == req.num_tokens)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Put `req` back at the head of the waiting queue, its KV swapped to CPU or dropped."""
