@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 
 from quantkit.errors import QuantkitError
 
+NOT_WEIGHT_FILES = ("awq_plan.safetensors",)
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.tiktoken"]
 
 
@@ -79,7 +80,8 @@ class ShardReader:
             weight_map = json.loads(index.read_text())["weight_map"]
             files = sorted(set(weight_map.values()))
         else:
-            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+            # awq_plan.safetensors (AWQ's saved scales and clips) sits beside the weights but is not one
+            files = sorted(p.name for p in self.path.glob("*.safetensors") if p.name not in NOT_WEIGHT_FILES)
             if not files:
                 bins = list(self.path.glob("*.bin"))
                 hint = " (only PyTorch .bin weights found; convert them to safetensors)" if bins else ""

@@ -75,6 +75,7 @@ class AWQMethod:
     """The `awq` LayerMethod (see quantkit.quant.methods for the contract)."""
 
     name = "awq"
+    needs_calibration = True
 
     def __init__(self, config: QuantizeConfig):
         self.config = config
