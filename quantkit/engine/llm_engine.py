@@ -191,7 +191,8 @@ class LLMEngine:
         return EngineStats(
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_preempted=sum(1 for r in sched.waiting if r.status == RequestStatus.PREEMPTED),
-            num_preemptions_total=sched.num_preemptions, kv_usage=kv.usage(),
+            num_preemptions_total=sched.num_preemptions,
+            num_swap_outs=sched.num_swap_outs, kv_usage=kv.usage(),
             kv_tokens_held=sum(r.num_computed_tokens for r in sched.running),
             kv_capacity_tokens=self.kv_plan.capacity_tokens,
             prefix_cache_queries=kv.prefix_stats.queries, prefix_cache_hits=kv.prefix_stats.hits,

@@ -49,6 +49,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_swap_outs = 0  # preemptions that moved blocks to CPU instead of dropping them
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -115,6 +116,7 @@ class Scheduler:
         if cpu is not None:
             out.blocks_to_swap_out.extend(zip(device_blocks[:needed], cpu))
             req.swapped_blocks = cpu
+            self.num_swap_outs += 1
         else:
             req.num_computed_tokens = 0
         self.kv.free(req)

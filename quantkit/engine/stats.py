@@ -13,6 +13,7 @@ class EngineStats:
     num_waiting: int = 0
     num_preempted: int = 0  # waiting requests that were preempted (swapped out or to be recomputed)
     num_preemptions_total: int = 0
+    num_swap_outs: int = 0  # of those, preemptions by swap
     kv_usage: float = 0.0  # fraction of KV blocks held by requests
     kv_tokens_held: int = 0  # tokens whose KV is in the cache, over all running requests
     kv_capacity_tokens: int = 0

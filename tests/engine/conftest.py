@@ -6,7 +6,7 @@ import pytest
 import torch
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def one_thread():
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -96,7 +96,7 @@ def test_preempt_newest_by_swap_and_swap_back_in():
     assert out.preempted == ["b"]
     assert out.blocks_to_swap_out == [(2, 0), (3, 1)]  # b's two blocks to CPU blocks 0, 1
     assert b.swapped_blocks == [0, 1] and b.num_computed_tokens == 7  # nothing to recompute
-    assert s.swap.num_free == 2
+    assert s.swap.num_free == 2 and s.num_swap_outs == 1
     s.finish(a, "stop")  # frees 1, 0, 3 (tail first)... a held [0, 1, 3]
     out = step(s)
     assert tokens(out) == {"b": 1}  # only its sampled token: the rest comes back from CPU
