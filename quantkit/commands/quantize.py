@@ -1,0 +1,93 @@
+"""`quantkit quantize MODEL`: GPTQ, AWQ or RTN to an INT4 checkpoint vLLM and transformers load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from quantkit.commands.common import console, one_line_errors, staged_output
+
+
+def register(app: typer.Typer) -> None:
+    app.command("quantize")(quantize)
+
+
+@one_line_errors
+def quantize(
+    model: str = typer.Argument(..., help="Local Hugging Face checkpoint folder, or a hub id (downloaded when online)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (written to a temporary folder, then renamed)."),
+    method: str = typer.Option("gptq", "--method", help="gptq, awq or rtn."),
+    format: str = typer.Option(None, "--format", help="Checkpoint layout: gptq or awq (default: awq for AWQ, else gptq)."),
+    bits: int = typer.Option(4, "--bits", help="4 (8 allowed in the GPTQ layout)."),
+    group_size: int = typer.Option(128, "--group-size", help="32, 64, 128, or -1 for per channel."),
+    sym: bool = typer.Option(None, "--sym/--no-sym", help="Symmetric quantization (default: sym for GPTQ/RTN, asym for AWQ)."),
+    desc_act: bool = typer.Option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal."),
+    static_groups: bool = typer.Option(False, "--static-groups/--no-static-groups", help="GPTQ: group parameters fixed before act-order."),
+    damp: float = typer.Option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal."),
+    true_sequential: bool = typer.Option(True, "--true-sequential/--no-true-sequential"),
+    calib: str = typer.Option("wikitext2", "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2, c4, pileval."),
+    nsamples: int = typer.Option(128, "--nsamples", help="Calibration windows."),
+    seqlen: int = typer.Option(2048, "--seqlen", help="Tokens per window (clipped to the model's context)."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
+    awq_duo_scaling: bool = typer.Option(False, "--awq-duo-scaling/--no-awq-duo-scaling", help="AWQ: scales from activations and weights."),
+    load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
+    max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
+) -> None:
+    """Quantize MODEL layer by layer and write a packed INT4 checkpoint."""
+    from quantkit.config import CalibConfig, QuantizeConfig
+    from quantkit.quant.pipeline import quantize_model
+
+    cfg = QuantizeConfig(
+        model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
+        desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
+        calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
+        force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
+        awq_duo_scaling=awq_duo_scaling, load_plan=load_plan,
+    )
+    if dry_run:
+        report = quantize_model(cfg, None)
+        _print_plan(report.plan, cfg)
+        return
+    with staged_output(out, force) as tmp:
+        report = quantize_model(cfg, tmp)
+    report.out = out
+    _print_summary(report, cfg)
+
+
+def _print_plan(plan, cfg) -> None:
+    console.print(f"[bold]dry run[/]: {plan.model_path} ({plan.spec.family}, {plan.num_layers} layers)")
+    console.print(f"  method {cfg.method}, {cfg.bits}-bit, group size {cfg.group_size}, layout {cfg.layout}")
+    console.print(f"  {len(plan.quantized)} linears would be packed, {len(plan.skipped)} left float")
+    for name, reason in plan.skipped.items():
+        console.print(f"  skip {name}: {reason}", highlight=False)
+    for note in plan.notes:
+        console.print(f"  note: {note}")
+
+
+def _print_summary(report, cfg) -> None:
+    from rich.table import Table
+
+    plan = report.plan
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    if plan.skipped:
+        reasons = sorted(set(plan.skipped.values()))
+        console.print(f"left float ({len(plan.skipped)} linears): {'; '.join(reasons)}")
+    table = Table(title=f"quantkit quantize: {cfg.method} -> {cfg.layout}", show_header=False)
+    table.add_row("model", str(plan.model_path))
+    table.add_row("output", str(report.out))
+    table.add_row("layers quantized", f"{len(plan.quantized)} linears in {plan.num_layers} decoder layers")
+    table.add_row("layers skipped", str(len(plan.skipped)))
+    table.add_row("mean loss", f"{report.mean_loss:.6g}")
+    table.add_row("size on disk", f"{_mib(report.output_bytes)} (original {_mib(plan.source_bytes)}, "
+                                  f"{report.output_bytes / max(plan.source_bytes, 1):.2f}x)")
+    table.add_row("wall time", f"{report.seconds:.1f} s")
+    console.print(table)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024**2:.2f} MiB"

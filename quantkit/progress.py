@@ -1,0 +1,33 @@
+"""Rich progress bars for long steps, on stderr (stdout stays clean for results)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+T = TypeVar("T")
+_console = Console(stderr=True)
+
+
+@contextmanager
+def progress_bar(description: str, total: int | None, enabled: bool = True) -> Iterator:
+    """Yields `advance(n=1)`; the bar is transient-free so the finished step stays visible."""
+    if not enabled:
+        yield lambda n=1: None
+        return
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=_console) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n=1: progress.advance(task, n)
+
+
+def track(items: Iterable[T], description: str, total: int | None = None, enabled: bool = True) -> Iterator[T]:
+    items = list(items) if total is None else items
+    with progress_bar(description, total if total is not None else len(items), enabled) as advance:
+        for item in items:
+            yield item
+            advance()

@@ -1,0 +1,140 @@
+"""GPTQ (Frantar et al., 2022) as small pure functions, after the IST-DASLab reference.
+
+The Hessian of the layer-wise objective ||W X - W_hat X||^2 is H = 2 X X^T / n, accumulated
+batch by batch in fp32. Quantization walks the columns of W (optionally in act-order, largest
+diag(H) first), quantizes one column, and spreads its error over the columns not yet quantized
+through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from quantkit.quant.primitives import QuantizedWeight, QuantScheme, minmax_params, quantize_codes
+
+log = logging.getLogger(__name__)
+
+
+def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+
+
+def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Running H = 2/n * sum x x^T. x: [..., K] (any float dtype); returns (H, new n)."""
+    x = x.reshape(-1, x.shape[-1]).float()
+    m = x.shape[0]
+    h *= n / (n + m)
+    x = x * (2.0 / (n + m)) ** 0.5
+    h.addmm_(x.T, x)
+    return h, n + m
+
+
+@dataclass(frozen=True)
+class GPTQOptions:
+    damp: float = 0.01  # fraction of mean(diag(H)) added to the diagonal
+    block_size: int = 128
+    act_order: bool = False
+    static_groups: bool = False
+    max_damp_retries: int = 6
+
+
+@dataclass
+class GPTQResult:
+    weight: QuantizedWeight
+    loss: float  # sum over rows of GPTQ's objective, ||(W - Q) / diag(U)||^2 / 2
+    damp: float  # the damping fraction finally used
+
+
+def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors."""
+    mean_diag = torch.mean(torch.diag(h))
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    for attempt in range(max_retries + 1):
+        l, info = torch.linalg.cholesky_ex(h + damp * mean_diag * eye)
+        if info == 0:
+            hinv = torch.cholesky_inverse(l)
+            u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            if info == 0:
+                return u, damp
+        log.warning("GPTQ: Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
+        damp *= 10
+    raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")
+
+
+def _group_params(w_cols: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    return minmax_params(w_cols, scheme.bits, scheme.sym)
+
+
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions) -> GPTQResult:
+    """Quantize W [N, K] against Hessian H [K, K]. Returns codes in the original column order."""
+    w = w.detach().float().clone()
+    h = h.detach().float().clone()
+    n, k = w.shape
+    gsize = scheme.group_len(k)
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+
+    static = None
+    if opts.static_groups:  # group parameters from the original column groups, before act-order
+        static = [_group_params(w[:, s : s + gsize], scheme) for s in range(0, k, gsize)]
+
+    perm = torch.argsort(torch.diag(h), descending=True) if opts.act_order else torch.arange(k)
+    w, h = w[:, perm], h[perm][:, perm]
+    u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries)
+
+    codes = torch.zeros_like(w)
+    losses = torch.zeros(n, dtype=torch.float32, device=w.device)
+    # params of the group each permuted column was quantized with
+    col_scale = torch.zeros(k, n, device=w.device)
+    col_zero = torch.zeros(k, n, device=w.device)
+    scale = zero = None
+    for i1 in range(0, k, opts.block_size):
+        i2 = min(i1 + opts.block_size, k)
+        w1 = w[:, i1:i2].clone()
+        err1 = torch.zeros_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if static is not None:
+                scale, zero = static[int(perm[col]) // gsize]
+            elif col % gsize == 0:
+                # the group lies inside this block (block_size is a multiple of the group size),
+                # so w1 holds its columns with every earlier error already applied
+                scale, zero = _group_params(w1[:, i : i + gsize], scheme)
+            q = quantize_codes(w1[:, i : i + 1], scale, zero, scheme.maxq)[:, 0]
+            wq = scale * (q - zero)
+            d = u1[i, i]
+            codes[:, col] = q
+            col_scale[col], col_zero[col] = scale, zero
+            losses += (w1[:, i] - wq) ** 2 / d**2 / 2
+            e = (w1[:, i] - wq) / d
+            w1[:, i:] -= e.unsqueeze(1) @ u1[i, i:].unsqueeze(0)
+            err1[:, i] = e
+        w[:, i2:] -= err1 @ u[i1:i2, i2:]
+
+    return GPTQResult(_to_quantized_weight(codes, col_scale, col_zero, perm, scheme, static is not None), float(losses.sum()), damp)
+
+
+def _to_quantized_weight(codes: torch.Tensor, col_scale: torch.Tensor, col_zero: torch.Tensor, perm: torch.Tensor,
+                         scheme: QuantScheme, static: bool) -> QuantizedWeight:
+    """Undo the permutation and collect one (scale, zero) row per group.
+
+    Without static groups, group j is the j-th run of `group_size` permuted columns (act-order
+    makes g_idx non-monotonic); with static groups it is the original column group.
+    """
+    k = codes.shape[1]
+    gsize = scheme.group_len(k)
+    invperm = torch.argsort(perm)
+    pos = torch.arange(k, device=codes.device)
+    group_of_pos = pos // gsize if not static else perm // gsize  # group of each permuted position
+    num_groups = (k + gsize - 1) // gsize
+    scales = torch.zeros(num_groups, codes.shape[0], device=codes.device)
+    zeros = torch.zeros_like(scales)
+    scales[group_of_pos] = col_scale
+    zeros[group_of_pos] = col_zero
+    g_idx = group_of_pos[invperm].to(torch.int32)
+    return QuantizedWeight(codes[:, invperm].to(torch.int32), scales, zeros, g_idx, scheme)

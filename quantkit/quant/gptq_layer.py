@@ -1,0 +1,74 @@
+"""GPTQ over one decoder layer: Hessians from forward hooks, groups quantized in order."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from quantkit.config import QuantizeConfig
+from quantkit.errors import QuantkitError
+from quantkit.quant.arch import get_submodule
+from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize
+from quantkit.quant.methods import LayerContext, LayerResult
+
+
+class GPTQMethod:
+    name = "gptq"
+    needs_calibration = True
+
+    def __init__(self, cfg: QuantizeConfig):
+        self.cfg = cfg
+        self.opts = GPTQOptions(damp=cfg.damp, block_size=cfg.block_size, act_order=cfg.desc_act,
+                                static_groups=cfg.static_groups)
+
+    def sequential_groups(self, ctx: LayerContext) -> list[list[str]]:
+        """Linears sharing an input, in the order the layer computes them (true-sequential);
+        or all at once when true-sequential is off."""
+        groups = [[n for n in g.linears if n in ctx.linears] for g in ctx.spec.groups]
+        groups = [g for g in groups if g]
+        return groups if self.cfg.true_sequential else [[n for g in groups for n in g]]
+
+    def quantize_layer(self, ctx: LayerContext) -> LayerResult:
+        result = LayerResult(weights={})
+        for names in self.sequential_groups(ctx):
+            hessians = self._collect_hessians(ctx, names)
+            for name in names:
+                linear = get_submodule(ctx.layer, name)
+                start = time.perf_counter()
+                try:
+                    r = gptq_quantize(linear.weight.data, hessians[name], ctx.scheme, self.opts)
+                except ArithmeticError as exc:
+                    raise QuantkitError(f"layer {ctx.index} {name}: {exc}") from exc
+                linear.weight.data = r.weight.dequantize().to(linear.weight.dtype)
+                result.weights[name] = r.weight
+                result.losses[name] = r.loss
+                result.stats.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 4)
+                if r.damp != self.opts.damp:
+                    result.stats.setdefault("damp_raised", {})[name] = r.damp
+        return result
+
+    def _collect_hessians(self, ctx: LayerContext, names: list[str]) -> dict[str, torch.Tensor]:
+        """Run the layer on the calibration inputs; one Hessian per distinct input tensor."""
+        state: dict[str, list] = {}
+
+        def hook_for(name):
+            def hook(_module, args, _output):
+                x = args[0]
+                h, n = state.get(name) or (empty_hessian(x.shape[-1], x.device), 0)
+                state[name] = list(accumulate_hessian(h, n, x))
+            return hook
+
+        # Linears in one spec group read the same tensor: hook the first, share its Hessian.
+        shared = {}
+        for g in ctx.spec.groups:
+            members = [n for n in g.linears if n in names]
+            for n in members:
+                shared[n] = members[0]
+        handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n)) for n in set(shared.values())]
+        try:
+            ctx.run_layer()
+        finally:
+            for h in handles:
+                h.remove()
+        return {n: state[shared[n]][0] for n in names}

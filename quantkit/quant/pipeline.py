@@ -1,0 +1,248 @@
+"""The layer loop (the IST-DASLab/gptq flow), memory-bounded.
+
+  resolve + validate -> plan which linears can be packed -> calibration windows
+  -> capture layer 0's inputs -> for each decoder layer:
+        read its weights from the shards (memory-mapped) -> method.quantize_layer
+        -> re-run the layer with quantized weights -> its outputs feed the next layer
+        -> pack + hand its tensors to the shard writer -> drop the layer
+  -> embeddings / final norm / lm_head copied as they are -> configs, metadata.
+
+Only one decoder layer, the embeddings and the activations are in memory at a time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from quantkit.config import QuantizeConfig
+from quantkit.errors import QuantkitError
+from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
+from quantkit.progress import progress_bar
+from quantkit.quant.arch import ArchSpec, get_submodule, spec_for
+from quantkit.quant.methods import LayerContext
+from quantkit.quant.packing import pack, packable
+from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
+
+METHODS = {
+    "rtn": "quantkit.quant.rtn:RTNMethod",
+    "gptq": "quantkit.quant.gptq_layer:GPTQMethod",
+    "awq": "quantkit.quant.awq:AWQMethod",
+}
+
+
+def make_method(cfg: QuantizeConfig):
+    module, _, cls = METHODS[cfg.method].partition(":")
+    return getattr(importlib.import_module(module), cls)(cfg)
+
+
+@dataclass
+class LayerReport:
+    index: int
+    seconds: float
+    losses: dict[str, float]
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class QuantizePlan:
+    """What will be quantized, decided from shapes alone (this is what --dry-run shows)."""
+
+    model_path: Path
+    spec: ArchSpec
+    num_layers: int
+    quantized: list[str]  # full module names
+    skipped: dict[str, str]  # full module name -> reason
+    seqlen: int
+    notes: list[str]
+    source_bytes: int
+
+
+@dataclass
+class QuantizeReport:
+    plan: QuantizePlan
+    layers: list[LayerReport]
+    out: Path | None
+    seconds: float
+    output_bytes: int
+    calib_hash: str | None
+
+    @property
+    def mean_loss(self) -> float:
+        losses = [v for layer in self.layers for v in layer.losses.values()]
+        return sum(losses) / len(losses) if losses else 0.0
+
+
+def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader: ShardReader) -> QuantizePlan:
+    spec = spec_for(config_dict)
+    if read_quant_info(config_dict) is not None:
+        raise QuantkitError(f"{cfg.model}: already quantized (config.json has a quantization_config)")
+    num_layers = int(config_dict["num_hidden_layers"])
+    quantized, skipped = [], {}
+    for i in range(num_layers):
+        for name in spec.linears:
+            full = f"{spec.layers}.{i}.{name}"
+            shape = reader.get(f"{full}.weight").shape
+            reason = packable(shape[0], shape[1], cfg.scheme, cfg.layout)
+            if reason:
+                skipped[full] = reason
+            else:
+                quantized.append(full)
+    if not quantized:
+        reasons = sorted(set(skipped.values()))
+        raise QuantkitError(f"no linear layer can be packed at group size {cfg.group_size} ({'; '.join(reasons)}); "
+                            f"try a smaller --group-size")
+    notes = []
+    max_len = int(config_dict.get("max_position_embeddings") or cfg.calib.seqlen)
+    seqlen = cfg.calib.seqlen
+    if seqlen > max_len:
+        notes.append(f"--seqlen {seqlen} clipped to the model's context of {max_len} tokens")
+        seqlen = max_len
+    return QuantizePlan(path, spec, num_layers, quantized, skipped, seqlen, notes, reader.total_bytes())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise QuantkitError(f"--device {name}: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise QuantkitError(f"{prefix}.{name}: weights contain NaN or inf")
+
+
+def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progress: bool = True) -> QuantizeReport:
+    """Quantize cfg.model into `out_dir` (an empty folder). With cfg.dry_run, only plan."""
+    start = time.perf_counter()
+    path = resolve_model_path(cfg.model)
+    config_dict = read_config(path)
+    spec_for(config_dict)
+    reader = ShardReader(path)
+    plan = plan_quantization(cfg, path, config_dict, reader)
+    if cfg.dry_run or out_dir is None:
+        return QuantizeReport(plan, [], None, time.perf_counter() - start, 0, None)
+
+    device = resolve_device(cfg.device)
+    method = make_method(cfg)
+    hf_cfg = hf_config(path)
+    model = build_skeleton(hf_cfg, torch.float32)
+    spec = plan.spec
+    layers = get_submodule(model, spec.layers)
+    base = get_submodule(model, spec.layers.rpartition(".")[0])
+
+    calib = None
+    inputs, layer_kwargs = [], {}
+    if method.needs_calibration:
+        calib = _calibration(cfg, path, plan)
+        plan.notes.extend(calib.notes)
+        _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
+        inputs, layer_kwargs = capture_layer_inputs_on(base, layers[0], calib.input_ids, device)
+
+    writer = ShardWriter(out_dir, cfg.max_shard_size)
+    reports, plan_tensors = [], {}
+    with progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
+        for i in range(plan.num_layers):
+            report, tensors, layer_plan, inputs = _quantize_one_layer(
+                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device)
+            writer.add(tensors)
+            plan_tensors.update({f"layers.{i}.{k}": v for k, v in layer_plan.items()})
+            reports.append(report)
+            advance()
+    writer.add({k: reader.get(k) for k in reader.keys() if not k.startswith(spec.layers + ".")})
+    writer.finish()
+    if plan_tensors:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in plan_tensors.items()}, str(out_dir / "awq_plan.safetensors"))
+    report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
+    write_metadata(out_dir, path, config_dict, quantization_config(cfg, list(plan.skipped)), _meta(cfg, report))
+    report.output_bytes = sum(f.stat().st_size for f in out_dir.iterdir() if f.suffix == ".safetensors")
+    return report
+
+
+def capture_layer_inputs_on(base, first_layer, input_ids, device):
+    from quantkit.quant.capture import capture_layer_inputs
+
+    with progress_bar("capture layer 0 inputs", None, False):
+        return capture_layer_inputs(base, first_layer, input_ids, device)
+
+
+def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan):
+    from transformers import AutoTokenizer
+
+    from quantkit.calibration.data import load_calibration
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with progress_bar("calibration data", None):
+        return load_calibration(cfg.calib.source, tokenizer, cfg.calib.nsamples, plan.seqlen, cfg.calib.seed)
+
+
+def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device) -> None:
+    tensors = {k: reader.get(k).float().to(device) for k in keys}
+    check_finite(tensors, "model")
+    model.load_state_dict(tensors, strict=False, assign=True)
+
+
+def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device):
+    """Load layer i, quantize it, propagate the activations, and return its checkpoint tensors."""
+    t0 = time.perf_counter()
+    spec = plan.spec
+    prefix = f"{spec.layers}.{i}"
+    source = reader.with_prefix(prefix)
+    check_finite(source, prefix)
+    layer = layers[i]
+    layer.load_state_dict({k: v.float().to(device) for k, v in source.items()}, strict=True, assign=True)
+    linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in set(plan.quantized))
+    ctx = LayerContext(
+        index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
+        scheme=cfg.scheme, config=cfg, linears=linears,
+        skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
+        device=device,
+    )
+    result = method.quantize_layer(ctx)
+    missing = set(linears) - set(result.weights)
+    if missing:
+        raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
+    outputs = ctx.run_layer() if inputs else inputs
+    tensors = {}
+    for name, t in layer.state_dict().items():
+        lin = name.rpartition(".")[0]
+        if lin in result.weights and name.endswith(".weight"):
+            continue
+        tensors[f"{prefix}.{name}"] = t.to(source[name].dtype)
+    for name, qw in result.weights.items():
+        tensors.update(pack(qw, cfg.layout).tensors(f"{prefix}.{name}"))
+    layers[i] = layer.to("meta")
+    report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
+    return report, tensors, result.plan, outputs
+
+
+def _meta(cfg: QuantizeConfig, report: QuantizeReport) -> dict:
+    from quantkit import __version__
+
+    return {
+        "quantkit_version": __version__,
+        "config": cfg.to_dict(),
+        "source": str(report.plan.model_path),
+        "calibration_token_sha256": report.calib_hash,
+        "seqlen": report.plan.seqlen,
+        "notes": report.plan.notes,
+        "quantized_modules": report.plan.quantized,
+        "skipped_modules": report.plan.skipped,
+        "layers": [asdict(layer) for layer in report.layers],
+        "wall_seconds": round(report.seconds, 3),
+    }
+
+
+def load_meta(qdir: Path) -> dict:
+    return json.loads((Path(qdir) / "quantkit_meta.json").read_text())
