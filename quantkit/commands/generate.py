@@ -1,35 +1,132 @@
-"""`quantkit generate MODEL --prompt TEXT`: greedy or sampled text from a float or quantized checkpoint."""
+"""`quantkit generate MODEL`: text from a float or quantized checkpoint through the paged-KV engine.
+
+One prompt (`--prompt`) prints its completion; many (`--prompts-file`, one per line or JSONL
+with "prompt") run batched with a progress bar, and `--output out.jsonl` gets one line per
+prompt: prompt, text, token_ids, finish_reason (and error, for a prompt the engine refused).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from pathlib import Path
+
 import typer
 
-from quantkit.commands.common import one_line_errors
+from quantkit.commands.common import console, one_line_errors
+from quantkit.errors import QuantkitError
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3}
 
 
 def register(app: typer.Typer) -> None:
     app.command("generate")(generate)
 
 
+def parse_size(text: str) -> int:
+    """'512MiB', '1GiB', '2G' or a number of bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise QuantkitError(f"--kv-cache-memory {text!r}: expected a size such as 512MiB or 2GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def read_prompts(path: Path) -> list[str]:
+    """One prompt per non-blank line, or JSONL objects with a "prompt" field."""
+    try:
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QuantkitError(f"{path}: cannot read prompts ({exc})") from exc
+    if not lines:
+        raise QuantkitError(f"{path}: no prompts in the file")
+    if path.suffix != ".jsonl" and not all(ln.lstrip().startswith("{") for ln in lines):
+        return lines
+    prompts = []
+    for i, ln in enumerate(lines, 1):
+        try:
+            row = json.loads(ln)
+        except json.JSONDecodeError as exc:
+            raise QuantkitError(f"{path}:{i}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise QuantkitError(f"{path}:{i}: expected an object with a string \"prompt\"")
+        prompts.append(row["prompt"])
+    return prompts
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """Write to a temp file beside `path`, then rename: no half-written output on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def output_row(out) -> dict:
+    c = out.outputs[0]
+    row = {"prompt": out.prompt, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+    if out.error:
+        row["error"] = out.error
+    return row
+
+
 @one_line_errors
 def generate(
-    model: str = typer.Argument(..., help="Checkpoint folder (float or quantized) or hub id."),
-    prompt: str = typer.Option(..., "--prompt", help="The prompt text."),
+    model: str = typer.Argument(..., help="Checkpoint folder (float, GPTQ or AWQ) or hub id."),
+    prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
+    prompts_file: Path | None = typer.Option(None, "--prompts-file", help="One prompt per line, or JSONL with \"prompt\"."),
+    output: Path | None = typer.Option(None, "--output", help="Write one JSON line per prompt here."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
-    seed: int = typer.Option(0, "--seed"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    seed: int | None = typer.Option(None, "--seed", help="Per-request seed for reproducible sampling."),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
+    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+    kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV pool size on CPU, e.g. 512MiB."),
+    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks"),
+    swap_space: float = typer.Option(0.0, "--swap-space", help="GiB of CPU swap for preempted requests."),
+    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16 (GPU)."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
 ) -> None:
-    """Generate text from MODEL (quantized checkpoints load through quantkit's QuantLinear)."""
-    import torch
+    """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
+    if (prompt is None) == (prompts_file is None):
+        raise QuantkitError("give exactly one of --prompt or --prompts-file")
+    prompts = [prompt] if prompt is not None else read_prompts(prompts_file)
+    from quantkit.engine import LLM, SamplingParams
 
-    from quantkit.model.loader import load_model, load_tokenizer
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+    llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
+              kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
+              swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
+              num_threads=threads)
+    console.print(llm.engine.kv_plan.describe(), highlight=False)
+    outs = _run_with_progress(llm, prompts, params)
+    for out in outs:
+        if out.error:
+            console.print(f"[yellow]warning:[/] prompt {int(out.request_id) + 1}: {out.error}", highlight=False)
+    rows = [output_row(o) for o in outs]
+    if output is not None:
+        write_jsonl(output, rows)
+        console.print(f"wrote {len(rows)} completions to {output}", highlight=False)
+    elif prompt is not None:
+        typer.echo(rows[0]["text"])
+    else:
+        for row in rows:
+            typer.echo(json.dumps(row, ensure_ascii=False))
 
-    lm, _ = load_model(model)
-    tok = load_tokenizer(model)
-    ids = tok(prompt, return_tensors="pt").input_ids
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        out = lm.generate(ids, max_new_tokens=max_tokens, do_sample=temperature > 0,
-                          temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
-                          pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-    typer.echo(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+
+def _run_with_progress(llm, prompts: list[str], params):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=len(prompts) == 1) as bar:
+        task = bar.add_task("generate", total=len(prompts))
+        return llm.generate(prompts, params, on_output=lambda _: bar.advance(task))

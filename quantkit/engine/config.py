@@ -25,6 +25,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto: float32 on CPU, float16 on GPU
     device: str = "auto"
     seed: int = 0
+    num_threads: int | None = None  # CPU: torch intra-op threads (None: leave torch's setting)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -40,6 +41,8 @@ class EngineConfig:
             raise QuantkitError(f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         if self.swap_space < 0:
             raise QuantkitError(f"swap_space must be >= 0 GiB (got {self.swap_space})")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise QuantkitError(f"num_threads must be at least 1 (got {self.num_threads})")
         if self.dtype not in DTYPES:
             raise QuantkitError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -67,6 +67,8 @@ class LLMEngine:
         from quantkit.model.loader import hf_config, load_tokenizer
 
         self.cfg = cfg
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)  # asked for explicitly: a process-wide torch setting
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         path = resolve_model_path(cfg.model)
