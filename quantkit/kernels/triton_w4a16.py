@@ -41,7 +41,9 @@ class TileConfig:
     num_stages: int = 3
 
 
-DEFAULT_TILES = TileConfig()
+DEFAULT_TILES = TileConfig()  # compiled kernels with autotune=False
+# The interpreter's cost grows with programs x K steps, not with tile size: large tiles.
+INTERPRETER_TILES = TileConfig(block_m=64, block_n=128, block_k=128, split_k=2)
 
 
 def triton_available() -> bool:
@@ -156,18 +158,21 @@ def w4a16_matmul_triton(
     g_idx: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     autotune: bool | None = None,
-    tiles: TileConfig = DEFAULT_TILES,
+    tiles: TileConfig | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ W_hat.T (+ bias) -> [M, N] in x's dtype, through the Triton kernels.
 
     qweight/qzeros/scales (and g_idx for the GPTQ layouts) exactly as stored on disk, on x's
-    device. autotune: None = on CUDA only; otherwise `tiles` fixes the tiling.
+    device. autotune: None = on CUDA only. Without autotuning, `tiles` fixes the tiling
+    (default: DEFAULT_TILES compiled, INTERPRETER_TILES in the interpreter).
     """
     group_size = x.shape[-1] if group_size == -1 else group_size
     m, n, k = _check(x, qweight, qzeros, scales, layout, group_size, g_idx, bias)
     g = _effective_g_idx(g_idx, k, group_size)
     mod = kernels_for(x.device)
     tune = x.is_cuda if autotune is None else autotune
+    if tiles is None:
+        tiles = DEFAULT_TILES if runs_compiled(x.device) else INTERPRETER_TILES
     decode = m <= DECODE_MAX_M
     out = torch.zeros((m, n), device=x.device, dtype=torch.float32) if decode \
         else torch.empty((m, n), device=x.device, dtype=x.dtype)

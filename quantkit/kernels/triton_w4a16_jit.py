@@ -68,10 +68,13 @@ def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n,
         q = (words >> ((offs_k % 8) * 4)[:, None]) & 0xF
     if not HAS_G_IDX and GROUP_SIZE % BLOCK_K == 0:
         # The whole K block lies in one group: one row of zeros and scales, broadcast over K.
+        # A split-K block may start past K: its group row does not exist, so it must not load
+        # (garbage there could be NaN, and 0 * NaN poisons the sum).
         g = k0 // GROUP_SIZE
-        zw = tl.load(qzeros_ptr + g * stride_qz + offs_n // 8, mask=mask_n, other=0)  # [BLOCK_N]
+        row_mask = mask_n & ((offs_n * 0 + k0) < K)  # [BLOCK_N]: k0 < K, as a vector
+        zw = tl.load(qzeros_ptr + g * stride_qz + offs_n // 8, mask=row_mask, other=0)  # [BLOCK_N]
         z = ((zw >> col_shift) & 0xF)[None, :]
-        s = tl.load(scales_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        s = tl.load(scales_ptr + g * stride_s + offs_n, mask=row_mask, other=0.0).to(tl.float32)[None, :]
     else:
         if HAS_G_IDX:
             g = tl.load(g_idx_ptr + offs_k, mask=mask_k, other=0)  # [BLOCK_K] act-order groups

@@ -89,14 +89,16 @@ def test_kernels_match_both_oracles(layout, group, act_order):
         assert_matches(run_triton(p, x, group), p, x, group)
 
 
-def test_gemm_and_splitk_with_small_tiles_cover_grouping_and_many_k_slices():
-    # Several M tiles grouped 2 at a time, several K steps per split, a split with no full block.
-    p = random_packed("gptq", 32, act_order=True, seed=3)
+@pytest.mark.parametrize(("group", "act_order"), [(32, True), (64, False)])
+def test_gemm_and_splitk_with_small_tiles(group, act_order):
+    # Several M tiles grouped 2 at a time, several K steps per split, a split with no full block;
+    # without act-order, group 64 over BLOCK_K 32 takes the one-group-per-block path.
+    p = random_packed("gptq", group, act_order=act_order, seed=3)
     tiles = TileConfig(block_m=16, block_n=32, block_k=32, group_m=2, split_k=3)
     gen = torch.Generator().manual_seed(2)
     for m in (5, 50):
         x = torch.randn(m, K, generator=gen)
-        assert_matches(run_triton(p, x, 32, tiles=tiles), p, x, 32)
+        assert_matches(run_triton(p, x, group, tiles=tiles), p, x, group)
 
 
 @pytest.mark.parametrize("m", [3, 40])

@@ -1,0 +1,158 @@
+"""`quantkit check`: passes on checkpoints made by `quantkit quantize`, fails on corrupted copies
+and on a kernel that disagrees with the reference; the AWQ fold bookkeeping undoes folds exactly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from quantkit.check import (
+    awq_fold_scales,
+    check_checkpoint,
+    original_output,
+    relative_max_diff,
+    relative_output_error,
+)
+from quantkit.cli import build_app
+from quantkit.quant.arch import spec_for
+
+CORRUPT_LAYER = "model.layers.1.mlp.up_proj"
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(build_app(), [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def calib_file(tmp_path_factory) -> Path:
+    from quantkit.calibration.synthetic import make_corpus
+
+    path = tmp_path_factory.mktemp("calib") / "stories.txt"
+    path.write_text("\n\n".join(make_corpus(64, seed=1)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rtn_ckpt(tiny_llama, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("q") / "rtn-g32"
+    done = run_cli("quantize", tiny_llama, "--method", "rtn", "--group-size", "32", "--out", out)
+    assert done.exit_code == 0, done.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def gptq_act_order_ckpt(tiny_llama, calib_file, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("q") / "gptq-desc-act"
+    done = run_cli("quantize", tiny_llama, "--method", "gptq", "--desc-act", "--group-size", "64",
+                   "--calib", calib_file, "--nsamples", "4", "--seqlen", "64", "--out", out)
+    assert done.exit_code == 0, done.output
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["rtn_ckpt", "gptq_act_order_ckpt"])
+def test_check_passes_through_the_triton_kernel(which, tiny_llama, tmp_path, request):
+    ckpt = request.getfixturevalue(which)
+    report_file = tmp_path / "report.json"
+    done = run_cli("check", ckpt, "--original", tiny_llama, "--backend", "triton", "--nsamples", "2",
+                   "--seqlen", "32", "--max-rows", "24", "--output", report_file)
+    assert done.exit_code == 0, done.output
+    report = json.loads(report_file.read_text())
+    assert report["passed"] and report["kernel_checked"] and report["backend"] == "triton"
+    assert len(report["layers"]) == 14  # 2 layers x 7 linears, every one packed
+    for layer in report["layers"]:
+        assert layer["kernel_diff"] <= 1e-4, layer
+        assert 0 < layer["rel_error"] < 0.3, layer
+
+
+def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
+    bits = t.view(torch.int16).clone()
+    bits.view(-1)[::3] ^= 1 << bit
+    return bits.view(t.dtype)
+
+
+def corrupt(src: Path, dst: Path, key: str, fn) -> Path:
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors[key] = fn(tensors[key])
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize(("suffix", "fn"), [
+    ("scales", lambda s: flip_bit(s, 13)),  # an exponent bit of every third fp16 scale
+    ("qweight", lambda q: q ^ torch.randint(0, 2**31 - 1, q.shape, generator=torch.Generator().manual_seed(0),
+                                            dtype=torch.int32)),  # random bit flips
+])
+def test_check_fails_on_a_corrupted_copy(suffix, fn, rtn_ckpt, tiny_llama, tmp_path):
+    bad = corrupt(rtn_ckpt, tmp_path / "bad", f"{CORRUPT_LAYER}.{suffix}", fn)
+    report_file = tmp_path / "report.json"
+    done = run_cli("check", bad, "--original", tiny_llama, "--backend", "torch", "--nsamples", "2",
+                   "--seqlen", "32", "--output", report_file)
+    assert done.exit_code == 1, done.output
+    report = json.loads(report_file.read_text())
+    failed = [layer["name"] for layer in report["layers"] if not layer["passed"]]
+    assert failed == [CORRUPT_LAYER]
+    # the untouched copy passes the same check
+    ok = run_cli("check", rtn_ckpt, "--original", tiny_llama, "--backend", "torch", "--nsamples", "2",
+                 "--seqlen", "32")
+    assert ok.exit_code == 0, ok.output
+
+
+def test_check_fails_when_the_kernel_disagrees(rtn_ckpt, monkeypatch):
+    import quantkit.kernels as kernels
+
+    def off_by_one_percent(x, *args, **kwargs):
+        return kernels.w4a16_matmul_reference(x, *args, **{k: v for k, v in kwargs.items() if k != "backend"}) * 1.01
+
+    monkeypatch.setattr(kernels, "w4a16_matmul", off_by_one_percent)
+    report = check_checkpoint(rtn_ckpt, backend="triton", nsamples=1, seqlen=16, show_progress=False)
+    assert not report.passed and len(report.failures) == 14
+    assert all("kernel disagrees" in layer.problems[0] for layer in report.failures)
+
+
+def test_check_without_a_gpu_says_the_kernel_did_not_run(rtn_ckpt):
+    report = check_checkpoint(rtn_ckpt, nsamples=1, seqlen=16, show_progress=False)
+    assert report.passed and not report.kernel_checked and report.backend == "torch"
+    assert all(layer.kernel_diff is None and layer.rel_error is None for layer in report.layers)
+    assert any("kernel was not run" in note for note in report.notes)
+
+
+def test_check_of_a_float_checkpoint_is_a_one_line_error(tiny_llama):
+    done = run_cli("check", tiny_llama)
+    assert done.exit_code == 2
+    assert "not a quantized checkpoint" in done.output and "Traceback" not in done.output
+
+
+def test_awq_folds_are_undone_exactly():
+    # up_proj feeds down_proj (group "down"); the gate_up group reads the post-attention norm.
+    spec = spec_for({"architectures": ["LlamaForCausalLM"]})
+    gen = torch.Generator().manual_seed(0)
+    w_up, w_down = torch.randn(48, 32, generator=gen), torch.randn(32, 48, generator=gen)
+    s_gate_up, s_down = torch.rand(32, generator=gen) + 0.5, torch.rand(48, generator=gen) + 0.5
+    plan = {"layers.3.gate_up.scale": s_gate_up, "layers.3.down.scale": s_down}
+    col, row = awq_fold_scales(spec, plan, 3, "mlp.up_proj")
+    assert torch.equal(col, s_gate_up) and torch.equal(row, s_down)
+    assert awq_fold_scales(spec, plan, 2, "mlp.up_proj") == (None, None)  # another layer's plan
+    folded_up = (w_up * s_gate_up) / s_down[:, None]  # what AWQ writes before quantizing
+    x_f = torch.randn(10, 32, generator=gen)
+    x_q = x_f / s_gate_up  # the folded norm hands the quantized model x / s
+    y_q = x_q @ folded_up.T
+    assert relative_output_error(y_q, original_output(x_q, w_up, None, col, row)) < 1e-5
+    assert relative_output_error(y_q, original_output(x_q, w_up, None, None, None)) > 0.1
+    col, row = awq_fold_scales(spec, plan, 3, "mlp.down_proj")
+    assert torch.equal(col, s_down) and row is None
+    assert (w_down.shape[1],) == tuple(col.shape)
+
+
+def test_comparisons_treat_non_finite_outputs_as_failures():
+    ref = torch.ones(2, 3)
+    assert relative_max_diff(ref * 1.001, ref) == pytest.approx(1e-3, rel=1e-3)
+    assert relative_max_diff(torch.full((2, 3), float("nan")), ref) == float("inf")
+    assert relative_output_error(torch.full((2, 3), float("inf")), ref) == float("inf")
