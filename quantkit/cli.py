@@ -8,6 +8,7 @@ import typer
 
 COMMAND_MODULES = (
     "quantkit.commands.generate",
+    "quantkit.commands.check",
 )
 
 
