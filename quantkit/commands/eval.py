@@ -1,0 +1,152 @@
+"""`quantkit eval QUANTIZED --base BASE`: MMLU (through lm-eval) and perplexity for both, and the delta."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from quantkit.commands.common import console, one_line_errors
+from quantkit.errors import QuantkitError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
+
+
+@one_line_errors
+def eval_command(
+    quantized: str = typer.Argument(..., help="The quantized checkpoint (loaded through quantkit's QuantLinear)."),
+    base: str = typer.Option(..., "--base", help="The original float checkpoint (folder or hub id)."),
+    tasks: str = typer.Option("mmlu,ppl", "--tasks", help="Comma-separated: mmlu, ppl."),
+    mmlu_dir: Path | None = typer.Option(None, "--mmlu-dir", help="Local MMLU folder with test/ and dev/ CSVs "
+                                         "(default: lm-eval's mmlu from the hub)."),
+    subjects: str | None = typer.Option(None, "--subjects", help="Comma-separated MMLU subjects (default: all)."),
+    num_fewshot: int = typer.Option(5, "--num-fewshot", help="Few-shot examples per question (from dev)."),
+    limit: int | None = typer.Option(None, "--limit", help="Questions per subject (default: all)."),
+    ppl_text: str = typer.Option("wikitext2", "--ppl-text", help="Text file for perplexity, or 'wikitext2' "
+                                 "(wikitext-2-raw-v1 test from the hub)."),
+    seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (float16 on CUDA, float32 on CPU), float32, bfloat16."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    output: Path | None = typer.Option(None, "--output", help="Write the report as JSON here."),
+    max_drop: float | None = typer.Option(None, "--max-drop", help="Fail (exit 1) if MMLU drops more points."),
+    max_ppl_ratio: float | None = typer.Option(None, "--max-ppl-ratio", help="Fail (exit 1) above this ppl ratio."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Base-result cache (default ~/.cache/quantkit/eval)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Evaluate the base even if a cached result exists."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's "
+                                       "choice; 1 is fastest for tiny models on a busy machine)."),
+) -> None:
+    """Evaluate QUANTIZED against --base: MMLU accuracy per category, perplexity, and the delta."""
+    from quantkit.eval.cache import default_cache_dir
+    from quantkit.eval.settings import EvalSettings
+
+    quiet_third_party()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    device = resolve_device(device)
+    settings = EvalSettings(
+        tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), mmlu_dir=mmlu_dir,
+        subjects=tuple(s.strip() for s in (subjects or "").split(",") if s.strip()), num_fewshot=num_fewshot,
+        limit=limit, ppl_text=ppl_text, seqlen=seqlen, batch_size=batch_size,
+        dtype=("float16" if device == "cuda" else "float32") if dtype == "auto" else dtype, device=device,
+        cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+    )
+    report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio)
+    if output is not None:
+        write_json(output, report.to_json())
+        console.print(f"report written to {output}")
+    for failure in failures:
+        console.print(f"[bold red]gate failed:[/] {failure}", highlight=False)
+    if failures:
+        raise typer.Exit(1)
+
+
+def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
+    from dataclasses import asdict
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from quantkit.eval.report import EvalReport, Gate, render_table
+    from quantkit.eval.runner import Progress as Bars
+    from quantkit.eval.runner import check_context, evaluate_model, resolve_inputs, tokenizer_mismatch
+
+    inputs = resolve_inputs(settings)
+    if "ppl" in settings.tasks:
+        check_context(base, settings.seqlen)
+        check_context(quantized, settings.seqlen)
+    notes = []
+    if (mismatch := tokenizer_mismatch(base, quantized)) is not None:
+        console.print(f"[yellow]warning:[/] {mismatch}; perplexity comparisons need the same tokenizer")
+        notes.append(f"tokenizer mismatch: {mismatch}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        base_run = evaluate_model("base", base, settings, inputs, Bars(bar))
+        quant_run = evaluate_model("quantized", quantized, settings, inputs, Bars(bar))
+    report = EvalReport(base_run, quant_run, settings_dict(asdict(settings), inputs), notes + run_notes(
+        settings, base_run, quant_run))
+    from rich.console import Console
+
+    Console().print(render_table(report))
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    return report, Gate(max_drop, max_ppl_ratio).failures(report.to_json()["delta"])
+
+
+def run_notes(settings, base_run, quant_run) -> list[str]:
+    notes = []
+    skipped = [t for t in ("mmlu", "ppl") if t not in settings.tasks]
+    if skipped:
+        notes.append(f"skipped: {', '.join(skipped)} (not in --tasks)")
+    if base_run.cached:
+        notes.append(f"base {', '.join(base_run.cached)} from the cache (pass --no-cache to re-run)")
+    for run in (base_run, quant_run):
+        if run.mmlu is not None and run.mmlu.truncated:
+            notes.append(f"{run.role}: {run.mmlu.truncated} MMLU contexts longer than the model's window "
+                         "were truncated from the left")
+    if quant_run.ppl is not None:
+        notes.append(f"perplexity protocol: {quant_run.ppl.protocol.describe()}")
+    return notes
+
+
+def settings_dict(raw: dict, inputs) -> dict:
+    out = {k: (str(v) if isinstance(v, Path) else v) for k, v in raw.items()}
+    out["tasks"] = list(raw["tasks"])
+    out["subjects"] = inputs.subjects
+    return out
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise QuantkitError(f"unknown --device {device!r}; expected auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise QuantkitError("--device cuda: no CUDA device available")
+    return device
+
+
+def quiet_third_party() -> None:
+    """lm-eval logs a warning per truncated request and tqdm bars per step; rich bars replace them."""
+    import logging
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    logging.getLogger("lm-eval").setLevel(logging.ERROR)
+
+
+def write_json(path: Path, data: dict) -> None:
+    import json
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
