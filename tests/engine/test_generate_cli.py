@@ -1,0 +1,76 @@
+"""`quantkit generate` on the engine: --prompt, --prompts-file (lines or JSONL), --output JSONL, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from quantkit.cli import build_app
+from quantkit.commands.generate import parse_size, read_prompts
+from quantkit.errors import QuantkitError
+
+
+@pytest.fixture(scope="module")
+def app():
+    return build_app()
+
+
+def run(app, *args):
+    return CliRunner().invoke(app, ["generate", *map(str, args)])
+
+
+def test_prompts_file_to_jsonl_matches_the_python_api(app, stories_dir, tmp_path):
+    from quantkit.engine import LLM, SamplingParams
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\n\nThe little dog\n" + "word " * 300 + "\n")
+    out = tmp_path / "out.jsonl"
+    res = run(app, stories_dir, "--prompts-file", prompts, "--max-tokens", 12, "--temperature", 0,
+              "--max-model-len", 128, "--output", out, "--threads", 1)
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["Once upon a time", "The little dog", "word " * 300]
+    want = LLM(str(stories_dir), max_model_len=128).generate(["Once upon a time", "The little dog"],
+                                                             SamplingParams(temperature=0, max_tokens=12))
+    for row, w in zip(rows, want):
+        assert row["token_ids"] == w.outputs[0].token_ids and row["text"] == w.outputs[0].text
+        assert row["finish_reason"] == "length"
+    assert rows[2]["finish_reason"] == "error" and "more than max_model_len 128" in rows[2]["error"]
+    assert "KV cache:" in res.output and not list(tmp_path.glob(".out.jsonl.tmp-*"))
+
+
+def test_single_prompt_prints_the_completion(app, stories_dir):
+    res = run(app, stories_dir, "--prompt", "Once upon a time", "--max-tokens", 8, "--threads", 1)
+    assert res.exit_code == 0, res.output
+    assert ", there was a little girl" in res.stdout
+
+
+def test_prompt_and_file_are_exclusive_and_errors_are_one_line(app, stories_dir, tmp_path):
+    res = run(app, stories_dir)
+    assert res.exit_code == 2 and "exactly one of --prompt or --prompts-file" in res.output
+    res = run(app, stories_dir, "--prompt", "x", "--top-p", 0)
+    assert res.exit_code == 2 and "top_p must be in (0, 1]" in res.output and "Traceback" not in res.output
+
+
+def test_read_prompts_accepts_jsonl_and_rejects_bad_rows(tmp_path):
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"prompt": "a"}\n{"prompt": "b c", "id": 3}\n')
+    assert read_prompts(good) == ["a", "b c"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(QuantkitError, match=r"bad.jsonl:2: expected an object"):
+        read_prompts(bad)
+    empty = tmp_path / "e.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(QuantkitError, match="no prompts"):
+        read_prompts(empty)
+
+
+def test_parse_size():
+    assert parse_size("512MiB") == 512 * 1024**2
+    assert parse_size("2G") == 2 * 1024**3
+    assert parse_size("1000") == 1000
+    with pytest.raises(QuantkitError):
+        parse_size("lots")
