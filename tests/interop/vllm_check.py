@@ -111,9 +111,11 @@ def linear_methods(model) -> dict[str, str]:
 
 
 def root_cause(exc: BaseException) -> str:
+    """The innermost exception's message on one line (pydantic puts the reason on later lines)."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and "errors.pydantic.dev" not in line]
+    return " | ".join(lines[:4]) or type(exc).__name__
 
 
 # ----------------------------------------------------------------------------- comparison

@@ -1,0 +1,151 @@
+"""llm-compressor as a baseline: GPTQ (or AWQ) W4A16 on a local model, then wikitext perplexity.
+
+Runs in the llm-compressor venv (/work/main/.venvs/llmc: torch 2.13 cpu, llmcompressor 0.14,
+transformers 5.17), never in quantkit's venv, and imports nothing from quantkit:
+
+    cd /tmp && /work/main/.venvs/llmc/bin/python /work/main/tests/interop/llmcompressor_gptq.py \
+        --model /work/shared/data/stories260K-hf --method gptq --group-size 64 \
+        --calib /work/shared/data/wikitext2/test.txt --nsamples 128 --seqlen 512 --seed 0 \
+        --ppl-text /work/shared/data/wikitext2/test.txt --out /tmp/llmc-gptq
+
+Same inputs as `quantkit quantize`, re-implemented here (the two venvs cannot share code):
+  calibration: the .txt split into documents on blank lines, joined by "\\n\\n", tokenized once
+      without special tokens, `nsamples` windows of `seqlen` tokens at offsets drawn by
+      torch.Generator().manual_seed(seed).randint (calibration/data.py); the sha256 of the window
+      ids is printed so it can be compared with quantkit_meta.json's token hash.
+  quantized linears: attention only (q/k/v/o_proj), 4-bit, symmetric for GPTQ (no act-order,
+      damp 0.01, block 128), asymmetric for AWQ; stories260K's MLP (intermediate 172) cannot be packed.
+  perplexity: the text tokenized once with the tokenizer's default special tokens, non-overlapping
+      windows of --ppl-seqlen tokens (tail dropped), each scored alone (quantkit/eval/perplexity.py).
+The perplexity is measured on the checkpoint as saved (compressed-tensors) and re-loaded, plus the
+float model by the same code, so the two columns can be compared with quantkit's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+ATTENTION = ["re:.*self_attn\\.(q|k|v|o)_proj$"]
+
+
+def split_documents(text: str) -> list[str]:
+    docs, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line)
+        elif current:
+            docs.append("\n".join(current))
+            current = []
+    if current:
+        docs.append("\n".join(current))
+    return docs
+
+
+def calibration_windows(tok, path: str, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+    """[nsamples, seqlen] int64, as quantkit's load_calibration cuts them."""
+    docs = [d for d in split_documents(Path(path).read_text(encoding="utf-8")) if d.strip()]
+    ids = torch.tensor(tok("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.int64)
+    seqlen = min(seqlen, ids.numel())
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, ids.numel() - seqlen + 1, (nsamples,), generator=gen)
+    return torch.stack([ids[s : s + seqlen] for s in starts.tolist()])
+
+
+def recipe(method: str, group_size: int, damp: float):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    sym = method == "gptq"
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=sym, strategy="group", group_size=group_size)
+    groups = {"group_0": QuantizationScheme(targets=ATTENTION, weights=weights)}
+    if method == "gptq":
+        from llmcompressor.modifiers.quantization import GPTQModifier
+
+        return [GPTQModifier(config_groups=groups, ignore=["lm_head"], actorder=None, dampening_frac=damp,
+                             block_size=128)]
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQMapping, AWQModifier
+
+    # Attention only, like ours: the norm feeds q/k/v; v_proj -> o_proj (skipped by llm-compressor under GQA).
+    mappings = [AWQMapping("re:.*input_layernorm$", ["re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"]),
+                AWQMapping("re:.*v_proj$", ["re:.*o_proj$"])]
+    return [AWQModifier(mappings=mappings, duo_scaling=False, n_grid=20),
+            QuantizationModifier(config_groups=groups, ignore=["lm_head"])]
+
+
+def patch_cpu_pin_memory() -> None:
+    """AWQ pins cached activations for faster host->device copies; pin_memory() fails without an accelerator."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
+
+
+@torch.no_grad()
+def perplexity(model, tok, path: str, seqlen: int) -> tuple[float, int]:
+    ids = tok(Path(path).read_text(encoding="utf-8"), return_tensors="pt").input_ids[0]
+    n = ids.numel() // seqlen
+    total = 0.0
+    for i in range(0, n, 4):
+        batch = torch.stack([ids[j * seqlen:(j + 1) * seqlen] for j in range(i, min(i + 4, n))])
+        logp = torch.log_softmax(model(batch).logits[:, :-1].float(), dim=-1)
+        total += float(-logp.gather(-1, batch[:, 1:, None]).sum())
+    return math.exp(total / (n * (seqlen - 1))), n
+
+
+def run(args) -> dict:
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    windows = calibration_windows(tok, args.calib, args.nsamples, args.seqlen, args.seed)
+    token_hash = hashlib.sha256(windows.numpy().tobytes()).hexdigest()
+    ds = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": torch.ones_like(windows).tolist()})
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    float_ppl, n_windows = perplexity(model, tok, args.ppl_text, args.ppl_seqlen)
+    if args.method == "awq":
+        patch_cpu_pin_memory()
+    start = time.perf_counter()
+    oneshot(model=model, dataset=ds, recipe=recipe(args.method, args.group_size, args.damp),
+            num_calibration_samples=args.nsamples, max_seq_length=windows.shape[1],
+            shuffle_calibration_samples=False, pipeline="sequential")
+    wall = time.perf_counter() - start
+    model.save_pretrained(args.out, save_compressed=True)
+    tok.save_pretrained(args.out)
+    reloaded = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
+    quant_ppl, _ = perplexity(reloaded, tok, args.ppl_text, args.ppl_seqlen)
+    return {"method": args.method, "group_size": args.group_size, "nsamples": args.nsamples,
+            "seqlen": int(windows.shape[1]), "seed": args.seed, "calib_token_sha256": token_hash,
+            "oneshot_wall_s": round(wall, 2), "ppl_text": args.ppl_text, "ppl_seqlen": args.ppl_seqlen,
+            "ppl_windows": n_windows, "float_ppl": float_ppl, "quant_ppl": quant_ppl, "out": str(args.out),
+            "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="/work/shared/data/stories260K-hf")
+    ap.add_argument("--method", choices=("gptq", "awq"), default="gptq")
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--damp", type=float, default=0.01)
+    ap.add_argument("--calib", default="/work/shared/data/wikitext2/test.txt")
+    ap.add_argument("--nsamples", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ppl-text", default="/work/shared/data/wikitext2/test.txt")
+    ap.add_argument("--ppl-seqlen", type=int, default=512)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    print(json.dumps(run(args), indent=2))
+
+
+if __name__ == "__main__":
+    main()
