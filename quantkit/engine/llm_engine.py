@@ -21,7 +21,7 @@ from quantkit.engine.request import CompletionOutput, Request, RequestMetrics, R
 from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.scheduler import Scheduler, SchedulerOutput
-from quantkit.engine.stats import EngineStats, StatsCollector
+from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.swap import SwapSpace
 from quantkit.engine.weights import load_decoder
 from quantkit.errors import QuantkitError
@@ -89,6 +89,7 @@ class LLMEngine:
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._rejected: list[Request] = []
         self._ids = itertools.count()
+        self.last_step = StepStats()
         log.info(self.kv_plan.describe())
 
     @staticmethod
@@ -135,6 +136,9 @@ class LLMEngine:
         finished = [self._output(r) for r in self._rejected]
         self._rejected = []
         out = self.scheduler.schedule()
+        self.last_step = StepStats(out.num_tokens, len(self.scheduler.running), len(self.scheduler.waiting),
+                                   sum(c.start + c.num_tokens for c in out.chunks), self.kv.usage(),
+                                   len(out.preempted))
         if not out.chunks:
             return finished
         logits = self.runner.execute(out)

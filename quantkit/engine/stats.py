@@ -34,6 +34,18 @@ class EngineStats:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """What the last step ran: gauges taken at the forward, when the pool is as full as it gets."""
+
+    num_scheduled_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0  # > 0: the scheduler could not admit everyone (pool, budget or max_num_seqs)
+    kv_tokens: int = 0  # tokens whose KV is in the cache once this step's forward has run
+    kv_block_usage: float = 0.0  # fraction of blocks held by requests during the forward
+    num_preempted: int = 0
+
+
 class StatsCollector:
     """Counters that accumulate over the engine's life; a snapshot adds the current gauges."""
 

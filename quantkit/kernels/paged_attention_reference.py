@@ -27,7 +27,8 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     """The first `length` tokens of one sequence: [length, kv_heads, head_dim]."""
     block_size = cache.shape[1]
     n = -(-length // block_size)
-    return cache[block_table[:n].long()].reshape(n * block_size, *cache.shape[2:])[:length]
+    # index_select, not cache[idx]: on CPU it is several times faster for whole-block rows
+    return cache.index_select(0, block_table[:n].long()).reshape(n * block_size, *cache.shape[2:])[:length]
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -60,10 +61,14 @@ def paged_decode_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, v
     b, heads, d = q.shape
     max_blocks = block_tables.shape[1]
     block_size, kv_heads = key_cache.shape[1], key_cache.shape[2]
-    idx = block_tables.long().clamp(min=0)
-    k = key_cache[idx].reshape(b, max_blocks * block_size, kv_heads, d).transpose(1, 2)  # [B, kvh, L, D]
-    v = value_cache[idx].reshape(b, max_blocks * block_size, kv_heads, d).transpose(1, 2)
-    positions = torch.arange(max_blocks * block_size, device=q.device)
-    mask = (positions[None, :] < seq_lens[:, None].to(q.device))[:, None, None, :]  # [B, 1, 1, L]
+    idx = block_tables.long().clamp(min=0).flatten()
+    length = max_blocks * block_size
+    k = key_cache.index_select(0, idx).view(b, length, kv_heads, d).transpose(1, 2)  # [B, kvh, L, D]
+    v = value_cache.index_select(0, idx).view(b, length, kv_heads, d).transpose(1, 2)
+    positions = torch.arange(length, device=q.device)
+    beyond = positions[None, :] >= seq_lens[:, None].to(q.device)  # [B, L]: padding past each sequence
+    # an additive mask (0 / -inf) takes a faster SDPA path on CPU than a boolean one, same result
+    mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill(beyond[:, None, None, :],
+                                                                                     float("-inf"))
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out[:, :, 0, :]

@@ -1,0 +1,1 @@
+"""Benchmarks: ours and a baseline in the same process, printing the ratio."""

@@ -1,0 +1,162 @@
+"""Engine benchmark: our paged-KV engine against transformers' generate, in one process.
+
+  python -m quantkit.bench.engine [--models stories,random100m] [--threads 1] [--requests 64]
+
+For each model: 64 requests of mixed prompt lengths, each generating --max-tokens tokens (EOS
+ignored so every system produces the same number of tokens):
+  * throughput: generated tokens/s of the engine, of HF generate one request at a time (timed on
+    the first --serial-sample requests: the per-request rate does not depend on how many run), and
+    of HF generate on all requests at once (left-padded batch); ratios printed;
+  * time to first token for requests sharing a 256-token prefix, prefix caching on vs off;
+  * KV utilization (tokens held / pool capacity) over the steps where requests are waiting for room.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "stories260K-hf"
+RANDOM_100M = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                   num_key_value_heads=4, vocab_size=16384, max_position_embeddings=1024, tie_word_embeddings=True)
+
+
+def make_random_model(out: Path) -> Path:
+    """A randomly initialised Llama of ~100M parameters (the shape is what matters for speed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantkit.calibration.synthetic import build_tokenizer
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **RANDOM_100M))
+    model.save_pretrained(out)
+    build_tokenizer(vocab_size=512).save_pretrained(out)
+    return out
+
+
+def make_prompts(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+    return [[1] + torch.randint(3, min(vocab, 512), (k - 1,), generator=g).tolist() for k in lengths]
+
+
+def engine_throughput(path: Path, prompts, max_tokens: int) -> tuple[float, int]:
+    from quantkit.engine import LLM, SamplingParams
+
+    llm = LLM(str(path), max_num_seqs=len(prompts), max_model_len=512)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - t
+    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def hf_serial(model, prompts, max_tokens: int) -> float:
+    tokens, t = 0, time.perf_counter()
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+            tokens += out.shape[1] - len(p)
+    return tokens / (time.perf_counter() - t)
+
+
+def hf_batched(model, prompts, max_tokens: int) -> float:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding, as generate expects for decoder-only models
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0)
+    return (out.shape[1] - width) * len(prompts) / (time.perf_counter() - t)
+
+
+def ttft_with_shared_prefix(path: Path, caching: bool, n: int = 8) -> float:
+    """Mean TTFT (s) of n requests, one at a time, each a shared 256-token prefix + its own 16 tokens."""
+    from quantkit.engine import LLM, SamplingParams
+
+    llm = LLM(str(path), max_num_seqs=4, max_model_len=512, enable_prefix_caching=caching)
+    g = torch.Generator().manual_seed(1)
+    prefix = [1] + torch.randint(3, 512, (255,), generator=g).tolist()
+    one = SamplingParams(temperature=0, max_tokens=1)
+    llm.generate([prefix + [7] * 16], one)  # warm-up, and fills the cache when caching is on
+    ttfts = []
+    for _ in range(n):
+        out = llm.generate([prefix + torch.randint(3, 512, (16,), generator=g).tolist()], one)[0]
+        ttfts.append(out.metrics.time_to_first_token)
+    return statistics.mean(ttfts)
+
+
+def kv_utilization_at_saturation(path: Path, prompts, max_tokens: int) -> tuple[float, float, int]:
+    """Over the steps where requests wait for room: mean of tokens held / capacity, mean of blocks
+    held / blocks, and the number of such steps. Measured at the forward, when the pool is fullest."""
+    from quantkit.engine import LLM, SamplingParams
+
+    llm = LLM(str(path), max_num_seqs=len(prompts), max_model_len=512, num_kv_blocks=64)
+    eng = llm.engine
+    for p in prompts:
+        eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    tokens, blocks = [], []
+    while eng.has_unfinished_requests():
+        eng.step()
+        if eng.last_step.num_waiting:  # saturated: someone is waiting for room
+            tokens.append(eng.last_step.kv_tokens / eng.kv_plan.capacity_tokens)
+            blocks.append(eng.last_step.kv_block_usage)
+    return statistics.mean(tokens), statistics.mean(blocks), len(tokens)
+
+
+def bench_model(name: str, path: Path, args) -> None:
+    from transformers import AutoModelForCausalLM
+
+    prompts = make_prompts(args.requests, 512, 16, 160)
+    ours, n_tokens = engine_throughput(path, prompts, args.max_tokens)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    serial = hf_serial(hf, prompts[:args.serial_sample], args.max_tokens)
+    batched = hf_batched(hf, prompts, args.max_tokens)
+    del hf
+    on, off = ttft_with_shared_prefix(path, True), ttft_with_shared_prefix(path, False)
+    token_u, block_u, steps = kv_utilization_at_saturation(path, prompts, args.max_tokens)
+    print(f"\n== {name}: {args.requests} requests, prompts 16-160 tokens, {args.max_tokens} new tokens each "
+          f"({n_tokens} tokens), {torch.get_num_threads()} thread(s)")
+    print(f"engine            {ours:9.1f} tok/s")
+    print(f"HF one at a time  {serial:9.1f} tok/s   engine / serial  = {ours / serial:5.2f}x "
+          f"(serial timed on {args.serial_sample} requests)")
+    print(f"HF batched        {batched:9.1f} tok/s   engine / batched = {ours / batched:5.2f}x")
+    print(f"TTFT, shared 256-token prefix: caching on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms, "
+          f"off / on = {off / on:.2f}x")
+    print(f"KV at saturation (64 blocks x 16 tokens, mean over {steps} steps with requests waiting): "
+          f"tokens held / capacity {token_u:.1%}, blocks held / blocks {block_u:.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="stories,random100m")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--serial-sample", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.models.split(","):
+        if name == "stories":
+            bench_model("stories260K-hf", STORIES, args)
+        elif name == "random100m":
+            with tempfile.TemporaryDirectory() as tmp:
+                bench_model("random Llama ~100M (hidden 768, 12 layers)", make_random_model(Path(tmp)), args)
+        else:
+            raise SystemExit(f"unknown model {name!r}; expected stories or random100m")
+
+
+if __name__ == "__main__":
+    main()
