@@ -60,7 +60,7 @@ def eval_command(
         write_json(output, report.to_json())
         console.print(f"report written to {output}")
     for failure in failures:
-        console.print(f"[bold red]gate failed:[/] {failure}", highlight=False)
+        console.print(f"[bold red]gate failed:[/] {failure}", highlight=False, soft_wrap=True)
     if failures:
         raise typer.Exit(1)
 
@@ -80,7 +80,8 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
         check_context(quantized, settings.seqlen)
     notes = []
     if (mismatch := tokenizer_mismatch(base, quantized)) is not None:
-        console.print(f"[yellow]warning:[/] {mismatch}; perplexity comparisons need the same tokenizer")
+        console.print(f"[yellow]warning:[/] {mismatch}; perplexity comparisons need the same tokenizer",
+                      highlight=False, soft_wrap=True)
         notes.append(f"tokenizer mismatch: {mismatch}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -92,7 +93,7 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
 
     Console().print(render_table(report))
     for note in report.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     return report, Gate(max_drop, max_ppl_ratio).failures(report.to_json()["delta"])
 
 

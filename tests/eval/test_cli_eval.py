@@ -1,0 +1,119 @@
+"""`quantkit eval` end to end on tiny models: the report, the JSON, the gate's exit codes, bad input."""
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from quantkit.commands import eval as eval_cmd
+
+TEXT = " ".join(f"story {i}: the little cat sat on the warm mat and looked at the big dog." for i in range(80))
+
+
+def app() -> typer.Typer:
+    app = typer.Typer(pretty_exceptions_enable=False)
+    app.callback()(lambda: None)
+    eval_cmd.register(app)
+    return app
+
+
+def invoke(*args):
+    return CliRunner().invoke(app(), ["eval", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def tiny_rtn(tiny_llama, tmp_path_factory):
+    from quantkit.config import QuantizeConfig
+    from quantkit.quant.pipeline import quantize_model
+
+    out = tmp_path_factory.mktemp("tiny-rtn") / "q"
+    out.mkdir()
+    quantize_model(QuantizeConfig(model=str(tiny_llama), out=out, method="rtn", group_size=64), out, show_progress=False)
+    from quantkit.model.loader import load_tokenizer
+
+    load_tokenizer(tiny_llama).save_pretrained(out)  # in case the writer leaves the tokenizer out
+    return out
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def common(tiny_llama, tmp_path, text_file):
+    return ["--base", tiny_llama, "--mmlu-dir", _mmlu(), "--subjects", "anatomy,marketing", "--limit", 2,
+            "--num-fewshot", 0, "--ppl-text", text_file, "--seqlen", 64, "--cache-dir", tmp_path / "cache",
+            "--threads", 1]
+
+
+def _mmlu():
+    from conftest import shared_path
+
+    return shared_path("mmlu")
+
+
+@pytest.mark.slow
+def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file):
+    out = tmp_path / "report.json"
+    result = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--output", out)
+    assert result.exit_code == 0, result.output
+    assert "MMLU (all)" in result.stdout and "perplexity" in result.stdout
+    data = json.loads(out.read_text())
+    assert {"base", "quantized", "delta", "settings"} <= data.keys()
+    for key in ("base", "quantized"):
+        assert {"mmlu_acc", "mmlu_acc_stem", "mmlu_acc_other", "ppl"} <= data[key].keys()
+    assert data["delta"]["ppl_ratio"] == pytest.approx(data["quantized"]["ppl"] / data["base"]["ppl"])
+    assert data["runtime"]["quantized"]["quantization"].startswith("rtn") or "gptq" in \
+        data["runtime"]["quantized"]["quantization"]
+    assert data["runtime"]["base"]["cached_tasks"] == []
+    ratio, drop = data["delta"]["ppl_ratio"], -100 * data["delta"]["mmlu_acc"]
+
+    # second run: the base comes from the cache; gates decide the exit code
+    passing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--max-ppl-ratio", ratio * 1.01,
+                     "--max-drop", drop + 1)
+    assert passing.exit_code == 0, passing.output
+    assert "from the cache" in passing.stderr
+    failing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--max-ppl-ratio", ratio * 0.99)
+    assert failing.exit_code == 1 and "gate failed: perplexity ratio" in failing.stderr
+    failing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--max-drop", drop - 1)
+    assert failing.exit_code == 1 and "gate failed: MMLU dropped" in failing.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tasks", "mmlu,hellaswag"], "unknown task hellaswag"),
+    (["--seqlen", 4096], "--seqlen 4096 is above"),
+    (["--subjects", "astrology"], "astrology not available"),
+])
+def test_bad_input_is_one_line(tiny_llama, tmp_path, text_file, extra, message):
+    result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file), *extra)
+    assert result.exit_code == 2
+    assert message in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_mmlu_names_file_and_row(tiny_llama, tmp_path, text_file):
+    for split in ("test", "dev"):
+        (tmp_path / "m" / split).mkdir(parents=True)
+        (tmp_path / "m" / split / f"anatomy_{split}.csv").write_text("q,a,b,c,d,A\nq2,a,b,c,d,7\n")
+    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "mmlu", "--mmlu-dir", tmp_path / "m")
+    assert result.exit_code == 2
+    assert "anatomy_dev.csv: row 2: answer '7' is not one of A, B, C, D" in result.stderr \
+        or "anatomy_test.csv: row 2: answer '7'" in result.stderr
+
+
+def test_text_shorter_than_a_window(tiny_llama, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("a cat")
+    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "ppl", "--ppl-text", short, "--seqlen", 64,
+                    "--no-cache", "--threads", 1)
+    assert result.exit_code == 2 and "fewer than one window of --seqlen 64" in result.stderr
+
+
+def test_tokenizer_mismatch_warns(tiny_llama, stories_dir, tmp_path, text_file):
+    result = invoke(tiny_llama, "--base", stories_dir, "--tasks", "ppl", "--ppl-text", text_file, "--seqlen", 64,
+                    "--no-cache", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert "warning:" in result.stderr and "perplexity comparisons need the same tokenizer" in result.stderr
