@@ -15,8 +15,10 @@ Two kernels share that inner step (`_accumulate`):
     programs in flight to stream the packed weight at full bandwidth even when N is small.
 
 Layouts (see quantkit.quant.packing), LAYOUT constexpr: 0 = "gptq" (v1, zeros stored minus
-one), 1 = "gptq_v2", 2 = "awq" (GEMM order). Packed words are loaded once per code they hold
-(the redundant loads hit L1), which keeps every layout a plain (word, shift) gather.
+one), 1 = "gptq_v2", 2 = "awq" (GEMM order). Each packed word is loaded once and unpacked in
+registers by a broadcast shift and a reshape; the unpacked tile then holds its rows (GPTQ) or
+columns (AWQ) in packing order, and x, the scales, the bias and the output are indexed in that
+same order (`tile_rows`, `tile_columns`), which leaves the product unchanged.
 
 This module only defines kernels; quantkit.kernels.triton_w4a16 checks, allocates, launches.
 It may be executed twice: normally, and as a private copy decorated under TRITON_INTERPRET=1
@@ -38,67 +40,106 @@ LAYOUT_IDS = {"gptq": 0, "gptq_v2": 1, "awq": 2}
 
 
 @triton.jit
-def _shift_of_column(offs_n, LAYOUT: tl.constexpr):
-    """Bit offset of output column n inside its packed word (qzeros, and AWQ qweight)."""
-    if LAYOUT == 2:
-        # AWQ stores column 8c + AWQ_ORDER[i] in slot i; the slot of column j is (j % 2) * 4 + j // 2
-        j = offs_n % 8
-        return ((j % 2) * 4 + j // 2) * 4
-    else:
-        return (offs_n % 8) * 4
+def _unpack_last(words, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """int32 words [ROWS, COLS / 8] -> 4-bit codes [ROWS, COLS]; column 8c + i is slot i of word c."""
+    shifts = tl.arange(0, 8) * 4
+    return tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (ROWS, COLS))
 
 
 @triton.jit
-def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, k0, K, N,
+def tile_rows(k0, BLOCK_K: tl.constexpr, LAYOUT: tl.constexpr):
+    """The input rows (K indices) of a tile, in the order the unpacked weight tile holds them.
+
+    GPTQ packs 8 rows a word, so a tile unpacks as [8, BLOCK_K / 8] (slot j of word r is row
+    8r + j): position j * (BLOCK_K / 8) + r holds row k0 + 8r + j. x is loaded in the same order,
+    so the dot product is unchanged. AWQ tiles keep the natural order.
+    """
+    idx = tl.arange(0, BLOCK_K)
+    if LAYOUT == 2:
+        rows = k0 + idx
+    else:
+        rows = k0 + 8 * (idx % (BLOCK_K // 8)) + idx // (BLOCK_K // 8)
+    return rows
+
+
+@triton.jit
+def tile_columns(n0, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr):
+    """The output columns of a tile, in the order the unpacked weight and zeros hold them.
+
+    AWQ stores column 8c + AWQ_ORDER[i] in slot i of word c, with AWQ_ORDER = (0, 2, 4, 6, 1,
+    3, 5, 7) = 2 * (i % 4) + i // 4; scales, bias and the output use the same order. GPTQ
+    columns are natural.
+    """
+    idx = tl.arange(0, BLOCK_N)
+    if LAYOUT == 2:
+        slot = idx % 8
+        cols = n0 + 8 * (idx // 8) + 2 * (slot % 4) + slot // 4
+    else:
+        cols = n0 + idx
+    return cols
+
+
+@triton.jit
+def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, k0, n0, K, N,
                  stride_qw, stride_qz, stride_s,
                  GROUP_SIZE: tl.constexpr, LAYOUT: tl.constexpr, HAS_G_IDX: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """W_hat.T rows offs_k [BLOCK_K], columns offs_n [BLOCK_N] -> [BLOCK_K, BLOCK_N] fp32 (0 outside)."""
+                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W_hat.T at rows offs_k [BLOCK_K] x columns offs_n [BLOCK_N] -> fp32 (0 past K or N).
+
+    Each packed word is loaded once and unpacked in registers (8 codes a word).
+    """
     mask_k = offs_k < K
     mask_n = offs_n < N
-    mask = mask_k[:, None] & mask_n[None, :]
-    col_shift = _shift_of_column(offs_n, LAYOUT)  # [BLOCK_N] int32
+    word_cols = n0 // 8 + tl.arange(0, BLOCK_N // 8)  # zeros (both layouts) and AWQ qweight words
+    word_cols_mask = word_cols < N // 8
     if LAYOUT == 2:
-        # awq qweight: int32 [K, N / 8], packed along N
-        words = tl.load(qweight_ptr + offs_k[:, None] * stride_qw + (offs_n // 8)[None, :], mask=mask, other=0)
-        q = (words >> col_shift[None, :]) & 0xF
+        # awq qweight: int32 [K, N / 8], 8 columns a word -> words [BLOCK_K, BLOCK_N / 8]
+        words = tl.load(qweight_ptr + offs_k[:, None] * stride_qw + word_cols[None, :],
+                        mask=mask_k[:, None] & word_cols_mask[None, :], other=0)
+        q = _unpack_last(words, BLOCK_K, BLOCK_N)
     else:
-        # gptq qweight: int32 [K / 8, N], row k in bits 4 * (k % 8)
-        words = tl.load(qweight_ptr + (offs_k // 8)[:, None] * stride_qw + offs_n[None, :], mask=mask, other=0)
-        q = (words >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        # gptq qweight: int32 [K / 8, N], 8 rows a word -> words [BLOCK_K / 8, BLOCK_N]
+        word_rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(qweight_ptr + word_rows[:, None] * stride_qw + offs_n[None, :],
+                        mask=(word_rows < K // 8)[:, None] & mask_n[None, :], other=0)
+        shifts = tl.arange(0, 8) * 4
+        q = tl.reshape((words[None, :, :] >> shifts[:, None, None]) & 0xF, (BLOCK_K, BLOCK_N))
     if not HAS_G_IDX and GROUP_SIZE % BLOCK_K == 0:
         # The whole K block lies in one group: one row of zeros and scales, broadcast over K.
         # A split-K block may start past K: its group row does not exist, so it must not load
         # (garbage there could be NaN, and 0 * NaN poisons the sum).
         g = k0 // GROUP_SIZE
-        row_mask = mask_n & ((offs_n * 0 + k0) < K)  # [BLOCK_N]: k0 < K, as a vector
-        zw = tl.load(qzeros_ptr + g * stride_qz + offs_n // 8, mask=row_mask, other=0)  # [BLOCK_N]
-        z = ((zw >> col_shift) & 0xF)[None, :]
-        s = tl.load(scales_ptr + g * stride_s + offs_n, mask=row_mask, other=0.0).to(tl.float32)[None, :]
+        in_k = (word_cols * 0 + k0) < K  # k0 < K, as a vector
+        zw = tl.load(qzeros_ptr + g * stride_qz + word_cols, mask=word_cols_mask & in_k, other=0)
+        z = tl.reshape(_unpack_last(zw[None, :], 1, BLOCK_N), (1, BLOCK_N))
+        s = tl.load(scales_ptr + g * stride_s + offs_n, mask=mask_n & ((offs_n * 0 + k0) < K), other=0.0)
+        s = s.to(tl.float32)[None, :]
     else:
         if HAS_G_IDX:
             g = tl.load(g_idx_ptr + offs_k, mask=mask_k, other=0)  # [BLOCK_K] act-order groups
         else:
             g = offs_k // GROUP_SIZE
-        zw = tl.load(qzeros_ptr + g[:, None] * stride_qz + (offs_n // 8)[None, :], mask=mask, other=0)
-        z = (zw >> col_shift[None, :]) & 0xF
-        s = tl.load(scales_ptr + g[:, None] * stride_s + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        zw = tl.load(qzeros_ptr + g[:, None] * stride_qz + word_cols[None, :],
+                     mask=mask_k[:, None] & word_cols_mask[None, :], other=0)  # [BLOCK_K, BLOCK_N / 8]
+        z = _unpack_last(zw, BLOCK_K, BLOCK_N)
+        s = tl.load(scales_ptr + g[:, None] * stride_s + offs_n[None, :],
+                    mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
     if LAYOUT == 0:
         z = z + 1  # GPTQ v1 stores zero - 1
     return (q - z).to(tl.float32) * s
 
 
 @triton.jit
-def _accumulate(acc, x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_m, offs_n, k0, M, N, K,
+def _accumulate(acc, x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_m, offs_n, k0, n0, M, N, K,
                 stride_xm, stride_xk, stride_qw, stride_qz, stride_s,
                 GROUP_SIZE: tl.constexpr, LAYOUT: tl.constexpr, HAS_G_IDX: tl.constexpr,
-                FP32_DOT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 += x[offs_m, k0:k0+BLOCK_K] @ W_hat.T[k0:k0+BLOCK_K, offs_n]."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
+                FP32_DOT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 += x[offs_m, block k0] @ W_hat.T[block k0, offs_n]."""
+    offs_k = tile_rows(k0, BLOCK_K, LAYOUT)
     x_mask = (offs_m < M)[:, None] & (offs_k < K)[None, :]
     a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk, mask=x_mask, other=0.0)
-    w = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, k0, K, N,
-                     stride_qw, stride_qz, stride_s, GROUP_SIZE, LAYOUT, HAS_G_IDX, BLOCK_K)
+    w = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, k0, n0, K, N,
+                     stride_qw, stride_qz, stride_s, GROUP_SIZE, LAYOUT, HAS_G_IDX, BLOCK_K, BLOCK_N)
     if FP32_DOT:
         # fp32 inputs, and the interpreter (where a bf16 tl.dot is silently wrong)
         acc = tl.dot(a.to(tl.float32), w, acc, input_precision="ieee")
@@ -134,12 +175,13 @@ def gemm_kernel(
     pid_n = (pid % num_pid_in_group) // group_size_m
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n0 = pid_n * BLOCK_N
+    offs_n = tile_columns(n0, BLOCK_N, LAYOUT)
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
     for i in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         acc = _accumulate(acc, x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_m, offs_n,
-                          i * BLOCK_K, M, N, K, stride_xm, stride_xk, stride_qw, stride_qz, stride_s,
-                          GROUP_SIZE, LAYOUT, HAS_G_IDX, FP32_DOT, BLOCK_K)
+                          i * BLOCK_K, n0, M, N, K, stride_xm, stride_xk, stride_qw, stride_qz, stride_s,
+                          GROUP_SIZE, LAYOUT, HAS_G_IDX, FP32_DOT, BLOCK_K, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -161,13 +203,14 @@ def splitk_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n0 = pid_n * BLOCK_N
+    offs_n = tile_columns(n0, BLOCK_N, LAYOUT)
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, dtype=tl.float32)
     # Program pid_k takes K blocks pid_k, pid_k + SPLIT_K, ...; blocks past K are fully masked.
     for i in range(0, (K + BLOCK_K * SPLIT_K - 1) // (BLOCK_K * SPLIT_K)):
         acc = _accumulate(acc, x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_m, offs_n,
-                          (i * SPLIT_K + pid_k) * BLOCK_K, M, N, K, stride_xm, stride_xk, stride_qw, stride_qz,
-                          stride_s, GROUP_SIZE, LAYOUT, HAS_G_IDX, FP32_DOT, BLOCK_K)
+                          (i * SPLIT_K + pid_k) * BLOCK_K, n0, M, N, K, stride_xm, stride_xk, stride_qw,
+                          stride_qz, stride_s, GROUP_SIZE, LAYOUT, HAS_G_IDX, FP32_DOT, BLOCK_K, BLOCK_N)
     if HAS_BIAS:
         first = (pid_k == 0).to(tl.float32)  # the bias is added once, by the first K slice
         acc += first * tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
