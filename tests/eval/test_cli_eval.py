@@ -43,22 +43,16 @@ def text_file(tmp_path):
     return path
 
 
-def common(tiny_llama, tmp_path, text_file):
-    return ["--base", tiny_llama, "--mmlu-dir", _mmlu(), "--subjects", "anatomy,marketing", "--limit", 2,
+def common(tiny_llama, tmp_path, text_file, mmlu_dir):
+    return ["--base", tiny_llama, "--mmlu-dir", mmlu_dir, "--subjects", "anatomy,marketing", "--limit", 2,
             "--num-fewshot", 0, "--ppl-text", text_file, "--seqlen", 64, "--cache-dir", tmp_path / "cache",
             "--threads", 1]
 
 
-def _mmlu():
-    from conftest import shared_path
-
-    return shared_path("mmlu")
-
-
 @pytest.mark.slow
-def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file):
+def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file, mmlu_dir):
     out = tmp_path / "report.json"
-    result = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--output", out)
+    result = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--output", out)
     assert result.exit_code == 0, result.output
     assert "MMLU (all)" in result.stdout and "perplexity" in result.stdout
     data = json.loads(out.read_text())
@@ -72,13 +66,13 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file):
     ratio, drop = data["delta"]["ppl_ratio"], -100 * data["delta"]["mmlu_acc"]
 
     # second run: the base comes from the cache; gates decide the exit code
-    passing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--max-ppl-ratio", ratio * 1.01,
+    passing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--max-ppl-ratio", ratio * 1.01,
                      "--max-drop", drop + 1)
     assert passing.exit_code == 0, passing.output
     assert "from the cache" in passing.stderr
-    failing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--max-ppl-ratio", ratio * 0.99)
+    failing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--max-ppl-ratio", ratio * 0.99)
     assert failing.exit_code == 1 and "gate failed: perplexity ratio" in failing.stderr
-    failing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file), "--max-drop", drop - 1)
+    failing = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--max-drop", drop - 1)
     assert failing.exit_code == 1 and "gate failed: MMLU dropped" in failing.stderr
 
 
@@ -87,8 +81,8 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file):
     (["--seqlen", 4096], "--seqlen 4096 is above"),
     (["--subjects", "astrology"], "astrology not available"),
 ])
-def test_bad_input_is_one_line(tiny_llama, tmp_path, text_file, extra, message):
-    result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file), *extra)
+def test_bad_input_is_one_line(tiny_llama, tmp_path, text_file, mmlu_dir, extra, message):
+    result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file, mmlu_dir), *extra)
     assert result.exit_code == 2
     assert message in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
