@@ -25,6 +25,7 @@ class LinearGroup:
     feeder_is_norm: bool  # True: an RMSNorm weight [K]; False: a linear whose output rows feed K
     inspect: str  # module whose output AWQ compares before/after scaling (relative to the layer)
     requires_full_heads: bool = False  # feeder v_proj -> o_proj only folds when kv heads == heads (no GQA)
+    fused: str | None = None  # the one linear serving engines (vLLM) fuse the group into: all packed or none
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,11 @@ class ArchSpec:
 
 _LLAMA_GROUPS = (
     LinearGroup("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                feeder="input_layernorm", feeder_is_norm=True, inspect="self_attn"),
+                feeder="input_layernorm", feeder_is_norm=True, inspect="self_attn", fused="self_attn.qkv_proj"),
     LinearGroup("o", ("self_attn.o_proj",), feeder="self_attn.v_proj", feeder_is_norm=False,
                 inspect="self_attn.o_proj", requires_full_heads=True),
     LinearGroup("gate_up", ("mlp.gate_proj", "mlp.up_proj"),
-                feeder="post_attention_layernorm", feeder_is_norm=True, inspect="mlp"),
+                feeder="post_attention_layernorm", feeder_is_norm=True, inspect="mlp", fused="mlp.gate_up_proj"),
     LinearGroup("down", ("mlp.down_proj",), feeder="mlp.up_proj", feeder_is_norm=False, inspect="mlp.down_proj"),
 )
 

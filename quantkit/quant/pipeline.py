@@ -86,14 +86,20 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
     num_layers = int(config_dict["num_hidden_layers"])
     quantized, skipped = [], {}
     for i in range(num_layers):
-        for name in spec.linears:
-            full = f"{spec.layers}.{i}.{name}"
-            shape = reader.get(f"{full}.weight").shape
-            reason = packable(shape[0], shape[1], cfg.scheme, cfg.layout)
-            if reason:
-                skipped[full] = reason
-            else:
-                quantized.append(full)
+        for group in spec.groups:
+            names = [f"{spec.layers}.{i}.{n}" for n in group.linears]
+            reasons = {}
+            for full in names:
+                shape = reader.get(f"{full}.weight").shape
+                reason = packable(shape[0], shape[1], cfg.scheme, cfg.layout)
+                if reason:
+                    reasons[full] = reason
+            if not reasons:
+                quantized.extend(names)
+                continue
+            # serving engines fuse the group into one linear: it is packed whole or not at all
+            for full in names:
+                skipped[full] = reasons.get(full) or f"fused with {next(iter(reasons)).rpartition('.')[2]}, which cannot be packed"
     if not quantized:
         reasons = sorted(set(skipped.values()))
         raise QuantkitError(f"no linear layer can be packed at group size {cfg.group_size} ({'; '.join(reasons)}); "
@@ -105,6 +111,17 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
         notes.append(f"--seqlen {seqlen} clipped to the model's context of {max_len} tokens")
         seqlen = max_len
     return QuantizePlan(path, spec, num_layers, quantized, skipped, seqlen, notes, reader.total_bytes())
+
+
+def skipped_fused_names(plan: QuantizePlan) -> list[str]:
+    """Fused module names (as vLLM sees them, e.g. model.layers.0.mlp.gate_up_proj) whose members are all float."""
+    out = []
+    for i in range(plan.num_layers):
+        for group in plan.spec.groups:
+            members = [f"{plan.spec.layers}.{i}.{n}" for n in group.linears]
+            if group.fused and all(m in plan.skipped for m in members):
+                out.append(f"{plan.spec.layers}.{i}.{group.fused}")
+    return out
 
 
 def resolve_device(name: str) -> torch.device:
@@ -165,7 +182,8 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
 
         save_file({k: v.contiguous() for k, v in plan_tensors.items()}, str(out_dir / "awq_plan.safetensors"))
     report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
-    write_metadata(out_dir, path, config_dict, quantization_config(cfg, list(plan.skipped)), _meta(cfg, report))
+    qconfig = quantization_config(cfg, list(plan.skipped), skipped_fused_names(plan))
+    write_metadata(out_dir, path, config_dict, qconfig, _meta(cfg, report))
     report.output_bytes = sum(f.stat().st_size for f in out_dir.iterdir() if f.suffix == ".safetensors")
     return report
 

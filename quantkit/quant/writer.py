@@ -66,10 +66,11 @@ class ShardWriter:
         return names
 
 
-def gptq_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
-    """GPTQ quantization_config. vLLM needs bits, group_size and desc_act, and picks Marlin only
-    when sym is present; linears left float are listed as GPTQModel-style negative `dynamic`
-    rules (which vLLM honours) and in modules_to_not_convert."""
+def gptq_quantization_config(cfg: QuantizeConfig, skipped: list[str], fused: list[str] = ()) -> dict:
+    """GPTQ quantization_config. vLLM requires bits, group_size, desc_act and sym; linears left float
+    are GPTQModel-style negative `dynamic` rules, which vLLM matches (anchored at the start) against
+    its module names, fused ones included (`fused`: e.g. model.layers.0.mlp.gate_up_proj), and are
+    also listed in modules_to_not_convert for other readers."""
     fmt = cfg.layout  # "gptq" (v1) or "gptq_v2"
     qc = {
         "quant_method": "gptq", "bits": cfg.bits, "group_size": cfg.group_size, "desc_act": cfg.desc_act,
@@ -78,7 +79,7 @@ def gptq_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
         "quantizer": f"quantkit:{_version()}", "method": cfg.method,
     }
     if skipped:
-        qc["dynamic"] = {f"-:^{re.escape(name)}$": {} for name in skipped}
+        qc["dynamic"] = {f"-:^{re.escape(name)}$": {} for name in [*skipped, *fused]}
         qc["modules_to_not_convert"] = list(skipped)
     return qc
 
@@ -92,10 +93,10 @@ def awq_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
     }
 
 
-def quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
+def quantization_config(cfg: QuantizeConfig, skipped: list[str], fused: list[str] = ()) -> dict:
     if cfg.layout == "awq":
         return awq_quantization_config(cfg, skipped)
-    return gptq_quantization_config(cfg, skipped)
+    return gptq_quantization_config(cfg, skipped, fused)
 
 
 def _version() -> str:

@@ -1,0 +1,125 @@
+"""End to end through the CLI: tiny random Llama and the real stories260K model."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantkit.model.loader import load_model
+from tests_support.cli import run_cli, synthetic_calib
+
+pytestmark = pytest.mark.slow
+
+
+def quantize(model, out, *extra, calib):
+    code, output = run_cli("quantize", model, "--out", out, "--calib", calib, "--nsamples", "8", "--seqlen", "64",
+                           *extra)
+    assert code == 0, output
+    return output
+
+
+def record_fake_quant(monkeypatch):
+    """Capture each layer's parameters as GPTQ left them (the fake-quantized model)."""
+    from quantkit.quant.gptq_layer import GPTQMethod
+
+    seen = {}
+    real_quantize = GPTQMethod.quantize_layer
+
+    def record(self, ctx):
+        result = real_quantize(self, ctx)
+        for name, p in ctx.layer.named_parameters():
+            seen[f"{ctx.spec.layers}.{ctx.index}.{name}"] = p.detach().clone()
+        return result
+
+    monkeypatch.setattr(GPTQMethod, "quantize_layer", record)
+    return seen
+
+
+@pytest.mark.parametrize("extra", [(), ("--desc-act",), ("--no-sym",), ("--group-size", "32", "--static-groups", "--desc-act")])
+def test_reloaded_logits_match_fake_quantized_model(tiny_llama, tmp_path, monkeypatch, extra):
+    seen = record_fake_quant(monkeypatch)
+    out = tmp_path / "q"
+    quantize(tiny_llama, out, *extra, calib=synthetic_calib(tmp_path / "c.txt"))
+    qmodel, info = load_model(out)
+    fake, _ = load_model(tiny_llama)
+    fake.load_state_dict(seen, strict=False)
+    ids = torch.randint(3, 500, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(ids).logits, fake(ids).logits, rtol=1e-4, atol=1e-4)
+    assert info.layout == ("gptq_v2" if "--no-sym" in extra else "gptq")
+    assert info.desc_act == ("--desc-act" in extra)
+
+
+def test_checkpoint_layout_and_metadata(tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    quantize(tiny_llama, out, calib=synthetic_calib(tmp_path / "c.txt"))
+    config = json.loads((out / "config.json").read_text())
+    qc = config["quantization_config"]
+    for key in ("bits", "group_size", "desc_act", "sym", "damp_percent", "static_groups", "true_sequential",
+                "checkpoint_format"):
+        assert key in qc
+    assert qc["quant_method"] == "gptq" and qc["checkpoint_format"] == "gptq" and qc["sym"] is True
+    assert json.loads((out / "quantize_config.json").read_text()) == qc
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        qz = f.get_tensor("model.layers.0.mlp.down_proj.qzeros")
+        assert f.get_tensor("model.layers.0.mlp.down_proj.qweight").shape == (256 // 8, 128)
+        assert f.get_tensor("model.layers.0.self_attn.q_proj.scales").dtype == torch.float16
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+        assert f.get_tensor("model.layers.0.mlp.up_proj.g_idx").dtype == torch.int32
+    assert bool(((qz.to(torch.int64) & 0xFFFFFFFF) == 0x77777777).all())
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    assert len(meta["layers"]) == 2 and meta["calibration_token_sha256"]
+    assert all(math.isfinite(v) for layer in meta["layers"] for v in layer["losses"].values())
+    assert (out / "tokenizer.json").is_file()
+    assert not list(tmp_path.glob(".q.tmp-*"))
+
+
+def test_sharded_output_loads_identically(tiny_llama, tmp_path):
+    calib = synthetic_calib(tmp_path / "c.txt")
+    quantize(tiny_llama, tmp_path / "one", calib=calib)
+    quantize(tiny_llama, tmp_path / "many", "--max-shard-size-gb", "0.0001", calib=calib)
+    index = json.loads((tmp_path / "many" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    a, _ = load_model(tmp_path / "one")
+    b, _ = load_model(tmp_path / "many")
+    ids = torch.randint(3, 500, (1, 20))
+    with torch.no_grad():
+        assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+def test_dry_run_writes_nothing(tiny_llama, tmp_path):
+    code, output = run_cli("quantize", tiny_llama, "--out", tmp_path / "q", "--dry-run")
+    assert code == 0 and "14 linears would be packed" in output
+    assert not (tmp_path / "q").exists()
+
+
+def wikitext_ppl(model, tok, text_path, seqlen=256, windows=24) -> float:
+    ids = torch.tensor(tok(text_path.read_text(), add_special_tokens=False, verbose=False)["input_ids"])
+    nll = 0.0
+    with torch.no_grad():
+        for w in range(windows):
+            x = ids[w * seqlen : (w + 1) * seqlen].unsqueeze(0)
+            logits = model(x).logits[0, :-1]
+            nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
+    return math.exp(nll / (windows * (seqlen - 1)))
+
+
+def test_stories260k_group_size(stories_dir, wikitext_test, tmp_path):
+    from transformers import AutoTokenizer
+
+    code, output = run_cli("quantize", stories_dir, "--out", tmp_path / "g128", "--calib", wikitext_test)
+    assert code == 2 and "no linear layer can be packed at group size 128" in output
+    assert not (tmp_path / "g128").exists()
+    calib_args = ("--calib", wikitext_test, "--nsamples", "16", "--seqlen", "256", "--group-size", "64")
+    for method in ("rtn", "gptq"):
+        code, output = run_cli("quantize", stories_dir, "--out", tmp_path / method, "--method", method, *calib_args)
+        assert code == 0, output
+    assert "left float (15 linears)" in output
+    qc = json.loads((tmp_path / "gptq" / "config.json").read_text())["quantization_config"]
+    assert "model.layers.3.mlp.down_proj" in qc["modules_to_not_convert"]
+    assert "-:^model\\.layers\\.3\\.mlp\\.down_proj$" in qc["dynamic"]
+    tok = AutoTokenizer.from_pretrained(str(stories_dir))
+    ppl = {m: wikitext_ppl(load_model(tmp_path / m)[0], tok, wikitext_test) for m in ("rtn", "gptq")}
+    assert ppl["gptq"] < ppl["rtn"], ppl

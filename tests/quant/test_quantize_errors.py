@@ -1,0 +1,129 @@
+"""Each bad input: one clear line, a non-zero exit, and no output folder left behind."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests_support.cli import run_cli, synthetic_calib
+
+
+def assert_clean_failure(code, output, out, pattern):
+    assert code != 0
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    assert lines and "error" in lines[-1] and pattern in output, output
+    assert "Traceback" not in output
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+@pytest.fixture()
+def model_copy(tiny_llama, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_llama, dst)
+    return dst
+
+
+def quantize(model, out, *extra):
+    return run_cli("quantize", model, "--out", out, "--nsamples", "4", "--seqlen", "32", *extra)
+
+
+def test_missing_path(tmp_path):
+    out = tmp_path / "q"
+    assert_clean_failure(*quantize(tmp_path / "nope", out), out, "no such folder")
+
+
+def test_hub_id_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "q"
+    assert_clean_failure(*quantize("meta-llama/Llama-2-7b-hf", out), out, "offline")
+
+
+def test_unsupported_architecture(model_copy, tmp_path):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "q"
+    code, output = quantize(model_copy, out)
+    assert_clean_failure(code, output, out, "unsupported architecture")
+    assert "LlamaForCausalLM" in output and "Qwen3ForCausalLM" in output
+
+
+def test_truncated_and_corrupt_safetensors(model_copy, tmp_path):
+    f = model_copy / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "q"
+    assert_clean_failure(*quantize(model_copy, out), out, "truncated")
+    f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    assert_clean_failure(*quantize(model_copy, out), out, "corrupt")
+
+
+@pytest.mark.parametrize("args,pattern", [(("--bits", "3"), "--bits"), (("--group-size", "48"), "--group-size"),
+                                          (("--method", "smoothquant"), "unknown method"),
+                                          (("--method", "awq", "--desc-act"), "act-order")])
+def test_unsupported_options(tiny_llama, tmp_path, args, pattern):
+    out = tmp_path / "q"
+    assert_clean_failure(*quantize(tiny_llama, out, *args), out, pattern)
+
+
+def test_empty_calibration_set(tiny_llama, tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    out = tmp_path / "q"
+    assert_clean_failure(*quantize(tiny_llama, out, "--calib", tmp_path / "empty.txt"), out, "empty")
+
+
+def test_default_calibration_offline_says_how_to_pass_a_file(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "q"
+    assert_clean_failure(*quantize(tiny_llama, out), out, "--calib FILE")
+
+
+def test_existing_output_is_kept_without_force(tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    code, output = quantize(tiny_llama, out, "--calib", synthetic_calib(tmp_path / "c.txt"))
+    assert code != 0 and "--force" in output
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_nan_in_weights(model_copy, tmp_path):
+    f = model_copy / "model.safetensors"
+    tensors = load_file(str(f))
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    out = tmp_path / "q"
+    code, output = quantize(model_copy, out, "--calib", synthetic_calib(tmp_path / "c.txt"))
+    assert_clean_failure(code, output, out, "NaN or inf")
+    assert "model.layers.1.mlp.up_proj.weight" in output
+
+
+def test_ctrl_c_mid_run_leaves_nothing(tiny_llama, tmp_path, monkeypatch):
+    from quantkit.quant.gptq_layer import GPTQMethod
+
+    calls = {"n": 0}
+    real = GPTQMethod.quantize_layer
+
+    def interrupted(self, ctx):
+        calls["n"] += 1
+        if ctx.index == 1:
+            raise KeyboardInterrupt
+        return real(self, ctx)
+
+    monkeypatch.setattr(GPTQMethod, "quantize_layer", interrupted)
+    out = tmp_path / "q"
+    code, output = quantize(tiny_llama, out, "--calib", synthetic_calib(tmp_path / "c.txt"))
+    assert code == 130 and "interrupted" in output and calls["n"] == 2
+    assert not out.exists() and not list(tmp_path.glob(".q.tmp-*"))
+
+
+def test_force_replaces_existing_output(tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    code, output = quantize(tiny_llama, out, "--calib", synthetic_calib(tmp_path / "c.txt"), "--force")
+    assert code == 0, output
+    assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
