@@ -3,10 +3,10 @@
 The kernels live in quantkit.kernels.triton_w4a16_jit; their pure-torch reference (the test
 oracle and the CPU serving path) is quantkit.kernels.reference.w4a16_matmul_reference.
 
-On CUDA tensors the autotuned kernels run compiled. On CPU tensors they run in Triton's
-interpreter: `@triton.jit` reads TRITON_INTERPRET once, when it decorates, so CPU calls use a
-private copy of the kernel module decorated with the variable set (built on first use). That
-keeps the interpreter path working whatever imported triton or the kernels first.
+On CUDA tensors the autotuned kernels run compiled. On CPU tensors (or with TRITON_INTERPRET=1)
+they run in Triton's interpreter. `@triton.jit` reads TRITON_INTERPRET once, when it decorates,
+so `kernel_module` keeps a private copy of the kernel module for the mode the import did not
+give (built on first use): both paths work whatever imported triton or the kernels first.
 """
 
 from __future__ import annotations
@@ -56,34 +56,32 @@ def _require_triton() -> None:
 
 
 @functools.cache
-def _compiled_kernels() -> ModuleType:
-    _require_triton()
-    return importlib.import_module(KERNEL_MODULE)
+def kernel_module(interpret: bool) -> ModuleType:
+    """The kernel module with its @triton.jit functions interpreted (True) or compiled (False).
 
-
-@functools.cache
-def _interpreted_kernels() -> ModuleType:
-    """The kernel module decorated under TRITON_INTERPRET=1 (for tensors on the CPU)."""
+    The import decorates them in the mode TRITON_INTERPRET names at that moment; the other mode
+    is a private copy of the module, executed with the variable set accordingly.
+    """
     _require_triton()
     from triton.runtime.interpreter import InterpretedFunction
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        module = importlib.import_module(KERNEL_MODULE)
-        if isinstance(module.gemm_kernel, InterpretedFunction):
-            return module
-    spec = importlib.util.find_spec(KERNEL_MODULE)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-        KERNEL_MODULE + "_interpreted", spec.origin))
+    module = importlib.import_module(KERNEL_MODULE)
+    if isinstance(module.gemm_kernel, InterpretedFunction) == interpret:
+        return module
+    suffix = "_interpreted" if interpret else "_compiled"
+    origin = importlib.util.find_spec(KERNEL_MODULE).origin
+    spec = importlib.util.spec_from_file_location(KERNEL_MODULE + suffix, origin)
+    copy = importlib.util.module_from_spec(spec)
     previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
-        module.__spec__.loader.exec_module(module)
+        spec.loader.exec_module(copy)
     finally:
         if previous is None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = previous
-    return module
+    return copy
 
 
 def runs_compiled(device: torch.device) -> bool:
@@ -93,7 +91,7 @@ def runs_compiled(device: torch.device) -> bool:
 
 def kernels_for(device: torch.device) -> ModuleType:
     """The kernel module that runs on `device`: compiled for CUDA, interpreted otherwise."""
-    return _compiled_kernels() if runs_compiled(device) else _interpreted_kernels()
+    return kernel_module(interpret=not runs_compiled(device))
 
 
 # (id, version) of a g_idx tensor -> whether it is the trivial arange(K) // group_size
@@ -174,7 +172,8 @@ def w4a16_matmul_triton(
     if tiles is None:
         tiles = DEFAULT_TILES if runs_compiled(x.device) else INTERPRETER_TILES
     decode = m <= DECODE_MAX_M
-    out = torch.zeros((m, n), device=x.device, dtype=torch.float32) if decode \
+    split = decode and _wants_split_k(n, x.device, tune, tiles)
+    out = torch.zeros((m, n), device=x.device, dtype=torch.float32) if split \
         else torch.empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0 or n == 0:
         return out.to(x.dtype)
@@ -186,8 +185,8 @@ def w4a16_matmul_triton(
     meta = dict(GROUP_SIZE=group_size, LAYOUT=LAYOUT_IDS[layout], HAS_G_IDX=g is not None,
                 HAS_BIAS=bias is not None, FP32_DOT=not runs_compiled(x.device) or x.dtype == torch.float32)
     if decode:
-        _launch_splitk(mod, args, meta, n, k, tune, tiles)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        _launch_splitk(mod, args, meta, n, split, tune, tiles)
+        return out.to(x.dtype) if split and x.dtype != torch.float32 else out
     _launch_gemm(mod, args, meta, m, n, tune, tiles)
     return out
 
@@ -208,13 +207,34 @@ def _launch_gemm(mod: ModuleType, args: tuple, meta: dict, m: int, n: int, tune:
     mod.gemm_kernel[grid(cfg)](*args, **meta, **cfg, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
-def _launch_splitk(mod: ModuleType, args: tuple, meta: dict, n: int, k: int, tune: bool, tiles: TileConfig) -> None:
+def _launch_splitk(mod: ModuleType, args: tuple, meta: dict, n: int, split: bool, tune: bool,
+                   tiles: TileConfig) -> None:
     def grid(cfg):
         return (-(-n // cfg["BLOCK_N"]), cfg["SPLIT_K"])
 
     if tune:
-        mod.splitk_kernel_tuned[grid](*args, **meta, BLOCK_M=DECODE_MAX_M)
+        kernel = mod.splitk_kernel_tuned if split else mod.gemv_kernel_tuned
+        kernel[grid](*args, **meta, BLOCK_M=DECODE_MAX_M)
         return
-    cfg = dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT_K=tiles.split_k)
+    cfg = dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT_K=tiles.split_k if split else 1)
     mod.splitk_kernel[grid(cfg)](*args, **meta, **cfg, BLOCK_M=DECODE_MAX_M,
                                  num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _wants_split_k(n: int, device: torch.device, tune: bool, tiles: TileConfig) -> bool:
+    """Split K across programs when the N tiles alone cannot fill the GPU.
+
+    Splitting costs an fp32 buffer, a memset and a cast (three launches instead of one), so it
+    only pays when N / 64 tiles would leave streaming multiprocessors idle. Without tuning, the
+    fixed tiles decide.
+    """
+    if not tune:
+        return tiles.split_k > 1
+    if device.type != "cuda":
+        return True
+    return -(-n // 64) < 2 * _multiprocessors(device.index if device.index is not None else 0)

@@ -191,7 +191,8 @@ def gemm_kernel(
 
 @triton.jit
 def splitk_kernel(
-    # pointers: as gemm_kernel, but out [M, N] is an fp32 buffer of zeros the programs add into
+    # pointers: as gemm_kernel; with SPLIT_K > 1, out [M, N] is an fp32 buffer of zeros the
+    # programs add into (with SPLIT_K == 1 it is the x.dtype output, stored once)
     x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, bias_ptr, out_ptr,
     M, N, K, M_BUCKET,
     stride_xm, stride_xk, stride_qw, stride_qz, stride_s, stride_om,
@@ -215,7 +216,11 @@ def splitk_kernel(
         first = (pid_k == 0).to(tl.float32)  # the bias is added once, by the first K slice
         acc += first * tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    tl.atomic_add(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=out_mask)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)  # out [M, N] x.dtype
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=out_mask)  # out [M, N] fp32 zeros
 
 
 # --- autotuning -------------------------------------------------------------------------------
@@ -247,10 +252,15 @@ GEMM_CONFIGS = [
         (32, 64, 128, 4, 4),
     ]
 ]
-# (BLOCK_N, BLOCK_K, SPLIT_K): decode tiles; BLOCK_M is fixed at 16 by the launcher.
+# (BLOCK_N, BLOCK_K, SPLIT_K): decode tiles; BLOCK_M is fixed at 16 by the launcher. The
+# launcher picks split or not (an fp32 buffer plus a memset and a cast, or none) before tuning.
 SPLITK_CONFIGS = [
-    _cfg(4, 3, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk)
-    for bn in (32, 64, 128) for bk in (64, 128, 256) for sk in (1, 2, 4, 8)
+    _cfg(4, s, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk)
+    for bn in (32, 64, 128) for bk in (64, 128, 256) for sk in (2, 4, 8) for s in (3,)
+]
+GEMV_CONFIGS = [
+    _cfg(w, s, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=1)
+    for bn in (32, 64, 128) for bk in (64, 128, 256) for w, s in ((4, 3), (4, 4))
 ]
 
 
@@ -272,6 +282,10 @@ gemm_kernel_tuned = triton.autotune(
     configs=GEMM_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": prune_gemm},
     do_bench=bench_any_device,
 )(gemm_kernel)
+
+gemv_kernel_tuned = triton.autotune(
+    configs=GEMV_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_any_device,
+)(splitk_kernel)
 
 splitk_kernel_tuned = triton.autotune(
     configs=SPLITK_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": prune_splitk},

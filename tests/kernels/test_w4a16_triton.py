@@ -89,22 +89,27 @@ def test_kernels_match_both_oracles(layout, group, act_order):
         assert_matches(run_triton(p, x, group), p, x, group)
 
 
-@pytest.mark.parametrize(("group", "act_order"), [(32, True), (64, False)])
-def test_gemm_and_splitk_with_small_tiles(group, act_order):
+@pytest.mark.parametrize(("group", "act_order", "split_k"), [(32, True, 3), (64, False, 3), (64, False, 1)])
+def test_gemm_and_splitk_with_small_tiles(group, act_order, split_k):
     # Several M tiles grouped 2 at a time, several K steps per split, a split with no full block;
-    # without act-order, group 64 over BLOCK_K 32 takes the one-group-per-block path.
+    # without act-order, group 64 over BLOCK_K 32 takes the one-group-per-block path; split 1
+    # stores the decode output directly instead of adding into an fp32 buffer.
     p = random_packed("gptq", group, act_order=act_order, seed=3)
-    tiles = TileConfig(block_m=16, block_n=32, block_k=32, group_m=2, split_k=3)
+    tiles = TileConfig(block_m=16, block_n=32, block_k=32, group_m=2, split_k=split_k)
     gen = torch.Generator().manual_seed(2)
     for m in (5, 50):
         x = torch.randn(m, K, generator=gen)
         assert_matches(run_triton(p, x, group, tiles=tiles), p, x, group)
 
 
-@pytest.mark.parametrize("m", [3, 40])
-def test_autotuned_kernels_run_in_the_interpreter(m):
+@pytest.mark.parametrize(("m", "split"), [(3, True), (3, False), (40, None)])
+def test_autotuned_kernels_run_in_the_interpreter(m, split, monkeypatch):
+    import quantkit.kernels.triton_w4a16 as launcher
+
+    if split is not None:  # decode: the split-K kernel, or the direct-store GEMV configs
+        monkeypatch.setattr(launcher, "_wants_split_k", lambda *a: split)
     p = random_packed("awq", 64, act_order=False, seed=4)
-    x = torch.randn(m, K)
+    x = torch.randn(m, K).to(torch.bfloat16)
     assert_matches(run_triton(p, x, 64, autotune=True), p, x, 64)
 
 
@@ -158,7 +163,7 @@ def test_interpreter_set_before_import_uses_the_module_itself(tmp_path: Path):
         import torch
         import quantkit.kernels.triton_w4a16_jit as jit
         from triton.runtime.interpreter import InterpretedFunction
-        from quantkit.kernels.triton_w4a16 import _interpreted_kernels, w4a16_matmul_triton
+        from quantkit.kernels.triton_w4a16 import kernel_module, w4a16_matmul_triton
         from quantkit.kernels.reference import w4a16_matmul_reference
         from quantkit.quant.packing import pack
         from quantkit.quant.primitives import QuantScheme, rtn_quantize
@@ -168,7 +173,7 @@ def test_interpreter_set_before_import_uses_the_module_itself(tmp_path: Path):
         out = w4a16_matmul_triton(x, p.qweight, p.qzeros, p.scales, layout="gptq", group_size=32, g_idx=p.g_idx)
         ref = w4a16_matmul_reference(x, p.qweight, p.qzeros, p.scales, layout="gptq", group_size=32)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-        assert _interpreted_kernels() is jit
+        assert kernel_module(interpret=True) is jit
         print("ok")
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
