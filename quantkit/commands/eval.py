@@ -71,7 +71,7 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from quantkit.eval.report import EvalReport, Gate, render_table
-    from quantkit.eval.runner import Progress as Bars
+    from quantkit.eval.runner import Bars
     from quantkit.eval.runner import check_context, evaluate_model, resolve_inputs, tokenizer_mismatch
 
     inputs = resolve_inputs(settings)

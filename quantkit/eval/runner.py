@@ -40,7 +40,7 @@ class ModelRun:
 
 
 @dataclass
-class Progress:
+class Bars:
     """The rich progress bar the CLI passes down; a bar per (model, task)."""
 
     bar: object | None = None
@@ -69,7 +69,11 @@ def resolve_inputs(settings: EvalSettings) -> TaskInputs:
     from quantkit.eval.mmlu_data import local_subjects, read_local_subject
     from quantkit.eval.perplexity import read_ppl_text
 
+    from quantkit.model.checkpoint import hub_offline
+
     inputs = TaskInputs()
+    if "mmlu" in settings.tasks and settings.mmlu_dir is None and hub_offline():
+        raise QuantkitError("lm-eval's mmlu downloads cais/mmlu from the hub, which is offline; pass --mmlu-dir DIR")
     if "mmlu" in settings.tasks:
         available = local_subjects(settings.mmlu_dir) if settings.mmlu_dir is not None else builtin_subjects()
         wanted = list(settings.subjects) or available
@@ -97,8 +101,8 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 
 def evaluate_model(role: str, path: str, settings: EvalSettings, inputs: TaskInputs,
-                   progress: Progress | None = None) -> ModelRun:
-    progress = progress or Progress()
+                   progress: Bars | None = None) -> ModelRun:
+    progress = progress or Bars()
     run = ModelRun(role, path)
     cache = ResultCache(settings.cache_dir) if settings.cache_dir is not None and role == "base" else None
     keys = task_keys(settings, inputs)
@@ -167,7 +171,7 @@ def load_lm(path: str, settings: EvalSettings):
     return lm
 
 
-def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Progress, role: str) -> PplResult:
+def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role: str) -> PplResult:
     from quantkit.eval.perplexity import perplexity, tokenize_once
 
     if settings.seqlen > lm.max_length:

@@ -40,6 +40,8 @@ class EvalSettings:
             raise QuantkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.dtype not in DTYPE_NAMES:
             raise QuantkitError(f"unknown --dtype {self.dtype!r}; expected one of {', '.join(DTYPE_NAMES)}")
+        if self.dtype == "float16" and self.device == "cpu":
+            raise QuantkitError("--dtype float16 on CPU: fp16 matmul is unusably slow there; use float32 or bfloat16")
 
     def mmlu_key(self, subjects: list[str]) -> dict:
         """Everything that changes MMLU numbers (the cache key); the local files enter by content."""

@@ -80,6 +80,8 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file, mmlu_d
     (["--tasks", "mmlu,hellaswag"], "unknown task hellaswag"),
     (["--seqlen", 4096], "--seqlen 4096 is above"),
     (["--subjects", "astrology"], "astrology not available"),
+    (["--dtype", "float16", "--device", "cpu"], "fp16 matmul"),
+    (["--num-fewshot", "-1"], "--num-fewshot must be 0 or more"),
 ])
 def test_bad_input_is_one_line(tiny_llama, tmp_path, text_file, mmlu_dir, extra, message):
     result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file, mmlu_dir), *extra)
@@ -96,6 +98,12 @@ def test_malformed_mmlu_names_file_and_row(tiny_llama, tmp_path, text_file):
     assert result.exit_code == 2
     assert "anatomy_dev.csv: row 2: answer '7' is not one of A, B, C, D" in result.stderr \
         or "anatomy_test.csv: row 2: answer '7'" in result.stderr
+
+
+def test_hub_mmlu_offline_is_one_line(tiny_llama, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "mmlu")
+    assert result.exit_code == 2 and "pass --mmlu-dir DIR" in result.stderr
 
 
 def test_text_shorter_than_a_window(tiny_llama, tmp_path):
