@@ -78,12 +78,15 @@ def torch_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return ((codes - zeros[g]).to(scales.dtype) * scales[g])
 
 
-def timer(device: torch.device, iters: int):
-    """ms per call: Triton's CUDA-event do_bench on a GPU (median), wall time on the CPU."""
+def timer(device: torch.device, iters: int, cuda_graph: bool):
+    """ms per call (median): on a GPU, CUDA events around a CUDA graph of many calls (no launch
+    overhead, as a serving engine's decode step runs) or around plain calls; wall time on the CPU."""
     if device.type == "cuda":
         import triton
 
-        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100)
+        if cuda_graph:
+            return lambda fn: triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
     def wall(fn):
         fn()
@@ -106,22 +109,41 @@ def bench_shape(name: str, k: int, n: int, batches, group: int, device: torch.de
     from quantkit.kernels import w4a16_matmul
 
     w, qweight, qzeros, scales = make_weight(k, n, group, device)
-    w = w.to(dtype)
+    # Copies of the weights, used in turn, so that (like a model's layers) each call reads its
+    # weight from memory rather than from the L2 cache left warm by the previous call.
+    copies = cache_busting_copies(w.to(dtype), qweight, qzeros, scales, device)  # scales fp16, as on disk
+    turn = iter(range(10**12))
+    pick = lambda: copies[next(turn) % len(copies)]  # noqa: E731
     rows = []
     for m in batches:
         x = torch.randn(m, k, device=device).to(dtype)
 
         def ours():
-            return w4a16_matmul(x, qweight, qzeros, scales, layout="gptq", group_size=group, backend="triton")
+            _, qw, qz, sc = pick()
+            return w4a16_matmul(x, qw, qz, sc, layout="gptq", group_size=group, backend="triton")
 
         def deq():
-            return x @ torch_dequantize(qweight, qzeros, scales.to(dtype), group)
+            _, qw, qz, sc = pick()
+            return x @ torch_dequantize(qw, qz, sc.to(x.dtype), group)
 
-        check = deq().float()
-        torch.testing.assert_close(ours().float(), check, rtol=2e-2, atol=2e-2 * float(check.abs().max()))
-        t_ours, t_cublas, t_deq = measure(ours), measure(lambda: x @ w.T), measure(deq)
+        def dense():
+            return x @ pick()[0].T
+
+        check = x @ torch_dequantize(qweight, qzeros, scales.to(dtype), group)
+        got = w4a16_matmul(x, qweight, qzeros, scales, layout="gptq", group_size=group, backend="triton")
+        torch.testing.assert_close(got.float(), check.float(), rtol=2e-2, atol=2e-2 * float(check.abs().max()))
+        t_ours, t_cublas, t_deq = measure(ours), measure(dense), measure(deq)
         rows.append(Row(name, k, n, m, t_ours, t_cublas, t_deq, bytes_moved(m, k, n, group) / t_ours / 1e6))
     return rows
+
+
+def cache_busting_copies(w, qweight, qzeros, scales, device: torch.device, total_bytes: int = 512 * 2**20):
+    """Enough copies of the weight tensors that the dense ones add up to `total_bytes` (GPU only)."""
+    if device.type != "cuda":
+        return [(w, qweight, qzeros, scales)]
+    count = max(1, min(64, -(-total_bytes // (w.numel() * w.element_size()))))
+    return [(w, qweight, qzeros, scales)] + [
+        (w.clone(), qweight.clone(), qzeros.clone(), scales.clone()) for _ in range(count - 1)]
 
 
 def peak_gbps(device: torch.device, override: float | None) -> float | None:
@@ -154,12 +176,12 @@ def markdown(rows: list[Row], peak: float | None, header: str, on_gpu: bool) -> 
     return "\n".join(lines) + "\n"
 
 
-def describe(device: torch.device, dtype: torch.dtype, group: int, peak: float | None) -> str:
+def describe(device: torch.device, dtype: torch.dtype, group: int, peak: float | None, graphs: bool) -> str:
     import triton
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
     return (f"W4A16 on {where}; torch {torch.__version__}, triton {triton.__version__}; x {str(dtype).removeprefix('torch.')}, GPTQ v1 layout, "
-            f"group {group}, sym; peak bandwidth {f'{peak:.0f} GB/s' if peak else 'unknown'}; "
+            f"group {group}, sym; {'CUDA graphs' if graphs and device.type == 'cuda' else 'plain calls'}; peak bandwidth {f'{peak:.0f} GB/s' if peak else 'unknown'}; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
 
@@ -172,6 +194,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
     p.add_argument("--iters", type=int, default=3, help="timed calls per measurement on the CPU")
     p.add_argument("--peak-gbps", type=float, default=None, help="the device's peak memory bandwidth")
+    p.add_argument("--no-cuda-graph", action="store_true", help="time plain calls (launch overhead included)")
     p.add_argument("--out", type=Path, default=None, help="write the markdown table here too")
     return p.parse_args(argv)
 
@@ -188,13 +211,13 @@ def main(argv=None) -> int:
         s: tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")}
     batches = [int(m) for m in args.m.split(",")]
     peak = peak_gbps(device, args.peak_gbps)
-    measure = timer(device, args.iters)
+    measure = timer(device, args.iters, cuda_graph=not args.no_cuda_graph)
     torch.manual_seed(0)
     rows = []
     for name, (k, n) in shapes.items():
         rows += bench_shape(name, k, n, batches, args.group_size, device, dtype, measure)
         print(f"done {name} ({k} x {n})", flush=True)
-    table = markdown(rows, peak, describe(device, dtype, args.group_size, peak), device.type == "cuda")
+    table = markdown(rows, peak, describe(device, dtype, args.group_size, peak, not args.no_cuda_graph), device.type == "cuda")
     print(table)
     if args.out:
         args.out.write_text(table)
