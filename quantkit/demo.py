@@ -4,7 +4,6 @@ offline machine. Shapes are chosen so every linear packs at group size 128."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ class DemoSpec:
     kv_heads: int = 2
     vocab: int = 512
     context: int = 256
-    train_seconds: float = 60.0
+    train_steps: int = 300  # about a minute on 2 CPU cores
     batch: int = 16
     seqlen: int = 128
     lr: float = 3e-3
@@ -39,7 +38,8 @@ def corpus_text(num_stories: int, seed: int) -> str:
 
 
 def train_demo_model(out: Path, spec: DemoSpec = DemoSpec(), show_progress: bool = True) -> dict:
-    """Train the demo Llama for about `spec.train_seconds` and save it (model + tokenizer) to `out`."""
+    """Train the demo Llama for `spec.train_steps` steps (a fixed count, so the result does not
+    depend on the machine's load) and save it (model + tokenizer) to `out`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from quantkit.calibration.synthetic import build_tokenizer
@@ -55,38 +55,24 @@ def train_demo_model(out: Path, spec: DemoSpec = DemoSpec(), show_progress: bool
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(spec.seed)
-    start, steps, loss = time.perf_counter(), 0, float("nan")
+    start, loss = time.perf_counter(), float("nan")
     model.train()
-    with progress_bar(f"train demo model (~{spec.train_seconds:.0f} s)", int(spec.train_seconds), show_progress) as advance:
-        shown = 0
-        while (elapsed := time.perf_counter() - start) < spec.train_seconds:
+    with progress_bar("train demo model", spec.train_steps, show_progress) as advance:
+        for step in range(spec.train_steps):
             offs = torch.randint(0, ids.numel() - spec.seqlen - 1, (spec.batch,), generator=gen)
             batch = torch.stack([ids[o : o + spec.seqlen] for o in offs.tolist()])
-            lr_scale = min(1.0, (steps + 1) / 30) * (0.1 + 0.9 * max(0.0, 1 - elapsed / spec.train_seconds))
-            for group in opt.param_groups:
-                group["lr"] = spec.lr * lr_scale
+            for group in opt.param_groups:  # linear warm-up, then linear decay to 10%
+                group["lr"] = spec.lr * min(1.0, (step + 1) / 30) * (1 - 0.9 * step / spec.train_steps)
             result = model(input_ids=batch, labels=batch)
             opt.zero_grad(set_to_none=True)
             result.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            steps, loss = steps + 1, result.loss.item()
-            advance(int(elapsed) - shown)
-            shown = int(elapsed)
+            loss = result.loss.item()
+            advance()
     model.eval()
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return {"steps": steps, "final_train_loss": loss, "train_tokens": steps * spec.batch * spec.seqlen,
+    return {"steps": spec.train_steps, "final_train_loss": loss,
+            "train_tokens": spec.train_steps * spec.batch * spec.seqlen,
             "seconds": time.perf_counter() - start}
-
-
-def perplexity_of(model, token_ids: torch.Tensor, seqlen: int) -> float:
-    """exp(mean NLL) over non-overlapping windows of `seqlen` tokens."""
-    nll, count = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, token_ids.numel() - seqlen + 1, seqlen):
-            window = token_ids[start : start + seqlen].unsqueeze(0)
-            logits = model(input_ids=window).logits[0, :-1].float()
-            nll += torch.nn.functional.cross_entropy(logits, window[0, 1:], reduction="sum").item()
-            count += seqlen - 1
-    return math.exp(nll / count)

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 @one_line_errors
 def demo(
     workdir: Path = typer.Option(DEFAULT_WORKDIR, "--workdir", help="Where the demo model and checkpoints go."),
-    train_seconds: float = typer.Option(60.0, "--train-seconds", min=1.0, help="Training budget for the demo model."),
+    train_steps: int = typer.Option(300, "--train-steps", min=1, help="Training steps for the demo model (~1 min)."),
     retrain: bool = typer.Option(False, "--retrain", help="Train the demo model again even if one is cached."),
     prompt: str = typer.Option("Once upon a time", "--prompt"),
 ) -> None:
@@ -29,19 +29,20 @@ def demo(
     from transformers import AutoTokenizer
 
     from quantkit.config import CalibConfig, QuantizeConfig
-    from quantkit.demo import DemoSpec, corpus_text, perplexity_of, train_demo_model
+    from quantkit.demo import DemoSpec, corpus_text, train_demo_model
+    from quantkit.eval.perplexity import perplexity, tokenize_once
     from quantkit.model.loader import load_model
     from quantkit.quant.pipeline import quantize_model
 
     workdir = workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = DemoSpec(train_seconds=train_seconds)
+    spec = DemoSpec(train_steps=train_steps)
     model_dir = workdir / "model"
     if retrain or not (model_dir / "model.safetensors").is_file():
         with staged_output(model_dir, force=True) as tmp:
             stats = train_demo_model(tmp, spec)
         console.print(f"trained the demo model: {stats['steps']} steps, {stats['train_tokens']} tokens, "
-                      f"final train loss {stats['final_train_loss']:.3f}")
+                      f"final train loss {stats['final_train_loss']:.3f}, {stats['seconds']:.0f} s")
     else:
         console.print(f"using the cached demo model in {model_dir} (--retrain to train again)")
     calib = workdir / "calib.txt"
@@ -57,17 +58,21 @@ def demo(
             results[method] = quantize_model(cfg, tmp)
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    ids = torch.tensor(tok(heldout, add_special_tokens=False, verbose=False)["input_ids"])
+    ids, bos_note = tokenize_once(tok, heldout)
+
+    def ppl_of(model) -> float:
+        return perplexity(model, ids, spec.context, "held-out synthetic stories", bos_note).ppl
+
     table = Table(title="quantkit demo: held-out perplexity (synthetic stories, windows of 256 tokens)")
     for col in ("model", "perplexity", "size on disk", "quantize time"):
         table.add_column(col)
     base, _ = load_model(model_dir)
-    base_ppl = perplexity_of(base, ids, spec.context)
+    base_ppl = ppl_of(base)
     table.add_row("float32", f"{base_ppl:.3f}", _mib(results["gptq"].plan.source_bytes), "")
     sample = ""
     for method, report in results.items():
         model, _ = load_model(workdir / method)
-        ppl = perplexity_of(model, ids, spec.context)
+        ppl = ppl_of(model)
         table.add_row(f"{method} int4 g128", f"{ppl:.3f} ({(ppl / base_ppl - 1) * 100:+.2f}%)",
                       _mib(report.output_bytes), f"{report.seconds:.1f} s")
         if method == "gptq":

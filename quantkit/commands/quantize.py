@@ -36,6 +36,8 @@ def quantize(
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
+    check: bool = typer.Option(None, "--check/--no-check",
+                               help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
 ) -> None:
     """Quantize MODEL layer by layer and write a packed INT4 checkpoint."""
     from quantkit.config import CalibConfig, QuantizeConfig
@@ -56,6 +58,29 @@ def quantize(
         report = quantize_model(cfg, tmp)
     report.out = out
     _print_summary(report, cfg)
+    if check or (check is None and _cuda_available()):
+        _run_check(out, model, calib if Path(calib).exists() else None)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _run_check(out: Path, original: str, calib: str | None) -> None:
+    """The checking step: kernel against reference on every packed layer, and error against the original."""
+    from quantkit.check import check_checkpoint
+    from quantkit.errors import QuantkitError
+
+    report = check_checkpoint(out, original=original, calib=calib)
+    worst = max((r.rel_error for r in report.layers if r.rel_error is not None), default=None)
+    console.print(f"check: {len(report.layers)} packed layers through backend {report.backend}; "
+                  f"{'passed' if report.passed else 'FAILED'}" + ("" if worst is None else f", worst relative error {worst:.4f}"))
+    if not report.passed:
+        names = ", ".join(r.name for r in report.failures[:3])
+        raise QuantkitError(f"the check failed on {len(report.failures)} layers ({names}); "
+                            f"run `quantkit check {out} --original {original}` for the table")
 
 
 def _print_plan(plan, cfg) -> None:

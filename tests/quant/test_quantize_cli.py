@@ -123,3 +123,8 @@ def test_stories260k_group_size(stories_dir, wikitext_test, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(stories_dir))
     ppl = {m: wikitext_ppl(load_model(tmp_path / m)[0], tok, wikitext_test) for m in ("rtn", "gptq")}
     assert ppl["gptq"] < ppl["rtn"], ppl
+
+
+def test_check_flag_runs_the_kernel_check(tiny_llama, tmp_path):
+    output = quantize(tiny_llama, tmp_path / "q", "--check", calib=synthetic_calib(tmp_path / "c.txt"))
+    assert "check: 14 packed layers" in output and "passed" in output

@@ -1,0 +1,78 @@
+"""Loading checkpoints: quant-config parsing, QuantLinear, and clear errors."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.model.checkpoint import ShardReader, resolve_model_path
+from quantkit.model.loader import load_model, read_quant_info
+from quantkit.model.quant_linear import QuantLinear
+from quantkit.quant.packing import dequantize, pack
+from quantkit.quant.primitives import QuantScheme, rtn_quantize
+
+
+def test_read_quant_info_gptq_awq_and_unknown():
+    gptq = read_quant_info({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                                    "desc_act": True, "sym": False, "checkpoint_format": "gptq_v2"}})
+    assert (gptq.layout, gptq.desc_act, gptq.sym) == ("gptq_v2", True, False)
+    awq = read_quant_info({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64,
+                                                   "zero_point": True, "version": "gemm"}})
+    assert (awq.layout, awq.group_size) == ("awq", 64)
+    assert read_quant_info({}) is None
+    with pytest.raises(QuantkitError, match="unsupported quant_method"):
+        read_quant_info({"quantization_config": {"quant_method": "bitsandbytes"}})
+    with pytest.raises(QuantkitError, match="GEMM"):
+        read_quant_info({"quantization_config": {"quant_method": "awq", "version": "gemv"}})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quant_linear_matches_dense_dequantized(dtype):
+    qw = rtn_quantize(torch.randn(32, 64), QuantScheme(4, 32, True))
+    p = pack(qw, "gptq")
+    p.bias = torch.randn(32)
+    layer = QuantLinear(p)
+    x = torch.randn(3, 5, 64, dtype=dtype)
+    expected = torch.nn.functional.linear(x, dequantize(p, dtype), p.bias.to(dtype))
+    assert torch.equal(layer(x), expected)
+    assert layer(x).shape == (3, 5, 32) and layer.in_features == 64 and layer.out_features == 32
+
+
+def test_float_checkpoint_loads_like_transformers(tiny_qwen2):
+    from transformers import AutoModelForCausalLM
+
+    ours, info = load_model(tiny_qwen2)
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_qwen2), dtype=torch.float32)
+    ids = torch.randint(3, 500, (1, 12))
+    with torch.no_grad():
+        assert info is None and torch.equal(ours(ids).logits, ref(ids).logits)
+
+
+def test_packed_tensors_without_quant_config_is_an_error(tiny_llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_llama, model)
+    tensors = load_file(str(model / "model.safetensors"))
+    w = tensors.pop("model.layers.0.self_attn.q_proj.weight")
+    tensors.update(pack(rtn_quantize(w, QuantScheme(4, 128, True)), "gptq").tensors("model.layers.0.self_attn.q_proj"))
+    save_file(tensors, str(model / "model.safetensors"))
+    with pytest.raises(QuantkitError, match="no quantization_config"):
+        load_model(model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    (model / "config.json").write_text(json.dumps(cfg))
+    loaded, info = load_model(model)
+    assert isinstance(loaded.model.layers[0].self_attn.q_proj, QuantLinear)
+    assert not isinstance(loaded.model.layers[0].self_attn.k_proj, QuantLinear)
+
+
+def test_reader_and_resolver_errors(tmp_path):
+    with pytest.raises(QuantkitError, match="no config.json"):
+        resolve_model_path(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(QuantkitError, match="only PyTorch .bin"):
+        ShardReader(tmp_path)
