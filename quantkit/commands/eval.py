@@ -88,7 +88,7 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
         base_run = evaluate_model("base", base, settings, inputs, Bars(bar))
         quant_run = evaluate_model("quantized", quantized, settings, inputs, Bars(bar))
     report = EvalReport(base_run, quant_run, settings_dict(asdict(settings), inputs), notes + run_notes(
-        settings, base_run, quant_run))
+        settings, inputs, base_run, quant_run))
     from rich.console import Console
 
     Console().print(render_table(report))
@@ -97,11 +97,16 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
     return report, Gate(max_drop, max_ppl_ratio).failures(report.to_json()["delta"])
 
 
-def run_notes(settings, base_run, quant_run) -> list[str]:
+def run_notes(settings, inputs, base_run, quant_run) -> list[str]:
     notes = []
     skipped = [t for t in ("mmlu", "ppl") if t not in settings.tasks]
     if skipped:
         notes.append(f"skipped: {', '.join(skipped)} (not in --tasks)")
+    if inputs.subjects and len(inputs.subjects) < inputs.available_subjects:
+        notes.append(f"MMLU: {inputs.available_subjects - len(inputs.subjects)} of {inputs.available_subjects} "
+                     "subjects skipped (--subjects)")
+    if inputs.subjects and settings.limit is not None:
+        notes.append(f"MMLU: at most {settings.limit} questions per subject (--limit)")
     if base_run.cached:
         notes.append(f"base {', '.join(base_run.cached)} from the cache (pass --no-cache to re-run)")
     for run in (base_run, quant_run):

@@ -11,7 +11,7 @@ The category of a subject (stem, humanities, social_sciences, other) comes from 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
@@ -80,13 +80,12 @@ class MmluResult:
     subjects: dict[str, SubjectResult]
     num_fewshot: int
     truncated: int = 0  # contexts cut from the left to fit the model's window
-    skipped: list[str] = field(default_factory=list)
 
     def correct(self, category: str | None = None) -> list[bool]:
         return [c for s in self.subjects.values() if category in (None, s.category) for c in s.correct]
 
     def to_dict(self) -> dict:
-        return {"num_fewshot": self.num_fewshot, "truncated": self.truncated, "skipped": self.skipped,
+        return {"num_fewshot": self.num_fewshot, "truncated": self.truncated,
                 "subjects": {k: {"category": v.category, "correct": v.correct, "choices": v.choices}
                              for k, v in self.subjects.items()}}
 
@@ -94,7 +93,7 @@ class MmluResult:
     def from_dict(cls, d: dict) -> MmluResult:
         subjects = {k: SubjectResult(v["category"], list(v["correct"]), list(v["choices"]))
                     for k, v in d["subjects"].items()}
-        return cls(subjects, int(d["num_fewshot"]), int(d["truncated"]), list(d.get("skipped", [])))
+        return cls(subjects, int(d["num_fewshot"]), int(d["truncated"]))
 
 
 def mean_and_stderr(values: list[float]) -> tuple[float, float]:

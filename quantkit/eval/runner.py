@@ -24,6 +24,7 @@ class TaskInputs:
     """What both models are evaluated on, resolved and validated once before any model loads."""
 
     subjects: list[str] = field(default_factory=list)
+    available_subjects: int = 0
     ppl_text: str | None = None
 
 
@@ -85,6 +86,7 @@ def resolve_inputs(settings: EvalSettings) -> TaskInputs:
             if settings.mmlu_dir is not None:
                 read_local_subject(settings.mmlu_dir, subject)  # malformed rows fail now, not after a model run
         inputs.subjects = wanted
+        inputs.available_subjects = len(available)
     if "ppl" in settings.tasks:
         inputs.ppl_text = read_ppl_text(settings.ppl_text)
     return inputs

@@ -55,6 +55,7 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file, mmlu_d
     result = invoke(tiny_rtn, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--output", out)
     assert result.exit_code == 0, result.output
     assert "MMLU (all)" in result.stdout and "perplexity" in result.stdout
+    assert "36 of 38 subjects skipped" in result.stderr and "at most 2 questions per subject" in result.stderr
     data = json.loads(out.read_text())
     assert {"base", "quantized", "delta", "settings"} <= data.keys()
     for key in ("base", "quantized"):
