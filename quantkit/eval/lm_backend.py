@@ -49,7 +49,9 @@ class QuantkitLM(TemplateLM):
 
     def __init__(self, pretrained: str | None = None, model=None, tokenizer=None, batch_size: int | str = 16,
                  max_length: int | None = None, dtype: str = "float32", device: str = "cpu",
-                 add_bos_token: bool | None = None, progress: ProgressHook | None = None, **_ignored):
+                 add_bos_token: bool | None = None, progress: ProgressHook | None = None,
+                 max_batch_size: int | None = None):
+        # max_batch_size: lm-eval's CLI always passes it; batches here are fixed-size, so it is unused
         super().__init__()
         if model is None:
             from quantkit.model.loader import load_model, load_tokenizer

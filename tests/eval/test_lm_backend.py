@@ -10,7 +10,9 @@ def test_registered_and_built_from_arg_string(tiny_llama):
 
     cls = get_model("quantkit")
     assert cls is QuantkitLM
-    lm = cls.create_from_arg_string(f"pretrained={tiny_llama},batch_size=4,max_length=128")
+    # as lm-eval's CLI calls it: model_args plus batch_size / max_batch_size / device
+    lm = cls.create_from_arg_string(f"pretrained={tiny_llama},max_length=128",
+                                    {"batch_size": 4, "max_batch_size": 64, "device": "cpu"})
     assert lm.max_length == 128 and lm._batch_size == 4
     (ll, greedy), = lm._loglikelihood_tokens([(("a", "b"), [1, 5, 9], [7])])
     assert ll < 0 and isinstance(greedy, bool)
