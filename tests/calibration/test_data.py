@@ -64,3 +64,22 @@ def test_empty_and_missing_and_offline_recipe(tmp_path, tok, monkeypatch):
         load_calibration("wikitext2", tok, 4, 16, 0)
     with pytest.raises(QuantkitError, match="unknown calibration source"):
         load_calibration("notarecipe", tok, 4, 16, 0)
+
+
+def test_hub_recipe_reads_the_named_dataset_when_online(tok, monkeypatch):
+    import datasets
+
+    from quantkit.calibration.synthetic import make_corpus
+
+    asked = {}
+
+    def fake_load_dataset(name, config=None, split=None, data_files=None):
+        asked.update(name=name, config=config, split=split)
+        return [{"text": t} for t in make_corpus(50, seed=9)] + [{"text": "   "}]
+
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    calib = load_calibration("wikitext2", tok, nsamples=4, seqlen=32, seed=0)
+    assert asked == {"name": "wikitext", "config": "wikitext-2-raw-v1", "split": "train"}
+    assert calib.input_ids.shape == (4, 32) and calib.source == "wikitext2"

@@ -76,3 +76,18 @@ def test_reader_and_resolver_errors(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"x")
     with pytest.raises(QuantkitError, match="only PyTorch .bin"):
         ShardReader(tmp_path)
+
+
+def test_hub_id_is_downloaded_when_online(tiny_llama, monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot_download(repo_id, allow_patterns=None):
+        calls.append((repo_id, tuple(allow_patterns)))
+        return str(tiny_llama)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    assert resolve_model_path("org/tiny") == tiny_llama
+    assert calls[0][0] == "org/tiny" and "*.safetensors" in calls[0][1]
