@@ -100,8 +100,11 @@ def main() -> None:
     ap.add_argument("--ppl-seqlen", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2, help="random1b: decoder layers kept")
     ap.add_argument("--methods", default="rtn (sym),rtn (asym),gptq,awq,awq (duo)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads here and in each quantize (OMP_NUM_THREADS)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
     stories = args.model == "stories"
     group = args.group_size or (64 if stories else 128)
     nsamples = args.nsamples or (128 if stories else 4)

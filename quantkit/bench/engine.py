@@ -1,11 +1,12 @@
 """Engine benchmark: our paged-KV engine against transformers' generate, in one process.
 
-  python -m quantkit.bench.engine [--models stories,random100m] [--threads 1] [--requests 64]
+  python -m quantkit.bench.engine [--models stories,random100m] [--threads 1] [--requests 64] [--repeats 3]
 
 For each model: 64 requests of mixed prompt lengths, each generating --max-tokens tokens (EOS
 ignored so every system produces the same number of tokens):
   * throughput: generated tokens/s of the engine, of HF generate one request at a time (timed on
-    the first --serial-sample requests: the per-request rate does not depend on how many run), and
+    --serial-sample requests spread over the mix: its per-request rate does not depend on how
+    many run), and
     of HF generate on all requests at once (left-padded batch); ratios printed;
   * time to first token for requests sharing a 256-token prefix, prefix caching on vs off;
   * KV utilization (tokens held / pool capacity) over the steps where requests are waiting for room.
@@ -45,16 +46,16 @@ def make_prompts(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[li
     return [[1] + torch.randint(3, min(vocab, 512), (k - 1,), generator=g).tolist() for k in lengths]
 
 
-def engine_throughput(path: Path, prompts, max_tokens: int) -> tuple[float, int]:
-    from quantkit.engine import LLM, SamplingParams
+def engine_throughput(llm, prompts, max_tokens: int) -> tuple[float, int]:
+    """(generated tokens/s, generated tokens) of one engine run over all prompts."""
+    from quantkit.engine import SamplingParams
 
-    llm = LLM(str(path), max_num_seqs=len(prompts), max_model_len=512)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - t
-    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed, sum(len(o.outputs[0].token_ids) for o in outs)
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    return n / elapsed, n
 
 
 def hf_serial(model, prompts, max_tokens: int) -> float:
@@ -119,19 +120,31 @@ def kv_utilization_at_saturation(path: Path, prompts, max_tokens: int) -> tuple[
 def bench_model(name: str, path: Path, args) -> None:
     from transformers import AutoModelForCausalLM
 
+    from quantkit.engine import LLM, SamplingParams
+
     prompts = make_prompts(args.requests, 512, 16, 160)
-    ours, n_tokens = engine_throughput(path, prompts, args.max_tokens)
+    stride = max(1, len(prompts) // args.serial_sample)
+    sample = prompts[::stride][:args.serial_sample]  # spread over the mix of prompt lengths
+    llm = LLM(str(path), max_num_seqs=len(prompts), max_model_len=512)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    serial = hf_serial(hf, prompts[:args.serial_sample], args.max_tokens)
-    batched = hf_batched(hf, prompts, args.max_tokens)
-    del hf
+    ours, serial, batched = [], [], []
+    for _ in range(args.repeats):  # interleaved, best of each: the machine's load drifts between runs
+        rate, n_tokens = engine_throughput(llm, prompts, args.max_tokens)
+        ours.append(rate)
+        serial.append(hf_serial(hf, sample, args.max_tokens))
+        batched.append(hf_batched(hf, prompts, args.max_tokens))
+    ours, serial, batched = max(ours), max(serial), max(batched)
+    del hf, llm
     on, off = ttft_with_shared_prefix(path, True), ttft_with_shared_prefix(path, False)
     token_u, block_u, steps = kv_utilization_at_saturation(path, prompts, args.max_tokens)
     print(f"\n== {name}: {args.requests} requests, prompts 16-160 tokens, {args.max_tokens} new tokens each "
-          f"({n_tokens} tokens), {torch.get_num_threads()} thread(s)")
+          f"({n_tokens} tokens), {torch.get_num_threads()} thread(s), best of {args.repeats} interleaved runs")
     print(f"engine            {ours:9.1f} tok/s")
+    mean_len = statistics.mean(len(p) for p in prompts)
     print(f"HF one at a time  {serial:9.1f} tok/s   engine / serial  = {ours / serial:5.2f}x "
-          f"(serial timed on {args.serial_sample} requests)")
+          f"(timed on {len(sample)} of the requests, mean prompt {statistics.mean(len(p) for p in sample):.0f} "
+          f"tokens vs {mean_len:.0f} for all)")
     print(f"HF batched        {batched:9.1f} tok/s   engine / batched = {ours / batched:5.2f}x")
     print(f"TTFT, shared 256-token prefix: caching on {on * 1e3:.1f} ms, off {off * 1e3:.1f} ms, "
           f"off / on = {off / on:.2f}x")
@@ -146,6 +159,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--serial-sample", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved runs of each system; the best counts")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.models.split(","):

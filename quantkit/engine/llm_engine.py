@@ -47,18 +47,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def eos_token_ids(path: Path, config_eos, tokenizer) -> frozenset[int]:
-    """EOS ids from generation_config.json, config.json and the tokenizer (as HF generate uses them)."""
-    ids: set[int] = set()
+    """EOS ids as HF generate takes them: generation_config.json, else config.json, else the tokenizer."""
     gen = path / "generation_config.json"
-    sources = [config_eos, tokenizer.eos_token_id]
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    for value in sources:
+    gen_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+    for value in (gen_eos, config_eos, tokenizer.eos_token_id):
         if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return frozenset(ids)
+            return frozenset([value])
+        if isinstance(value, list) and value:
+            return frozenset(int(v) for v in value)
+    return frozenset()
 
 
 class LLMEngine:

@@ -139,3 +139,16 @@ def test_unsupported_architecture_is_refused(tmp_path, stories_dir):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(QuantkitError, match="unsupported architecture 'GPT2LMHeadModel'"):
         LLM(str(bad))
+
+
+def test_eos_ids_follow_hf_generate_precedence(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from quantkit.engine.llm_engine import eos_token_ids
+
+    tok = SimpleNamespace(eos_token_id=9)
+    assert eos_token_ids(tmp_path, None, tok) == {9}
+    assert eos_token_ids(tmp_path, 2, tok) == {2}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 1]}))
+    assert eos_token_ids(tmp_path, 2, tok) == {1, 2}
