@@ -30,6 +30,8 @@ from quantkit.quant.awq_search import (
 from quantkit.quant.methods import LayerContext, LayerResult
 from quantkit.quant.primitives import rtn_quantize
 
+MERGE_TOKENS = 4096  # tokens per merged call of an inspected module during the scale search
+
 
 @dataclass
 class Capture:
@@ -59,6 +61,63 @@ def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool) -> Capt
         for h in hooks:
             h.remove()
     return cap
+
+
+def merge_calls(calls: list[tuple[tuple, dict]], max_tokens: int = MERGE_TOKENS) -> list[tuple[tuple, dict]]:
+    """Fewer, larger calls of the same module: consecutive calls whose arguments are either the
+    same objects (RoPE, a shared mask) or tensors that differ only along dim 0 (the samples' hidden
+    states, [1, seq, K]) become one call on their concatenation, up to `max_tokens` rows of
+    tokens. Calls that cannot be merged stay as they are. The outputs concatenate the same way."""
+    merged, run = [], []
+    for call in calls:
+        if run and (_tokens(run) + _tokens([call]) > max_tokens or not _mergeable(run[0], call)):
+            merged.append(_concat(run))
+            run = []
+        run.append(call)
+    if run:
+        merged.append(_concat(run))
+    return merged
+
+
+def _tokens(calls) -> int:
+    return sum(t.shape[:-1].numel() for a, kw in calls for t in (*a, *kw.values())
+               if isinstance(t, torch.Tensor) and t.dim() == 3) or 1
+
+
+def _varying(a, b) -> bool:
+    """True when a and b are tensors that can be stacked along dim 0; False when they are the same object."""
+    if a is b:
+        return False
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape[1:] == b.shape[1:]:
+        return True
+    raise _NotMergeable
+
+
+class _NotMergeable(Exception):
+    pass
+
+
+def _mergeable(first, call) -> bool:
+    (a1, k1), (a2, k2) = first, call
+    if len(a1) != len(a2) or k1.keys() != k2.keys():
+        return False
+    try:
+        for x, y in [*zip(a1, a2), *((k1[k], k2[k]) for k in k1)]:
+            _varying(x, y)
+    except _NotMergeable:
+        return False
+    return True
+
+
+def _concat(run):
+    if len(run) == 1:
+        return run[0]
+    args0, kw0 = run[0]
+    args = tuple(torch.cat([a[i] for a, _ in run]) if any(a[i] is not args0[i] for a, _ in run) else args0[i]
+                 for i in range(len(args0)))
+    kwargs = {k: torch.cat([kw[k] for _, kw in run]) if any(kw[k] is not kw0[k] for _, kw in run) else kw0[k]
+              for k in kw0}
+    return args, kwargs
 
 
 def _first(out):
@@ -148,7 +207,7 @@ class AWQMethod:
         linears = [get_submodule(ctx.layer, n) for n in g.linears if n in quantized]
         originals = [lin.weight.data for lin in linears]
         module = get_submodule(ctx.layer, g.inspect)
-        calls = cap.calls[g.inspect]
+        calls = merge_calls(cap.calls[g.inspect])
         with torch.no_grad():
             refs = [_first(module(*a, **kw)) for a, kw in calls]
 

@@ -223,3 +223,24 @@ def test_plan_that_does_not_match_is_a_clear_error(tiny_llama, tmp_path):
         attempt(good, group_size=64)  # clips have one column per group
     with pytest.raises(QuantkitError, match="no such file"):
         _run_layers(model, xs, kwargs, awq_config(tmp_path, 32, load_plan=tmp_path / "missing.safetensors"))
+
+
+def test_merge_calls_batches_samples_and_keeps_outputs(tiny_llama):
+    from quantkit.quant.awq import capture, merge_calls
+
+    model = load_float(tiny_llama)
+    xs, kwargs = layer_inputs(model, nsamples=5, seqlen=16)
+    layer = model.model.layers[0]
+    ctx = make_ctx(model, layer, xs, kwargs, QuantScheme(4, 32, False), None)
+    cap = capture(ctx, list(ctx.spec.groups), inspect=True)
+    calls = cap.calls["self_attn"]
+    merged = merge_calls(calls, max_tokens=32)  # two samples of 16 tokens per call
+    assert [c[1]["hidden_states"].shape[0] for c in merged] == [2, 2, 1]
+    assert merged[0][1]["position_embeddings"] is calls[0][1]["position_embeddings"]  # shared, not stacked
+    with torch.no_grad():
+        one = torch.cat([layer.self_attn(*a, **kw)[0] for a, kw in calls])
+        many = torch.cat([layer.self_attn(*a, **kw)[0] for a, kw in merged])
+    torch.testing.assert_close(many, one, rtol=1e-5, atol=1e-6)
+    other = (calls[2][0], {**calls[2][1], "position_embeddings": tuple(t.clone() for t in kwargs["position_embeddings"])})
+    split = merge_calls([calls[0], calls[1], other, calls[3]], max_tokens=1000)
+    assert [c[1]["hidden_states"].shape[0] for c in split] == [2, 1, 1]  # a different non-tensor argument splits
