@@ -156,3 +156,43 @@ def test_comparisons_treat_non_finite_outputs_as_failures():
     assert relative_max_diff(ref * 1.001, ref) == pytest.approx(1e-3, rel=1e-3)
     assert relative_max_diff(torch.full((2, 3), float("nan")), ref) == float("inf")
     assert relative_output_error(torch.full((2, 3), float("inf")), ref) == float("inf")
+
+
+def tiny_llama_awq_plan(groups: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A plan for the tiny llama (hidden 128, intermediate 256, GQA: v -> o not scaled) with
+    random scales in [0.5, 2) and clips too large to clip anything."""
+    gen = torch.Generator().manual_seed(seed)
+    plan = {}
+    for i in range(2):
+        for group, k in (("qkv", 128), ("gate_up", 128), ("down", 256)):
+            plan[f"layers.{i}.{group}.scale"] = torch.rand(k, generator=gen) * 1.5 + 0.5
+        for linear, n, k in (("self_attn.q_proj", 128, 128), ("self_attn.k_proj", 64, 128),
+                             ("self_attn.v_proj", 64, 128), ("self_attn.o_proj", 128, 128),
+                             ("mlp.gate_proj", 256, 128), ("mlp.up_proj", 256, 128), ("mlp.down_proj", 128, 256)):
+            plan[f"layers.{i}.{linear}.clip"] = torch.full((n, k // groups), 1e4)
+    return plan
+
+
+@pytest.mark.slow
+def test_awq_checkpoint_passes_only_with_its_folds_undone(tiny_llama, calib_file, tmp_path):
+    # quantize --load-plan folds known scales (up_proj -> down_proj included); check must undo them.
+    save_file(tiny_llama_awq_plan(groups=64), str(tmp_path / "plan.safetensors"))
+    out = tmp_path / "awq"
+    done = run_cli("quantize", tiny_llama, "--method", "awq", "--group-size", "64", "--calib", calib_file,
+                   "--nsamples", "2", "--seqlen", "32", "--load-plan", tmp_path / "plan.safetensors", "--out", out)
+    assert done.exit_code == 0, done.output
+    good = check_checkpoint(out, original=tiny_llama, backend="torch", nsamples=2, seqlen=32, show_progress=False)
+    assert good.passed and len(good.layers) == 14
+    assert all(layer.rel_error < 0.3 for layer in good.layers)
+    # The same checkpoint with a plan of ones: the folds are no longer undone and every layer fed
+    # by a folded op, or feeding one, is far off.
+    wrong = tmp_path / "awq-wrong-plan"
+    shutil.copytree(out, wrong)
+    plan = load_file(str(wrong / "awq_plan.safetensors"))
+    save_file({k: torch.ones_like(v) if k.endswith(".scale") else v for k, v in plan.items()},
+              str(wrong / "awq_plan.safetensors"))
+    bad = check_checkpoint(wrong, original=tiny_llama, backend="torch", nsamples=2, seqlen=32, show_progress=False)
+    assert not bad.passed
+    failed = {layer.name.split(".", 3)[3] for layer in bad.failures}
+    assert failed == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj",
+                      "mlp.down_proj"}  # o_proj: not scaled under GQA
