@@ -16,108 +16,19 @@ With `--load-plan`, steps 2 and 4 read the saved tensors instead of searching.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.quant.arch import LinearGroup, get_submodule
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
+from quantkit.quant.awq_capture import Capture, capture, merge_calls
 from quantkit.quant.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
-    act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
+    CLIP_TOKENS, act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
 from quantkit.quant.primitives import rtn_quantize
-
-MERGE_TOKENS = 4096  # tokens per merged call of an inspected module during the scale search
-
-
-@dataclass
-class Capture:
-    """What one run of the float layer shows: its outputs, each group's input, each inspected call."""
-
-    outputs: list[torch.Tensor]  # per sample, [1, seq, hidden]
-    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # group -> per sample [1, seq, K]
-    calls: dict[str, list[tuple[tuple, dict]]] = field(default_factory=dict)  # inspect path -> (args, kwargs)
-
-
-def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool) -> Capture:
-    """Run the layer once with pre-hooks on each group's first linear (and inspected modules)."""
-    cap = Capture(outputs=[])
-    hooks = []
-    for g in groups:
-        store = cap.inputs.setdefault(g.name, [])
-        hooks.append(get_submodule(ctx.layer, g.linears[0]).register_forward_pre_hook(
-            lambda _m, args, kwargs, store=store: store.append(args[0] if args else kwargs["input"]),
-            with_kwargs=True))
-        if inspect and g.inspect not in cap.calls:
-            calls = cap.calls.setdefault(g.inspect, [])
-            hooks.append(get_submodule(ctx.layer, g.inspect).register_forward_pre_hook(
-                lambda _m, args, kwargs, calls=calls: calls.append((args, dict(kwargs))), with_kwargs=True))
-    try:
-        cap.outputs = ctx.run_layer()
-    finally:
-        for h in hooks:
-            h.remove()
-    return cap
-
-
-def merge_calls(calls: list[tuple[tuple, dict]], max_tokens: int = MERGE_TOKENS) -> list[tuple[tuple, dict]]:
-    """Fewer, larger calls of the same module: consecutive calls whose arguments are either the
-    same objects (RoPE, a shared mask) or tensors that differ only along dim 0 (the samples' hidden
-    states, [1, seq, K]) become one call on their concatenation, up to `max_tokens` rows of
-    tokens. Calls that cannot be merged stay as they are. The outputs concatenate the same way."""
-    merged, run = [], []
-    for call in calls:
-        if run and (_tokens(run) + _tokens([call]) > max_tokens or not _mergeable(run[0], call)):
-            merged.append(_concat(run))
-            run = []
-        run.append(call)
-    if run:
-        merged.append(_concat(run))
-    return merged
-
-
-def _tokens(calls) -> int:
-    return sum(t.shape[:-1].numel() for a, kw in calls for t in (*a, *kw.values())
-               if isinstance(t, torch.Tensor) and t.dim() == 3) or 1
-
-
-def _varying(a, b) -> bool:
-    """True when a and b are tensors that can be stacked along dim 0; False when they are the same object."""
-    if a is b:
-        return False
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape[1:] == b.shape[1:]:
-        return True
-    raise _NotMergeable
-
-
-class _NotMergeable(Exception):
-    pass
-
-
-def _mergeable(first, call) -> bool:
-    (a1, k1), (a2, k2) = first, call
-    if len(a1) != len(a2) or k1.keys() != k2.keys():
-        return False
-    try:
-        for x, y in [*zip(a1, a2), *((k1[k], k2[k]) for k in k1)]:
-            _varying(x, y)
-    except _NotMergeable:
-        return False
-    return True
-
-
-def _concat(run):
-    if len(run) == 1:
-        return run[0]
-    args0, kw0 = run[0]
-    args = tuple(torch.cat([a[i] for a, _ in run]) if any(a[i] is not args0[i] for a, _ in run) else args0[i]
-                 for i in range(len(args0)))
-    kwargs = {k: torch.cat([kw[k] for _, kw in run]) if any(kw[k] is not kw0[k] for _, kw in run) else kw0[k]
-              for k in kw0}
-    return args, kwargs
 
 
 def _first(out):
@@ -233,7 +144,10 @@ class AWQMethod:
         """Clip (searched or loaded) then RTN-quantize each linear; per-linear output losses."""
         by_linear = {n: g for g in ctx.spec.groups for n in g.linears}
         needed = list({by_linear[n].name: by_linear[n] for n in quantized}.values())
-        samples = {name: clip_sample(xs) for name, xs in capture(ctx, needed, inspect=False).inputs.items()}
+        tokens = sum(x.shape[:-1].numel() for x in ctx.inputs)
+        step = max(1, tokens // CLIP_TOKENS)
+        strided = capture(ctx, needed, inspect=False, keep=lambda x: x.reshape(-1, x.shape[-1])[::step])
+        samples = {name: clip_sample(xs) for name, xs in strided.inputs.items()}  # [<= CLIP_TOKENS, K]
         weights, losses, clip_stats = {}, {}, {}
         for name in quantized:
             lin = get_submodule(ctx.layer, name)
@@ -279,4 +193,4 @@ def make_method(config: QuantizeConfig) -> AWQMethod:
     return AWQMethod(config)
 
 
-__all__ = ["AWQMethod", "Capture", "capture", "make_method"]
+__all__ = ["AWQMethod", "Capture", "capture", "make_method", "merge_calls"]
