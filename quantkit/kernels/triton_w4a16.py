@@ -125,6 +125,9 @@ def _check(x, qweight, qzeros, scales, layout, group_size, g_idx, bias) -> tuple
         raise ValueError(f"x must be fp16, bf16 or fp32, got {x.dtype}")
     m, k = x.shape
     n = scales.shape[1]
+    others = [t for t in (qweight, qzeros, scales, g_idx, bias) if t is not None]
+    if any(t.device != x.device for t in others):
+        raise ValueError(f"x is on {x.device} but a weight tensor is on {[t.device for t in others]}")
     packed_shape = (k, n // 8) if layout == "awq" else (k // 8, n)
     if k % 8 and layout != "awq":
         raise ValueError(f"K={k} is not a multiple of 8 (the GPTQ layout packs 8 rows a word)")

@@ -36,9 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-LAYOUT_IDS = {"gptq": 0, "gptq_v2": 1, "awq": 2}
-
-
 @triton.jit
 def _unpack_last(words, ROWS: tl.constexpr, COLS: tl.constexpr):
     """int32 words [ROWS, COLS / 8] -> 4-bit codes [ROWS, COLS]; column 8c + i is slot i of word c."""
@@ -278,16 +275,19 @@ def prune_splitk(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
+# Shapes, and what changes the inner loop's cost (act-order gathers, group loads, layout).
+TUNING_KEY = ["M_BUCKET", "N", "K", "GROUP_SIZE", "LAYOUT", "HAS_G_IDX"]
+
 gemm_kernel_tuned = triton.autotune(
-    configs=GEMM_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": prune_gemm},
+    configs=GEMM_CONFIGS, key=TUNING_KEY, prune_configs_by={"early_config_prune": prune_gemm},
     do_bench=bench_any_device,
 )(gemm_kernel)
 
 gemv_kernel_tuned = triton.autotune(
-    configs=GEMV_CONFIGS, key=["M_BUCKET", "N", "K"], do_bench=bench_any_device,
+    configs=GEMV_CONFIGS, key=TUNING_KEY, do_bench=bench_any_device,
 )(splitk_kernel)
 
 splitk_kernel_tuned = triton.autotune(
-    configs=SPLITK_CONFIGS, key=["M_BUCKET", "N", "K"], prune_configs_by={"early_config_prune": prune_splitk},
+    configs=SPLITK_CONFIGS, key=TUNING_KEY, prune_configs_by={"early_config_prune": prune_splitk},
     reset_to_zero=["out_ptr"], do_bench=bench_any_device,
 )(splitk_kernel)
