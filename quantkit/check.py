@@ -266,6 +266,8 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
         finally:
             for h in handles:
                 h.remove()
+    if kernel_checked and any(layer.kernel_diff is None for layer in results):
+        notes.append("layers that are not 4-bit have no W4A16 kernel: only their error against the original is checked")
     return CheckReport(str(path), None if original is None else str(original), ran, kernel_checked, info.layout,
                        info.bits, info.group_size, str(dtype).removeprefix("torch."), str(dev), max_rel_error,
                        results, notes)
