@@ -7,7 +7,11 @@ the block's keys [BLOCK_SIZE, D], score them against q, mask positions >= seq_le
 running accumulator, and add the block's values weighted by the new probabilities.
 
 The pure-torch oracle is `paged_decode_attention_reference` in paged_attention_reference.py;
-tests run this kernel under TRITON_INTERPRET=1 and compare.
+tests run this kernel under TRITON_INTERPRET=1 and compare. So that a copy of this module decorated
+under the interpreter runs even though triton itself was imported without the variable, the kernel
+calls only builtins of triton.language (tl.full, tl.reduce with our own combine functions, integer
+arithmetic): the @jit helpers of triton's standard library (tl.zeros, tl.sum, tl.max, tl.cdiv) were
+decorated at triton's import and cannot run inside the interpreter otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +19,16 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
 
 
 @triton.jit
@@ -38,24 +52,24 @@ def _paged_decode_kernel(
     d_mask = d < HEAD_DIM
     t = tl.arange(0, BLOCK_SIZE)
     q = tl.load(q_ptr + seq * stride_qb + head * stride_qh + d, mask=d_mask, other=0.0).to(tl.float32)
-    m_i = tl.zeros([1], dtype=tl.float32) - float("inf")  # running max of the scores
-    l_i = tl.zeros([1], dtype=tl.float32)  # running sum of exp(score - m_i)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    num_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+    m_i = tl.full([1], float("-inf"), dtype=tl.float32)  # running max of the scores
+    l_i = tl.full([1], 0.0, dtype=tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.full([BLOCK_D], 0.0, dtype=tl.float32)
+    num_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
     for i in range(0, num_blocks):
         block = tl.load(block_tables_ptr + seq * stride_tb + i).to(tl.int64)
         t_mask = i * BLOCK_SIZE + t < seq_len
         offs = block * stride_cb + t[:, None] * stride_ct + kv_head * stride_ch + d[None, :]
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, BLOCK_D]
-        s = tl.sum(k * q[None, :], axis=1) * scale  # [BLOCK_SIZE]
+        s = tl.reduce(k * q[None, :], 1, _add) * scale  # [BLOCK_SIZE]
         s = tl.where(t_mask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_new = tl.maximum(m_i, tl.reduce(s, 0, _maximum))
         p = tl.exp(s - m_new)
         alpha = tl.exp(m_i - m_new)
         v = tl.load(v_cache_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.reduce(p[:, None] * v, 0, _add)
+        l_i = l_i * alpha + tl.reduce(p, 0, _add)
         m_i = m_new
     out = acc / l_i
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)

@@ -3,19 +3,44 @@ and the torch reference against plain dense attention."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported: no GPU here
-
-from quantkit.kernels.paged_attention_reference import (  # noqa: E402
+from quantkit.kernels.paged_attention_reference import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
     write_kv,
 )
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """A private copy of quantkit.kernels.paged_attention decorated under TRITON_INTERPRET=1.
+
+    `@triton.jit` reads the variable when it decorates, so the copy runs in the interpreter (no GPU
+    here) while the variable never leaks into other tests or the real module.
+    """
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    origin = importlib.util.find_spec("quantkit.kernels.paged_attention").origin
+    spec = importlib.util.spec_from_file_location("quantkit_paged_attention_interpreted", origin)
+    module = importlib.util.module_from_spec(spec)
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    assert isinstance(module._paged_decode_kernel, InterpretedFunction)
+    return module
 
 
 def dense_attention(q, k, v, scale, causal_offset):
@@ -78,23 +103,20 @@ def test_prefill_reference_exact_causal_mask_for_chunks(seq_len, chunk):
     (6, 2, 20, 4, torch.float32),  # head_dim not a power of two
     (4, 4, 16, 8, torch.bfloat16),
 ])
-def test_triton_decode_matches_reference(heads, kv_heads, d, block_size, dtype):
-    from quantkit.kernels.paged_attention import paged_decode_attention
-
+def test_triton_decode_matches_reference(kernel, heads, kv_heads, d, block_size, dtype):
     seq_lens = [1, 3, block_size, block_size + 1, 3 * block_size + 5]
     kc, vc, tables, _ = random_paged(seq_lens, heads, kv_heads, d, block_size, num_blocks=48, seed=1)
     kc, vc = kc.to(dtype), vc.to(dtype)
     q = torch.randn(len(seq_lens), heads, d).to(dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
-    got = paged_decode_attention(q, kc, vc, tables, lens, d ** -0.5)
+    got = kernel.paged_decode_attention(q, kc, vc, tables, lens, d ** -0.5)
     want = paged_decode_attention_reference(q.float(), kc.float(), vc.float(), tables, lens, d ** -0.5)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
 
 
-def test_triton_decode_rejects_bad_shapes():
-    from quantkit.kernels.paged_attention import paged_decode_attention
-
+def test_triton_decode_rejects_bad_shapes(kernel):
+    paged_decode_attention = kernel.paged_decode_attention
     kc = torch.zeros(4, 16, 3, 8)
     with pytest.raises(ValueError, match="multiple"):
         paged_decode_attention(torch.zeros(1, 4, 8), kc, kc, torch.zeros(1, 1, dtype=torch.int32),
