@@ -22,7 +22,7 @@ class DemoSpec:
     kv_heads: int = 2
     vocab: int = 512
     context: int = 256
-    train_steps: int = 300  # about a minute on 2 CPU cores
+    train_steps: int = 200
     batch: int = 16
     seqlen: int = 128
     lr: float = 3e-3
