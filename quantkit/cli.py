@@ -7,8 +7,11 @@ import importlib
 import typer
 
 COMMAND_MODULES = (
+    "quantkit.commands.quantize",
     "quantkit.commands.generate",
     "quantkit.commands.check",
+    "quantkit.commands.demo",
+    "quantkit.commands.eval",
 )
 
 

@@ -37,6 +37,16 @@ METHODS = {
 }
 
 
+# What vLLM 0.32 refuses (read from its source; see docs/BENCHMARKS.md "Interop"), said up front.
+VLLM_LIMITS = (
+    (lambda c: c.layout == "gptq_v2",
+     "asymmetric GPTQ (gptq_v2): vLLM 0.32 refuses sym=false; use --format awq for asymmetric weights it serves"),
+    (lambda c: c.layout != "awq" and c.desc_act and c.group_size != -1,
+     "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
+    (lambda c: c.bits == 8, "8-bit GPTQ: vLLM 0.32's CPU kernel serves 4-bit only"),
+)
+
+
 def make_method(cfg: QuantizeConfig):
     module, _, cls = METHODS[cfg.method].partition(":")
     return getattr(importlib.import_module(module), cls)(cfg)
@@ -104,7 +114,7 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
         reasons = sorted(set(skipped.values()))
         raise QuantkitError(f"no linear layer can be packed at group size {cfg.group_size} ({'; '.join(reasons)}); "
                             f"try a smaller --group-size")
-    notes = []
+    notes = [note for when, note in VLLM_LIMITS if when(cfg)]
     max_len = int(config_dict.get("max_position_embeddings") or cfg.calib.seqlen)
     seqlen = cfg.calib.seqlen
     if seqlen > max_len:

@@ -48,16 +48,15 @@ class ShardWriter:
         self._buffer, self._buffer_bytes = {}, 0
 
     def finish(self) -> list[str]:
-        """Name the shards model.safetensors or model-0000i-of-0000N.safetensors (+ index)."""
+        """Name the shards model.safetensors or model-0000i-of-0000N.safetensors, and always write
+        the index: loaders that glob *.safetensors (vLLM) then read only the files it names, not
+        other safetensors files kept beside the weights (awq_plan.safetensors)."""
         if self._buffer or not self._parts:
             self._flush()
         n = len(self._parts)
-        if n == 1:
-            self._parts[0][0].rename(self.out_dir / "model.safetensors")
-            return ["model.safetensors"]
         weight_map, names = {}, []
         for i, (part, keys) in enumerate(self._parts, 1):
-            name = f"model-{i:05d}-of-{n:05d}.safetensors"
+            name = "model.safetensors" if n == 1 else f"model-{i:05d}-of-{n:05d}.safetensors"
             part.rename(self.out_dir / name)
             names.append(name)
             weight_map.update({k: name for k in keys})
