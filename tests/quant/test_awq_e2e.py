@@ -122,6 +122,8 @@ def test_stories_awq_checkpoint_layout_and_metadata(stories_runs):
         assert f.get_tensor(f"{q}.qzeros").shape == (1, 8) and f.get_tensor(f"{q}.scales").dtype == torch.float16
         assert f"{q}.g_idx" not in keys
         assert "model.layers.0.mlp.down_proj.weight" in keys  # intermediate 172: left float
+    index = json.loads((out / "model.safetensors.index.json").read_text())  # loaders that glob *.safetensors
+    assert set(index["weight_map"].values()) == {"model.safetensors"}  # must not take awq_plan for weights
     meta = json.loads((out / "quantkit_meta.json").read_text())
     stats = meta["layers"][0]["stats"]
     assert "grouped-query" in stats["skipped_groups"]["o"]  # GQA 8/4: v -> o not scaled, and said so
