@@ -36,12 +36,18 @@ def quantize(
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
+    threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     check: bool = typer.Option(None, "--check/--no-check",
                                help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
 ) -> None:
     """Quantize MODEL layer by layer and write a packed INT4 checkpoint."""
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.quant.pipeline import quantize_model
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
     cfg = QuantizeConfig(
         model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
