@@ -84,10 +84,16 @@ def gptq_quantization_config(cfg: QuantizeConfig, skipped: list[str], fused: lis
 
 
 def awq_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
-    """AWQ GEMM quantization_config (AutoAWQ / transformers / vLLM). Zeros are always stored."""
+    """AWQ GEMM quantization_config (AutoAWQ / transformers / vLLM). Zeros are always stored.
+
+    modules_to_not_convert is never empty (lm_head stays float in every quantkit checkpoint):
+    given an empty list, vLLM guesses it from the dtypes of every *.safetensors file in the
+    folder, awq_plan.safetensors included, whose float entries would then switch off the
+    matching linears (vLLM matches these names as substrings).
+    """
     return {
         "quant_method": "awq", "bits": cfg.bits, "group_size": cfg.group_size, "zero_point": True,
-        "version": "gemm", "modules_to_not_convert": list(skipped) or None,
+        "version": "gemm", "modules_to_not_convert": ["lm_head", *skipped],
         "quantizer": f"quantkit:{_version()}", "method": cfg.method,
     }
 
