@@ -117,7 +117,27 @@ def _print_summary(report, cfg) -> None:
     table.add_row("size on disk", f"{_mib(report.output_bytes)} (original {_mib(plan.source_bytes)}, "
                                   f"{report.output_bytes / max(plan.source_bytes, 1):.2f}x)")
     table.add_row("wall time", f"{report.seconds:.1f} s")
+    for label, value in _awq_rows(report.layers):
+        table.add_row(label, value)
     console.print(table)
+
+
+def _awq_rows(layers) -> list[tuple[str, str]]:
+    """AWQ's block loss before/after and the chosen scales, from each layer's stats."""
+    stats = [layer.stats for layer in layers if "loss_awq" in layer.stats]
+    if not stats:
+        return []
+    rtn = sum(s["loss_rtn"] for s in stats) / len(stats)
+    awq = sum(s["loss_awq"] for s in stats) / len(stats)
+    groups = [g for s in stats for g in s["groups"].values()]
+    rows = [("block loss RTN -> AWQ", f"{rtn:.4g} -> {awq:.4g} (mean over layers)")]
+    if groups:
+        lo = min(g["scale_min"] for g in groups)
+        hi = max(g["scale_max"] for g in groups)
+        ratios = [g["ratio"] for g in groups if "ratio" in g]
+        mean_ratio = f", mean ratio {sum(ratios) / len(ratios):.2f}" if ratios else ""
+        rows.append(("AWQ scales", f"{len(groups)} groups, range {lo:.3g}..{hi:.3g}{mean_ratio}"))
+    return rows
 
 
 def _mib(n: int) -> str:

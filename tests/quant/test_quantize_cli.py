@@ -128,3 +128,9 @@ def test_stories260k_group_size(stories_dir, wikitext_test, tmp_path):
 def test_check_flag_runs_the_kernel_check(tiny_llama, tmp_path):
     output = quantize(tiny_llama, tmp_path / "q", "--check", calib=synthetic_calib(tmp_path / "c.txt"))
     assert "check: 14 packed layers" in output and "passed" in output
+
+
+def test_awq_closing_table_shows_block_loss_and_scales(tiny_llama, tmp_path):
+    output = quantize(tiny_llama, tmp_path / "q", "--method", "awq", calib=synthetic_calib(tmp_path / "c.txt"))
+    assert "block loss RTN -> AWQ" in output and "AWQ scales" in output
+    assert "quantkit quantize: awq -> awq" in output
