@@ -24,20 +24,20 @@ def demo(
 ) -> None:
     """Train a small Llama on a generated corpus, quantize it (RTN and GPTQ, 4-bit, group 128),
     and print perplexity before and after plus a sample from the INT4 checkpoint."""
-    import torch
-    from rich.table import Table
-    from transformers import AutoTokenizer
-
-    from quantkit.config import CalibConfig, QuantizeConfig
-    from quantkit.demo import DemoSpec, corpus_text, train_demo_model
-    from quantkit.eval.perplexity import perplexity, tokenize_once
-    from quantkit.model.loader import load_model
-    from quantkit.quant.pipeline import quantize_model
+    from quantkit.demo import DemoSpec
 
     workdir = workdir.expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     spec = DemoSpec(train_steps=train_steps)
-    model_dir = workdir / "model"
+    model_dir = _demo_model(workdir / "model", spec, retrain)
+    results = _quantize_both(model_dir, workdir, spec)
+    _report(model_dir, workdir, spec, results, prompt)
+
+
+def _demo_model(model_dir: Path, spec, retrain: bool) -> Path:
+    """Train the demo model, or reuse the one a previous run left."""
+    from quantkit.demo import train_demo_model
+
     if retrain or not (model_dir / "model.safetensors").is_file():
         with staged_output(model_dir, force=True) as tmp:
             stats = train_demo_model(tmp, spec)
@@ -45,10 +45,17 @@ def demo(
                       f"final train loss {stats['final_train_loss']:.3f}, {stats['seconds']:.0f} s")
     else:
         console.print(f"using the cached demo model in {model_dir} (--retrain to train again)")
+    return model_dir
+
+
+def _quantize_both(model_dir: Path, workdir: Path, spec) -> dict:
+    """RTN and GPTQ, 4-bit, group 128, calibrated on stories the model did not train on."""
+    from quantkit.config import CalibConfig, QuantizeConfig
+    from quantkit.demo import corpus_text
+    from quantkit.quant.pipeline import quantize_model
+
     calib = workdir / "calib.txt"
     calib.write_text(corpus_text(1000, seed=spec.seed + 1))
-    heldout = corpus_text(spec.heldout_stories, seed=spec.seed + 2)
-
     results = {}
     for method in ("rtn", "gptq"):
         out = workdir / method
@@ -56,32 +63,41 @@ def demo(
                              calib=CalibConfig(source=str(calib), nsamples=64, seqlen=spec.context))
         with staged_output(out, force=True) as tmp:
             results[method] = quantize_model(cfg, tmp)
+    return results
+
+
+def _report(model_dir: Path, workdir: Path, spec, results: dict, prompt: str) -> None:
+    """Held-out perplexity of each model, and a greedy sample from the GPTQ checkpoint."""
+    import torch
+    from rich.table import Table
+    from transformers import AutoTokenizer
+
+    from quantkit.demo import corpus_text
+    from quantkit.eval.perplexity import perplexity, tokenize_once
+    from quantkit.model.loader import load_model
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    ids, bos_note = tokenize_once(tok, heldout)
+    ids, bos_note = tokenize_once(tok, corpus_text(spec.heldout_stories, seed=spec.seed + 2))
 
-    def ppl_of(model) -> float:
-        return perplexity(model, ids, spec.context, "held-out synthetic stories", bos_note).ppl
+    def ppl_of(path: Path) -> tuple[float, object]:
+        model, _ = load_model(path)
+        return perplexity(model, ids, spec.context, "held-out synthetic stories", bos_note).ppl, model
 
     table = Table(title="quantkit demo: held-out perplexity (synthetic stories, windows of 256 tokens)")
     for col in ("model", "perplexity", "size on disk", "quantize time"):
         table.add_column(col)
-    base, _ = load_model(model_dir)
-    base_ppl = ppl_of(base)
+    base_ppl, _ = ppl_of(model_dir)
     table.add_row("float32", f"{base_ppl:.3f}", _mib(results["gptq"].plan.source_bytes), "")
-    sample = ""
     for method, report in results.items():
-        model, _ = load_model(workdir / method)
-        ppl = ppl_of(model)
+        ppl, model = ppl_of(workdir / method)
         table.add_row(f"{method} int4 g128", f"{ppl:.3f} ({(ppl / base_ppl - 1) * 100:+.2f}%)",
                       _mib(report.output_bytes), f"{report.seconds:.1f} s")
-        if method == "gptq":
-            prompt_ids = tok(prompt, return_tensors="pt").input_ids
-            with torch.no_grad():
-                out = model.generate(prompt_ids, max_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id)
-            sample = tok.decode(out[0], skip_special_tokens=True)
+    prompt_ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():  # `model` is the last one scored: the GPTQ checkpoint
+        out = model.generate(prompt_ids, max_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id)
     console.print(table)
-    console.print(f"[bold]GPTQ INT4 sample[/] (greedy): {sample}", highlight=False)
+    console.print(f"[bold]GPTQ INT4 sample[/] (greedy): {tok.decode(out[0], skip_special_tokens=True)}",
+                  highlight=False)
     console.print(f"checkpoints: {workdir / 'rtn'}, {workdir / 'gptq'}")
 
 

@@ -16,6 +16,7 @@ import importlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -72,6 +73,10 @@ class QuantizePlan:
     seqlen: int
     notes: list[str]
     source_bytes: int
+
+    @cached_property
+    def quantized_set(self) -> frozenset[str]:
+        return frozenset(self.quantized)
 
 
 @dataclass
@@ -230,7 +235,7 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     check_finite(source, prefix)
     layer = layers[i]
     layer.load_state_dict({k: v.float().to(device) for k, v in source.items()}, strict=True, assign=True)
-    linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in set(plan.quantized))
+    linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
     ctx = LayerContext(
         index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
         scheme=cfg.scheme, config=cfg, linears=linears,
