@@ -2,6 +2,8 @@
 
 import json
 import math
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from quantkit.model.loader import load_model
 from tests_support.cli import run_cli, synthetic_calib
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
 
 
 def quantize(model, out, *extra, calib):
@@ -123,6 +126,10 @@ def test_stories260k_group_size(stories_dir, wikitext_test, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(stories_dir))
     ppl = {m: wikitext_ppl(load_model(tmp_path / m)[0], tok, wikitext_test) for m in ("rtn", "gptq")}
     assert ppl["gptq"] < ppl["rtn"], ppl
+    floors = tomllib.loads((REPO / "configs" / "accuracy_floors.toml").read_text())["stories260k_g64"]
+    base = wikitext_ppl(load_model(stories_dir)[0], tok, wikitext_test)
+    for method, limit in floors["max_ppl_ratio"].items():
+        assert ppl[method] / base <= limit, (method, ppl[method] / base, limit)
 
 
 def test_check_flag_runs_the_kernel_check(tiny_llama, tmp_path):
