@@ -10,26 +10,22 @@ perplexity in this process with quantkit.eval.perplexity (non-overlapping window
 --ppl-seqlen, the GPTQ/AWQ protocol). `random1b` is a randomly initialised Llama with
 TinyLlama-1.1B's layer shapes (hidden 2048, intermediate 5632, 32 heads / 4 kv heads, vocab
 32000) cut to --layers decoder layers: its perplexity means nothing, so only time and memory.
-Ratios are printed against RTN.
+Ratios are printed against RTN (asym), or against the first method when RTN (asym) is not run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
-import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from quantkit.bench.runs import make_random_llama, quantize_in_child
+
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-ONE_B = dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=32, num_key_value_heads=4,
-             vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False)
 METHODS = {
     "rtn (sym)": ["--method", "rtn"],
     "rtn (asym)": ["--method", "rtn", "--no-sym"],
@@ -37,34 +33,6 @@ METHODS = {
     "awq": ["--method", "awq"],
     "awq (duo)": ["--method", "awq", "--awq-duo-scaling"],
 }
-
-
-def make_random_1b(out: Path, layers: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from quantkit.calibration.synthetic import build_tokenizer
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                         **ONE_B)).to(torch.bfloat16)
-    model.save_pretrained(out)
-    build_tokenizer(vocab_size=512).save_pretrained(out)
-    return out
-
-
-def quantize(model: Path, out: Path, method_args: list[str], common: list[str]) -> dict:
-    """Run one `quantkit quantize`; returns its recorded quantize seconds and the child's peak RSS."""
-    cmd = [shutil.which("quantkit") or str(Path(sys.executable).with_name("quantkit")), "quantize", str(model),
-           "--out", str(out), "--force", *method_args, *common]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr.read().decode()[-2000:]}")
-    meta = json.loads((out / "quantkit_meta.json").read_text())
-    return {"quantize_s": meta["wall_seconds"], "process_s": time.perf_counter() - start,
-            "peak_rss_gib": usage.ru_maxrss / 1024**2}
 
 
 def ppl_of(path: Path, text: str, seqlen: int) -> float:
@@ -77,8 +45,9 @@ def ppl_of(path: Path, text: str, seqlen: int) -> float:
 
 
 def print_table(rows: dict[str, dict], with_ppl: bool) -> None:
-    base = rows["rtn (asym)"]
-    head = "| method | quantize s | vs RTN (asym) | peak RSS GiB |" + (" wikitext2 ppl |" if with_ppl else "")
+    ref = "rtn (asym)" if "rtn (asym)" in rows else next(iter(rows))
+    base = rows[ref]
+    head = f"| method | quantize s | vs {ref} | peak RSS GiB |" + (" wikitext2 ppl |" if with_ppl else "")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for name, r in rows.items():
@@ -114,11 +83,11 @@ def main() -> None:
           f"torch threads {torch.get_num_threads()}, load avg {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-awq-") as tmp:
         root = Path(tmp)
-        model = SHARED / "stories260K-hf" if stories else make_random_1b(root / "random1b", args.layers)
+        model = SHARED / "stories260K-hf" if stories else make_random_llama(root / "random1b", args.layers)
         rows = {}
         for name in [m.strip() for m in args.methods.split(",")]:
             out = root / name.replace(" ", "").replace("(", "-").replace(")", "")
-            rows[name] = quantize(model, out, METHODS[name], common)
+            rows[name] = asdict(quantize_in_child(model, out, METHODS[name] + common, args.threads))
             if stories:
                 rows[name]["ppl"] = ppl_of(out, Path(args.ppl_text).read_text(), args.ppl_seqlen)
             print(f"{name}: {rows[name]}", flush=True)

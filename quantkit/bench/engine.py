@@ -9,7 +9,9 @@ ignored so every system produces the same number of tokens):
     many run), and
     of HF generate on all requests at once (left-padded batch); ratios printed;
   * time to first token for requests sharing a 256-token prefix, prefix caching on vs off;
-  * KV utilization (tokens held / pool capacity) over the steps where requests are waiting for room.
+  * KV utilization (tokens held / pool capacity) over the steps where requests are waiting for room:
+    the same 64 requests on a 64-block pool (~8 fit), and 64 longer requests (prompts 256-448
+    tokens, 64 new) on a 512-block pool (~20 fit).
 """
 
 from __future__ import annotations
@@ -99,12 +101,12 @@ def ttft_with_shared_prefix(path: Path, caching: bool, n: int = 8) -> float:
     return statistics.mean(ttfts)
 
 
-def kv_utilization_at_saturation(path: Path, prompts, max_tokens: int) -> tuple[float, float, int]:
+def kv_utilization_at_saturation(path: Path, prompts, max_tokens: int, num_blocks: int) -> tuple[float, float, int]:
     """Over the steps where requests wait for room: mean of tokens held / capacity, mean of blocks
     held / blocks, and the number of such steps. Measured at the forward, when the pool is fullest."""
     from quantkit.engine import LLM, SamplingParams
 
-    llm = LLM(str(path), max_num_seqs=len(prompts), max_model_len=512, num_kv_blocks=64)
+    llm = LLM(str(path), max_num_seqs=len(prompts), max_model_len=512, num_kv_blocks=num_blocks)
     eng = llm.engine
     for p in prompts:
         eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
@@ -137,7 +139,11 @@ def bench_model(name: str, path: Path, args) -> None:
     ours, serial, batched = max(ours), max(serial), max(batched)
     del hf, llm
     on, off = ttft_with_shared_prefix(path, True), ttft_with_shared_prefix(path, False)
-    token_u, block_u, steps = kv_utilization_at_saturation(path, prompts, args.max_tokens)
+    token_u, block_u, steps = kv_utilization_at_saturation(path, prompts, args.max_tokens, 64)
+    # longer requests on a pool that holds ~20 of them: the half-empty last block of each running
+    # request, and the room left while the head of the queue waits, are then smaller fractions
+    long_prompts = make_prompts(args.requests, 512, 256, 448, seed=2)
+    long_u, long_block_u, long_steps = kv_utilization_at_saturation(path, long_prompts, 64, 512)
     print(f"\n== {name}: {args.requests} requests, prompts 16-160 tokens, {args.max_tokens} new tokens each "
           f"({n_tokens} tokens), {torch.get_num_threads()} thread(s), best of {args.repeats} interleaved runs")
     print(f"engine            {ours:9.1f} tok/s")
@@ -150,6 +156,8 @@ def bench_model(name: str, path: Path, args) -> None:
           f"off / on = {off / on:.2f}x")
     print(f"KV at saturation (64 blocks x 16 tokens, mean over {steps} steps with requests waiting): "
           f"tokens held / capacity {token_u:.1%}, blocks held / blocks {block_u:.1%}")
+    print(f"KV at saturation, prompts 256-448 tokens + 64 new, 512 blocks x 16 tokens (mean over {long_steps} "
+          f"steps): tokens held / capacity {long_u:.1%}, blocks held / blocks {long_block_u:.1%}")
 
 
 def main() -> None:

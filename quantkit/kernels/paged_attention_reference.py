@@ -70,5 +70,7 @@ def paged_decode_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, v
     # an additive mask (0 / -inf) takes a faster SDPA path on CPU than a boolean one, same result
     mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=q.device).masked_fill(beyond[:, None, None, :],
                                                                                      float("-inf"))
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out[:, :, 0, :]
+    # GQA without expanding k/v: the `group` query heads of one kv head become `group` query rows
+    group = heads // kv_heads
+    out = F.scaled_dot_product_attention(q.view(b, kv_heads, group, d), k, v, attn_mask=mask, scale=scale)
+    return out.reshape(b, heads, d)

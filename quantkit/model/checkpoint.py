@@ -1,18 +1,21 @@
 """Reading Hugging Face checkpoints: resolve a folder or hub id, read safetensors shards lazily.
 
-`ShardReader` memory-maps the shards and hands out one tensor at a time, so the quantize
-pipeline can hold a single decoder layer in memory while the rest stays on disk.
+`ShardReader` memory-maps the shards, hands out one tensor at a time and releases the pages it
+read, so the quantize pipeline holds a single decoder layer in memory while the rest stays on disk.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 
 from quantkit.errors import QuantkitError
 
@@ -54,8 +57,33 @@ def read_config(path: Path) -> dict:
         raise QuantkitError(f"{path / 'config.json'}: unreadable ({exc})") from exc
 
 
-def check_safetensors_file(file: Path) -> None:
-    """Fail with one line when a safetensors file is corrupt or truncated (header vs. file size)."""
+# safetensors dtype names -> torch dtypes (the format's spec; unsigned wide ints need torch >= 2.3)
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """Where one tensor lies in a shard: absolute byte range [start, end) in the file."""
+
+    file: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def read_safetensors_header(file: Path) -> dict[str, TensorEntry]:
+    """Parse and validate a safetensors header; one line on a corrupt or truncated file.
+
+    Layout: u64 little-endian header length N, N bytes of JSON, then the data buffer that the
+    entries' `data_offsets` index (relative to the buffer's start).
+    """
     size = file.stat().st_size
     try:
         with open(file, "rb") as fh:
@@ -63,22 +91,48 @@ def check_safetensors_file(file: Path) -> None:
             if header_len > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(fh.read(header_len))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        entries = {k: _entry(file.name, 8 + header_len, v) for k, v in header.items() if k != "__metadata__"}
+    except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
         raise QuantkitError(f"{file}: corrupt safetensors file ({exc})") from exc
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + header_len + end > size:
-        raise QuantkitError(f"{file}: truncated safetensors file ({size} bytes, header says {8 + header_len + end})")
+    end = max((e.end for e in entries.values()), default=0)
+    if end > size:
+        raise QuantkitError(f"{file}: truncated safetensors file ({size} bytes, header says {end})")
+    return entries
+
+
+def _entry(file: str, data_start: int, meta: dict) -> TensorEntry:
+    dtype = SAFETENSORS_DTYPES.get(meta["dtype"])
+    if dtype is None:
+        raise ValueError(f"unknown dtype {meta['dtype']}")
+    shape = tuple(int(d) for d in meta["shape"])
+    begin, stop = (int(o) for o in meta["data_offsets"])
+    nbytes = math.prod(shape) * dtype.itemsize
+    if stop - begin != nbytes or begin < 0:
+        raise ValueError(f"data_offsets {begin}..{stop} do not hold {meta['dtype']}{list(shape)}")
+    return TensorEntry(file, dtype, shape, data_start + begin, data_start + stop)
+
+
+def check_safetensors_file(file: Path) -> None:
+    read_safetensors_header(file)
 
 
 class ShardReader:
-    """Lazy access to the tensors of a checkpoint folder (single file or sharded with an index)."""
+    """Lazy access to the tensors of a checkpoint folder (single file or sharded with an index).
+
+    Shards are memory-mapped. `get` copies one tensor out of the mapping and then drops the
+    mapped pages it touched (madvise DONTNEED): the page cache keeps them, but they stop counting
+    against this process, so reading a model layer by layer holds one layer, not every page read
+    so far. Shapes and dtypes come from the headers without touching the data.
+    """
 
     def __init__(self, path: Path):
         self.path = Path(path)
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+            try:
+                files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError) as exc:
+                raise QuantkitError(f"{index}: unreadable index ({exc})") from exc
         else:
             # awq_plan.safetensors (AWQ's saved scales and clips) sits beside the weights but is not one
             files = sorted(p.name for p in self.path.glob("*.safetensors") if p.name not in NOT_WEIGHT_FILES)
@@ -86,43 +140,77 @@ class ShardReader:
                 bins = list(self.path.glob("*.bin"))
                 hint = " (only PyTorch .bin weights found; convert them to safetensors)" if bins else ""
                 raise QuantkitError(f"{self.path}: no .safetensors weights{hint}")
-            weight_map = {}
-        self._handles = {}
+        self.entries: dict[str, TensorEntry] = {}
         for name in files:
             file = self.path / name
             if not file.is_file():
                 raise QuantkitError(f"{file}: listed in the index but missing")
-            check_safetensors_file(file)
-            try:
-                handle = safe_open(str(file), framework="pt")
-            except (SafetensorError, OSError) as exc:
-                raise QuantkitError(f"{file}: corrupt safetensors file ({exc})") from exc
-            self._handles[name] = handle
-            for key in handle.keys():
-                weight_map.setdefault(key, name)
-        self.weight_map: dict[str, str] = weight_map
+            for key, entry in read_safetensors_header(file).items():
+                self.entries.setdefault(key, entry)
+        self._maps: dict[str, mmap.mmap] = {}
+
+    @property
+    def weight_map(self) -> dict[str, str]:
+        return {k: e.file for k, e in self.entries.items()}
 
     def keys(self) -> list[str]:
-        return list(self.weight_map)
+        return list(self.entries)
 
     def __contains__(self, key: str) -> bool:
-        return key in self.weight_map
+        return key in self.entries
 
-    def get(self, key: str) -> torch.Tensor:
+    def _entry(self, key: str) -> TensorEntry:
         try:
-            return self._handles[self.weight_map[key]].get_tensor(key)
+            return self.entries[key]
         except KeyError as exc:
             raise QuantkitError(f"{self.path}: tensor {key} is missing from the checkpoint") from exc
-        except SafetensorError as exc:
-            raise QuantkitError(f"{self.path}: cannot read tensor {key} ({exc})") from exc
+
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        return self._entry(key).shape
 
     def dtype_of(self, key: str) -> torch.dtype:
-        return self.get(key).dtype
+        return self._entry(key).dtype
+
+    def get(self, key: str) -> torch.Tensor:
+        """A tensor the caller owns (a copy), read through the mapping; its pages are then released."""
+        e = self._entry(key)
+        n = e.end - e.start
+        if n == 0:
+            return torch.empty(e.shape, dtype=e.dtype)
+        mm = self._map(e.file)
+        # the numpy copy is freshly allocated, hence aligned for any dtype view
+        data = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=n, offset=e.start).copy())
+        _release(mm, e.start, e.end)
+        return data.view(e.dtype).reshape(e.shape)
+
+    def _map(self, file: str) -> mmap.mmap:
+        mm = self._maps.get(file)
+        if mm is None:
+            try:
+                with open(self.path / file, "rb") as fh:
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:
+                raise QuantkitError(f"{self.path / file}: cannot map ({exc})") from exc
+            self._maps[file] = mm
+        return mm
 
     def with_prefix(self, prefix: str) -> dict[str, torch.Tensor]:
         """All tensors under `prefix.` with the prefix stripped."""
         p = prefix + "."
-        return {k[len(p):]: self.get(k) for k in self.weight_map if k.startswith(p)}
+        return {k[len(p):]: self.get(k) for k in self.entries if k.startswith(p)}
 
     def total_bytes(self) -> int:
-        return sum((self.path / f).stat().st_size for f in self._handles)
+        return sum((self.path / f).stat().st_size for f in {e.file for e in self.entries.values()})
+
+    def close(self) -> None:
+        for mm in self._maps.values():
+            mm.close()
+        self._maps.clear()
+
+
+def _release(mm: mmap.mmap, start: int, end: int) -> None:
+    """Drop this process's mapped pages of [start, end) (they stay in the page cache)."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    first = start // PAGE * PAGE
+    mm.madvise(mmap.MADV_DONTNEED, first, end - first)

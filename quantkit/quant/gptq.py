@@ -50,12 +50,15 @@ class GPTQResult:
 
 def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors."""
-    mean_diag = torch.mean(torch.diag(h))
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    diag = h.diagonal().clone()
+    mean_diag = torch.mean(diag)
+    h = h.clone()  # damped in place: no K x K identity or sum beside it ([K, K] fp32 is 127 MB at K=5632)
     for attempt in range(max_retries + 1):
-        l, info = torch.linalg.cholesky_ex(h + damp * mean_diag * eye)
+        h.diagonal().copy_(diag + damp * mean_diag)
+        l, info = torch.linalg.cholesky_ex(h)
         if info == 0:
             hinv = torch.cholesky_inverse(l)
+            del l
             u, info = torch.linalg.cholesky_ex(hinv, upper=True)
             if info == 0:
                 return u, damp
@@ -71,30 +74,41 @@ def _group_params(w_cols: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tens
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions) -> GPTQResult:
     """Quantize W [N, K] against Hessian H [K, K]. Returns codes in the original column order."""
     w = w.detach().float().clone()
-    h = h.detach().float().clone()
+    h = h.detach().float()  # not copied unless a dead column must be patched: the caller's H stays as it is
     n, k = w.shape
     gsize = scheme.group_len(k)
     dead = torch.diag(h) == 0
-    h[dead, dead] = 1
+    if dead.any():
+        h = h.clone()
+        h[dead, dead] = 1
     w[:, dead] = 0
 
+    num_groups = (k + gsize - 1) // gsize
+    scales = torch.zeros(num_groups, n, device=w.device)  # [groups, N], filled as groups are reached
+    zeros = torch.zeros_like(scales)
     static = None
     if opts.static_groups:  # group parameters from the original column groups, before act-order
         static = [_group_params(w[:, s : s + gsize], scheme) for s in range(0, k, gsize)]
+        for j, (scale, zero) in enumerate(static):
+            scales[j], zeros[j] = scale, zero
 
-    perm = torch.argsort(torch.diag(h), descending=True) if opts.act_order else torch.arange(k)
-    w, h = w[:, perm], h[perm][:, perm]
+    perm = torch.arange(k, device=w.device)
+    if opts.act_order:
+        perm = torch.argsort(torch.diag(h), descending=True)
+        w, h = w[:, perm], h[perm][:, perm]
     u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries)
+    del h
 
-    codes = torch.zeros_like(w)
-    losses = torch.zeros(n, dtype=torch.float32, device=w.device)
-    # params of the group each permuted column was quantized with
-    col_scale = torch.zeros(k, n, device=w.device)
-    col_zero = torch.zeros(k, n, device=w.device)
+    # The loop runs on W^T [K, N]: a column of W is then a contiguous row, which on CPU makes the
+    # per-column quantize and the rank-1 updates several times faster than strided columns.
+    wt = w.T.contiguous()
+    del w
+    codes = torch.zeros_like(wt)  # [K, N], permuted column order
+    losses = torch.zeros(n, dtype=torch.float32, device=wt.device)
     scale = zero = None
     for i1 in range(0, k, opts.block_size):
         i2 = min(i1 + opts.block_size, k)
-        w1 = w[:, i1:i2].clone()
+        w1 = wt[i1:i2].clone()  # [B, N]
         err1 = torch.zeros_like(w1)
         u1 = u[i1:i2, i1:i2]
         for i in range(i2 - i1):
@@ -104,24 +118,25 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
             elif col % gsize == 0:
                 # the group lies inside this block (block_size is a multiple of the group size),
                 # so w1 holds its columns with every earlier error already applied
-                scale, zero = _group_params(w1[:, i : i + gsize], scheme)
-            q = quantize_codes(w1[:, i : i + 1], scale, zero, scheme.maxq)[:, 0]
+                scale, zero = _group_params(w1[i : i + gsize].T, scheme)
+                scales[col // gsize], zeros[col // gsize] = scale, zero
+            q = quantize_codes(w1[i].unsqueeze(1), scale, zero, scheme.maxq)[:, 0]
             wq = scale * (q - zero)
             d = u1[i, i]
-            codes[:, col] = q
-            col_scale[col], col_zero[col] = scale, zero
-            losses += (w1[:, i] - wq) ** 2 / d**2 / 2
-            e = (w1[:, i] - wq) / d
-            w1[:, i:] -= e.unsqueeze(1) @ u1[i, i:].unsqueeze(0)
-            err1[:, i] = e
-        w[:, i2:] -= err1 @ u[i1:i2, i2:]
+            codes[col] = q
+            e = (w1[i] - wq) / d  # [N]
+            losses += e**2 / 2
+            w1[i:] -= u1[i, i:].unsqueeze(1) * e.unsqueeze(0)  # rank-1: [B - i, 1] x [1, N]
+            err1[i] = e
+        wt[i2:] -= u[i1:i2, i2:].T @ err1  # [K - i2, B] @ [B, N]
 
-    return GPTQResult(_to_quantized_weight(codes, col_scale, col_zero, perm, scheme, static is not None), float(losses.sum()), damp)
+    codes = codes.T
+    return GPTQResult(_to_quantized_weight(codes, scales, zeros, perm, scheme, static is not None), float(losses.sum()), damp)
 
 
-def _to_quantized_weight(codes: torch.Tensor, col_scale: torch.Tensor, col_zero: torch.Tensor, perm: torch.Tensor,
+def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor,
                          scheme: QuantScheme, static: bool) -> QuantizedWeight:
-    """Undo the permutation and collect one (scale, zero) row per group.
+    """Undo the permutation of the codes [N, K] and give each input column its group (g_idx).
 
     Without static groups, group j is the j-th run of `group_size` permuted columns (act-order
     makes g_idx non-monotonic); with static groups it is the original column group.
@@ -131,10 +146,5 @@ def _to_quantized_weight(codes: torch.Tensor, col_scale: torch.Tensor, col_zero:
     invperm = torch.argsort(perm)
     pos = torch.arange(k, device=codes.device)
     group_of_pos = pos // gsize if not static else perm // gsize  # group of each permuted position
-    num_groups = (k + gsize - 1) // gsize
-    scales = torch.zeros(num_groups, codes.shape[0], device=codes.device)
-    zeros = torch.zeros_like(scales)
-    scales[group_of_pos] = col_scale
-    zeros[group_of_pos] = col_zero
     g_idx = group_of_pos[invperm].to(torch.int32)
     return QuantizedWeight(codes[:, invperm].to(torch.int32), scales, zeros, g_idx, scheme)

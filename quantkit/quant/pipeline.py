@@ -7,7 +7,9 @@
         -> pack + hand its tensors to the shard writer -> drop the layer
   -> embeddings / final norm / lm_head copied as they are -> configs, metadata.
 
-Only one decoder layer, the embeddings and the activations are in memory at a time.
+Only one decoder layer and the activations are in memory at a time (the embeddings too, until
+layer 0's inputs are captured): the reader releases the source pages it has read and the writer
+streams each tensor to disk. `python -m quantkit.bench.memory` measures this.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
+from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
@@ -105,7 +108,7 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
             names = [f"{spec.layers}.{i}.{n}" for n in group.linears]
             reasons = {}
             for full in names:
-                shape = reader.get(f"{full}.weight").shape
+                shape = reader.shape_of(f"{full}.weight")
                 reason = packable(shape[0], shape[1], cfg.scheme, cfg.layout)
                 if reason:
                     reasons[full] = reason
@@ -179,6 +182,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         plan.notes.extend(calib.notes)
         _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
         inputs, layer_kwargs = capture_layer_inputs_on(base, layers[0], calib.input_ids, device)
+        get_submodule(model, spec.embed).to("meta")  # the fp32 embeddings are not needed past layer 0
 
     writer = ShardWriter(out_dir, cfg.max_shard_size)
     reports, plan_tensors = [], {}
@@ -189,9 +193,12 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             writer.add(tensors)
             plan_tensors.update({f"layers.{i}.{k}": v for k, v in layer_plan.items()})
             reports.append(report)
+            release_freed_memory()
             advance()
-    writer.add({k: reader.get(k) for k in reader.keys() if not k.startswith(spec.layers + ".")})
+    for key in [k for k in reader.keys() if not k.startswith(spec.layers + ".")]:
+        writer.add({key: reader.get(key)})  # one at a time: embeddings and lm_head are the largest tensors
     writer.finish()
+    reader.close()
     if plan_tensors:
         from safetensors.torch import save_file
 
@@ -233,8 +240,9 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     prefix = f"{spec.layers}.{i}"
     source = reader.with_prefix(prefix)
     check_finite(source, prefix)
+    dtypes = {k: v.dtype for k, v in source.items()}
     layer = layers[i]
-    layer.load_state_dict({k: v.float().to(device) for k, v in source.items()}, strict=True, assign=True)
+    layer.load_state_dict({k: source.pop(k).float().to(device) for k in list(source)}, strict=True, assign=True)
     linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
     ctx = LayerContext(
         index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
@@ -252,7 +260,7 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
         lin = name.rpartition(".")[0]
         if lin in result.weights and name.endswith(".weight"):
             continue
-        tensors[f"{prefix}.{name}"] = t.to(source[name].dtype)
+        tensors[f"{prefix}.{name}"] = t.to(dtypes[name])
     for name, qw in result.weights.items():
         tensors.update(pack(qw, cfg.layout).tensors(f"{prefix}.{name}"))
     layers[i] = layer.to("meta")

@@ -1,0 +1,34 @@
+"""The layer-by-layer bound, end to end: peak RSS of `quantkit quantize` does not grow with depth.
+
+Two random Llamas that differ only in depth (2 and 6 layers of hidden 768, 12 MiB of bf16 per
+layer) are quantized in child processes, which report their own peak RSS. Were the source pages,
+the output shards or a layer's tensors kept alive, every added layer would add at least its bf16
+size to the peak; the bound allows a quarter of it.
+
+The children run with glibc's mmap threshold fixed at 1 MiB (MALLOC_MMAP_THRESHOLD_), so that
+freed tensors go back to the system at once: this measures what the code keeps alive, not how
+glibc's heap fragments (docs/BENCHMARKS.md gives the figures with the default allocator).
+"""
+
+import pytest
+
+from quantkit.bench.memory import growth_per_layer_gib, layer_params, measure
+from quantkit.calibration.synthetic import make_corpus
+
+SHAPE = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
+             vocab_size=1024, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_the_number_of_layers(tmp_path, monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n\n".join(make_corpus(200)))
+    common = ["--group-size", "128", "--calib", str(calib), "--nsamples", "2", "--seqlen", "64"]
+    _, runs = measure(tmp_path, [2, 6], ["rtn", "gptq"], common, threads=1, shape=SHAPE)
+    one_layer_bf16_gib = 2 * layer_params(SHAPE) / 1024**3
+    for method, by_depth in runs.items():
+        growth = growth_per_layer_gib(by_depth)
+        assert growth < 0.25 * one_layer_bf16_gib, (
+            f"{method}: peak RSS grows {growth * 1024:.1f} MiB per layer "
+            f"(one layer is {one_layer_bf16_gib * 1024:.1f} MiB in bf16): {by_depth}")
