@@ -84,7 +84,7 @@ def main() -> None:
     for method, by_depth in runs.items():
         for depth, r in sorted(by_depth.items()):
             print(f"| {method} | {depth} | {r.quantize_s:.1f} | {r.peak_rss_gib:.2f} | {r.peak_rss_gib / budget:.2f} |")
-    for method, by_depth in runs.items():
+    for method, by_depth in runs.items() if len(depths) > 1 else ():
         g = growth_per_layer_gib(by_depth)
         print(f"{method}: peak RSS grows {1024 * g:.1f} MiB per added layer "
               f"({g / (2 * layer_gib):.1%} of one bf16 layer)")

@@ -101,6 +101,43 @@ class KVCacheManager:
         self._cache_full_blocks(request, held, total)
         return KVCacheBlocks(fresh)
 
+    def num_fitting_tokens(self, request: Request, new_computed: KVCacheBlocks | None = None,
+                           reserve_blocks: int = 0) -> int:
+        """How many new tokens `allocate_slots` could take for `request` now, leaving `reserve_blocks` free:
+        the free slots of its last block plus whole free blocks (revived prefix hits count as taken)."""
+        new_computed = new_computed or KVCacheBlocks()
+        held = len(self.req_blocks.get(request.request_id, ())) + len(new_computed)
+        num_computed = request.num_computed_tokens + len(new_computed) * self.block_size
+        revived = sum(1 for b in new_computed.blocks if b.ref_cnt == 0)
+        free = self.pool.num_free_blocks - revived - reserve_blocks
+        return max(0, held * self.block_size - num_computed + max(0, free) * self.block_size)
+
+    def affordable_hits(self, hits: KVCacheBlocks, reserve_blocks: int = 0) -> KVCacheBlocks:
+        """The longest prefix of `hits` that can be revived while one more block stays free for new
+        tokens (and `reserve_blocks` beyond it): a preempted request's own cached blocks come back
+        at once instead of waiting, free, until its whole prompt fits."""
+        room = self.pool.num_free_blocks - reserve_blocks - 1
+        kept = []
+        for b in hits.blocks:
+            cost = 1 if b.ref_cnt == 0 else 0
+            if cost > room:
+                break
+            room -= cost
+            kept.append(b)
+        return KVCacheBlocks(kept)
+
+    def release_tail_block(self, request: Request) -> int:
+        """Give back the last block of a request that is still prefilling; returns the tokens
+        it must recompute (its computed tokens drop to the start of that block)."""
+        held = self.req_blocks[request.request_id]
+        block = held.pop()
+        keep = len(held) * self.block_size
+        lost = request.num_computed_tokens - keep
+        request.num_computed_tokens = keep
+        self.num_cached_blocks[request.request_id] = min(self.num_cached_blocks.get(request.request_id, 0), len(held))
+        self.pool.free_blocks([block])
+        return lost
+
     def _cache_full_blocks(self, request: Request, held: list[KVBlock], num_tokens: int) -> None:
         if not self.enable_caching:
             return

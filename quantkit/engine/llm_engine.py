@@ -134,7 +134,8 @@ class LLMEngine:
         self._rejected = []
         out = self.scheduler.schedule()
         self.last_step = StepStats(out.num_tokens, len(self.scheduler.running), len(self.scheduler.waiting),
-                                   sum(c.start + c.num_tokens for c in out.chunks), self.kv.usage(),
+                                   sum(r.num_computed_tokens for r in self.scheduler.running) + out.num_tokens,
+                                   self.kv.usage(),
                                    len(out.preempted))
         if not out.chunks:
             return finished

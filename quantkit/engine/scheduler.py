@@ -6,6 +6,13 @@ up to `num_tokens - num_computed_tokens` tokens within the budget. A long prompt
 prefilled in chunks beside running decodes, and a prefix hit simply starts a request with
 computed tokens. When blocks run out the newest running request is preempted: by recompute
 (its blocks are freed and it starts over) or, with swap space, by moving its blocks to CPU.
+
+Filling the pool (where we differ from vLLM, which waits until a whole chunk fits): a prompt chunk
+that does not fit is cut to the free blocks, less one block for each running decode that will
+need a new block next step; the head of the queue is admitted that way too. A prefilling request
+that cannot get a single token waits a step, holding its blocks. When a decode needs a block and
+the newest running request is still prefilling, that request gives back its last block (and
+recomputes those tokens later) rather than losing all its work.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_swap_outs = 0  # preemptions that moved blocks to CPU instead of dropping them
+        self._shrunk = False  # a prefill gave back a block this step
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -60,17 +68,33 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
-        if not out.preempted:  # after a preemption the pool is short: admit nobody this step
+        while not out.chunks and self.running:
+            # every running request is a prefill waiting for room that only they hold: the newest gives way
+            self._preempt(self.running.pop(), out)
+            budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted and not self._shrunk:  # the pool is short this step: admit nobody
             self._schedule_waiting(out, budget)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        self._shrunk = False
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n > 1:  # a prompt chunk (or a recompute): cut to what fits, or wait a step
+                n = min(n, self.kv.num_fitting_tokens(req, reserve_blocks=self._decode_reserve(i)))
+                if n == 0:
+                    i += 1
+                    continue
             while self.kv.allocate_slots(req, n) is None:
-                victim = self.running.pop()  # the newest request
+                victim = self.running[-1]  # the newest request
+                if victim is not req and victim.num_computed_tokens < victim.num_tokens - 1 \
+                        and len(self.kv.block_ids(victim.request_id)) > 1:
+                    self.kv.release_tail_block(victim)  # a prefill gives back its last block
+                    self._shrunk = True
+                    continue
+                self.running.pop()
                 self._preempt(victim, out)
                 if victim is req:
                     return budget
@@ -78,6 +102,14 @@ class Scheduler:
             budget -= n
             i += 1
         return budget
+
+    def _decode_reserve(self, first: int = 0) -> int:
+        """Blocks that running decodes (from index `first` on) will ask for next step: those whose
+        blocks are full once this step's token is in."""
+        bs = self.kv.block_size
+        return sum(1 for r in self.running[first:]
+                   if r.num_tokens - r.num_computed_tokens == 1
+                   and r.num_tokens >= len(self.kv.block_ids(r.request_id)) * bs)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
@@ -94,6 +126,14 @@ class Scheduler:
             else:
                 hits, num_hit = self.kv.get_computed_blocks(req)
                 n = min(req.num_tokens - num_hit, budget)
+                reserve = self._decode_reserve()
+                if n > 1 and self.kv.num_fitting_tokens(req, hits, reserve) < n:
+                    # admit with what fits: the prefix hits that can be revived, then a cut chunk
+                    hits = self.kv.affordable_hits(hits, reserve)
+                    num_hit = len(hits) * self.kv.block_size
+                    n = min(req.num_tokens - num_hit, budget, self.kv.num_fitting_tokens(req, hits, reserve))
+                    if n == 0:
+                        return
                 if self.kv.allocate_slots(req, n, hits) is None:
                     return
                 self.kv.record_prefix_lookup(req.num_tokens, num_hit)

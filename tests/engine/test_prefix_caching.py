@@ -136,3 +136,23 @@ def test_prefix_caching_off_never_hits():
     admit(kv, make_request("0", list(range(8))))
     assert admit(kv, make_request("1", list(range(8)) + [3])) == ([], 0)
     assert kv.block_ids("1") == [2, 3, 4]
+
+
+def test_affordable_hits_keep_one_block_free_for_new_tokens():
+    kv = KVCacheManager(6, BS)
+    old = make_request("old", list(range(13)))  # 3 full blocks (0, 1, 2) + 1 token (3)
+    admit(kv, old)
+    kv.free(old)  # all four back in the free list, tail first; 0, 1, 2 stay cached
+    other = make_request("other", list(range(100, 108)))
+    admit(kv, other)  # takes the two uncached free blocks first: 4, 5
+    assert kv.block_ids("other") == [4, 5] and kv.num_free_blocks == 4
+    again = make_request("again", list(range(13)))
+    hits, num_hit = kv.get_computed_blocks(again)
+    assert (hits.block_ids(), num_hit) == ([0, 1, 2], 12)
+    # 4 free blocks: all three hits revive with one to spare; a reserve of 1 leaves room for two;
+    # a reserve of 3 for none (one block must stay for the new tokens)
+    assert kv.affordable_hits(hits).block_ids() == [0, 1, 2]
+    assert kv.affordable_hits(hits, reserve_blocks=1).block_ids() == [0, 1]
+    assert kv.affordable_hits(hits, reserve_blocks=3).block_ids() == []
+    assert kv.num_fitting_tokens(again, hits) == 1 * BS  # block 3 (or any free one) for token 12
+    assert kv.num_fitting_tokens(again) == 4 * BS

@@ -140,3 +140,45 @@ def test_prefix_hits_are_recorded_on_admission():
     assert tokens(out) == {"a": 1, "b": 2}
     assert [c.start for c in out.chunks] == [9, 8]
     assert (kv.prefix_stats.queries, kv.prefix_stats.hits) == (9 + 10, 8)
+
+
+def test_a_prompt_that_does_not_fit_is_admitted_with_the_free_blocks():
+    kv = KVCacheManager(4, BS, enable_caching=False)
+    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make("a", 8), make("b", 12, base=50)
+    s.add_request(a)
+    s.add_request(b)
+    out = step(s)
+    assert tokens(out) == {"a": 8, "b": 8}  # b needs 3 blocks, 2 are free: it starts with 8 tokens
+    assert [c.samples for c in out.chunks] == [True, False]
+    assert kv.block_ids("b") == [2, 3] and b.num_computed_tokens == 8
+
+
+def test_a_decode_takes_the_last_block_of_the_newest_prefill_rather_than_preempting_it():
+    kv = KVCacheManager(4, BS, enable_caching=False)
+    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make("a", 8), make("b", 12, base=50)
+    s.add_request(a)
+    s.add_request(b)
+    step(s)
+    out = step(s)  # a's 9th token needs a block: b gives back block 3 and 4 of its tokens, then waits
+    assert out.preempted == [] and tokens(out) == {"a": 1}
+    assert kv.block_ids("a") == [0, 1, 3] and kv.block_ids("b") == [2]
+    assert b.num_computed_tokens == 4 and b.status == RequestStatus.RUNNING and s.running == [a, b]
+    s.finish(a, "stop")
+    assert tokens(step(s)) == {"b": 8}  # the rest of b's prompt, then its first token
+    assert b.output_token_ids == [7]
+
+
+def test_prefills_that_hold_the_whole_pool_give_way_newest_first():
+    kv = KVCacheManager(4, BS, enable_caching=False)
+    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make("a", 12), make("b", 12, base=50)
+    for r in (a, b):  # each has computed 8 of 12 prompt tokens in 2 blocks: nothing is free
+        s.running.append(r)
+        r.status = RequestStatus.RUNNING
+        assert kv.allocate_slots(r, 8) is not None
+        r.num_computed_tokens = 8
+    out = s.schedule()
+    assert out.preempted == ["b"] and tokens(out) == {"a": 4}
+    assert list(s.waiting) == [b] and b.num_computed_tokens == 0 and kv.block_ids("b") == []
