@@ -142,12 +142,18 @@ def test_prefix_hits_are_recorded_on_admission():
     assert (kv.prefix_stats.queries, kv.prefix_stats.hits) == (9 + 10, 8)
 
 
-def test_a_prompt_that_does_not_fit_is_admitted_with_the_free_blocks():
+def short_pool_with_a_long_second_prompt():
+    """4 blocks of 4: a (8 tokens) fits, b (12 tokens) does not fit beside it."""
     kv = KVCacheManager(4, BS, enable_caching=False)
     s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
     a, b = make("a", 8), make("b", 12, base=50)
     s.add_request(a)
     s.add_request(b)
+    return kv, s, a, b
+
+
+def test_a_prompt_that_does_not_fit_is_admitted_with_the_free_blocks():
+    kv, s, a, b = short_pool_with_a_long_second_prompt()
     out = step(s)
     assert tokens(out) == {"a": 8, "b": 8}  # b needs 3 blocks, 2 are free: it starts with 8 tokens
     assert [c.samples for c in out.chunks] == [True, False]
@@ -155,11 +161,7 @@ def test_a_prompt_that_does_not_fit_is_admitted_with_the_free_blocks():
 
 
 def test_a_decode_takes_the_last_block_of_the_newest_prefill_rather_than_preempting_it():
-    kv = KVCacheManager(4, BS, enable_caching=False)
-    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
-    a, b = make("a", 8), make("b", 12, base=50)
-    s.add_request(a)
-    s.add_request(b)
+    kv, s, a, b = short_pool_with_a_long_second_prompt()
     step(s)
     out = step(s)  # a's 9th token needs a block: b gives back block 3 and 4 of its tokens, then waits
     assert out.preempted == [] and tokens(out) == {"a": 1}
