@@ -57,3 +57,16 @@ def tiny_qwen3(tmp_path_factory) -> Path:
     from tests_support.tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), family="qwen3")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models and many small matmuls: on a shared 2-core machine torch's intra-op threads
+    mostly wait on each other (13 ms against 0.2 ms per op), so such tests run on one thread,
+    restored afterwards. Use it with `pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,14 +1,10 @@
-"""Engine test plumbing: one torch thread (tiny matmuls on a shared 2-core box are far faster that way)."""
+"""Engine test plumbing: one torch thread for every engine test (see tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _engine_tests_on_one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(before)

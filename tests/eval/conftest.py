@@ -9,11 +9,6 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_thread(one_torch_thread):
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     yield
-    torch.set_num_threads(before)

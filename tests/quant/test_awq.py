@@ -19,13 +19,7 @@ from quantkit.quant.packing import packable
 from quantkit.quant.primitives import QuantScheme
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small matmuls: with the CPU shared, intra-op threads wait on each other (13 ms vs 0.2 ms)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def load_float(path: Path):

@@ -18,13 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small matmuls: with the CPU shared, intra-op threads wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
