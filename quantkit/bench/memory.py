@@ -1,6 +1,7 @@
 """Quantize memory benchmark: does peak RSS stay near one decoder layer, whatever the depth?
 
   cd /tmp && python -m quantkit.bench.memory [--layers 2,22] [--methods rtn,gptq] [--nsamples 2 --seqlen 512]
+                                             [--quantize-args=--no-low-memory]
 
 For each depth, a random Llama with TinyLlama-1.1B's layer shapes (bf16 on disk) is quantized by
 `quantkit quantize` in a child process, and its peak RSS taken (os.wait4). A `--dry-run` on the
@@ -66,11 +67,12 @@ def main() -> None:
     ap.add_argument("--nsamples", type=int, default=2)
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quantize-args", default="", help="more `quantkit quantize` options, e.g. --no-low-memory")
     args = ap.parse_args()
     depths = [int(x) for x in args.layers.split(",")]
     methods = [m.strip() for m in args.methods.split(",")]
     common = ["--group-size", "128", "--calib", args.calib, "--nsamples", str(args.nsamples),
-              "--seqlen", str(args.seqlen), "--seed", "0"]
+              "--seqlen", str(args.seqlen), "--seed", "0", *args.quantize_args.split()]
     print(f"# TinyLlama-1.1B shapes, depths {depths}, calib {args.nsamples}x{args.seqlen}, "
           f"torch threads {args.threads}, load avg {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp:

@@ -37,6 +37,9 @@ def quantize(
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
     threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
+    low_memory: bool = typer.Option(True, "--low-memory/--no-low-memory",
+                                    help="Give every freed block of 1 MiB or more back to the system at once (glibc), so "
+                                         "peak memory does not creep up layer after layer; ~10-15% slower on CPU."),
     check: bool = typer.Option(None, "--check/--no-check",
                                help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
 ) -> None:
@@ -48,6 +51,10 @@ def quantize(
         import torch
 
         torch.set_num_threads(threads)
+    if low_memory and not dry_run:
+        from quantkit.memory import bound_heap
+
+        bound_heap()
 
     cfg = QuantizeConfig(
         model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
