@@ -68,6 +68,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.chunks and out.preempted and self.running:
+            # a decode preempted itself after older prefills had paused: they may fit in its blocks now
+            budget = self._schedule_running(out, self.max_num_batched_tokens)
         while not out.chunks and self.running:
             # every running request is a prefill waiting for room that only they hold: the newest gives way
             self._preempt(self.running.pop(), out)

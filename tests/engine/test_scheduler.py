@@ -184,3 +184,19 @@ def test_prefills_that_hold_the_whole_pool_give_way_newest_first():
     out = s.schedule()
     assert out.preempted == ["b"] and tokens(out) == {"a": 4}
     assert list(s.waiting) == [b] and b.num_computed_tokens == 0 and kv.block_ids("b") == []
+
+
+def test_a_paused_prefill_uses_the_blocks_of_a_decode_that_preempted_itself():
+    kv = KVCacheManager(3, BS, enable_caching=False)
+    s = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make("a", 12), make("b", 8, base=50)
+    for r, n in ((a, 4), (b, 8)):  # a: 4 of 12 prompt tokens in 1 block; b: decoding, its 2 blocks full
+        s.running.append(r)
+        r.status = RequestStatus.RUNNING
+        assert kv.allocate_slots(r, n) is not None
+        r.num_computed_tokens = n
+    b.append_token(7, 0.0)
+    assert kv.num_free_blocks == 0
+    out = s.schedule()  # a waits (nothing free); b needs a block, is the newest and gives way; a takes its 2
+    assert out.preempted == ["b"] and tokens(out) == {"a": 8} and s.running == [a]
+    assert kv.block_ids("a") == [0, 2, 1]
