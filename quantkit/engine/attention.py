@@ -29,6 +29,22 @@ class AttentionMetadata:
     decode_tokens: torch.Tensor  # int64 [D]: their token index in the flat batch
     decode_seq_lens: torch.Tensor  # int32 [D]
     prefill_rows: list[int]  # sequences with longer chunks
+    decode_buckets: list[tuple[torch.Tensor, int]]  # (rows of the decode arrays, blocks they need); CPU path
+
+
+DECODE_BUCKET = 16  # CPU: decodes attended together, by length, so padding to the longest stays small
+
+
+def decode_buckets(seq_lens: list[int], block_size: int, device: torch.device) -> list[tuple[torch.Tensor, int]]:
+    """Decodes sorted by length in groups of DECODE_BUCKET, each with the block count of its longest.
+
+    The torch path gathers every sequence's blocks up to the longest one's count: in buckets of
+    similar length, the gather and the masked attention shrink to about the real lengths.
+    """
+    order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__)
+    groups = [order[i:i + DECODE_BUCKET] for i in range(0, len(order), DECODE_BUCKET)]
+    return [(torch.tensor(rows, dtype=torch.int64, device=device), -(-max(seq_lens[r] for r in rows) // block_size))
+            for rows in groups]
 
 
 def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int,
@@ -45,6 +61,7 @@ def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[l
     for i, blocks in enumerate(block_ids):
         table[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
     decodes = [i for i, n in enumerate(query_lens) if n == 1]
+    decode_lens = [seq_lens[i] for i in decodes]
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         block_tables=table.to(device),
@@ -52,33 +69,28 @@ def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[l
         query_start_loc=starts,
         decode_rows=torch.tensor(decodes, dtype=torch.int64, device=device),
         decode_tokens=torch.tensor([starts[i] for i in decodes], dtype=torch.int64, device=device),
-        decode_seq_lens=torch.tensor([seq_lens[i] for i in decodes], dtype=torch.int32, device=device),
+        decode_seq_lens=torch.tensor(decode_lens, dtype=torch.int32, device=device),
         prefill_rows=[i for i, n in enumerate(query_lens) if n != 1],
+        decode_buckets=decode_buckets(decode_lens, block_size, device),
     )
 
 
-DECODE_BUCKET = 16  # CPU: decodes attended together, by length, so padding to the longest stays small
-
-
 def _decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+            seq_lens: torch.Tensor, scale: float, buckets: list[tuple[torch.Tensor, int]] | None = None) -> torch.Tensor:
+    """Decode attention; on CPU in length buckets (`decode_buckets`, built once per step by build_metadata)."""
     if q.is_cuda:
         from quantkit.kernels.paged_attention import paged_decode_attention
 
         return paged_decode_attention(q, key_cache, value_cache, block_tables, seq_lens, scale)
-    if len(seq_lens) <= DECODE_BUCKET:
-        return paged_decode_attention_reference(q, key_cache, value_cache, block_tables, seq_lens, scale)
-    # The torch path gathers every sequence's blocks up to the longest one's count: sorted into
-    # buckets of similar length, the gather and the masked attention shrink to about the real
-    # lengths (mixed lengths: ~40% less time than one call over all decodes).
-    block_size = key_cache.shape[1]
+    if buckets is None:
+        buckets = decode_buckets(seq_lens.tolist(), key_cache.shape[1], q.device)
+    if len(buckets) == 1:
+        return paged_decode_attention_reference(q, key_cache, value_cache, block_tables[:, :buckets[0][1]],
+                                                seq_lens, scale)
     out = torch.empty_like(q)
-    order = torch.argsort(seq_lens)
-    for rows in order.split(DECODE_BUCKET):
-        lens = seq_lens[rows]
-        width = -(-int(lens.max()) // block_size)
+    for rows, width in buckets:
         out[rows] = paged_decode_attention_reference(q[rows], key_cache, value_cache, block_tables[rows, :width],
-                                                     lens, scale)
+                                                     seq_lens[rows], scale)
     return out
 
 
@@ -93,7 +105,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache
     if meta.decode_rows.numel():
         tables = meta.block_tables[meta.decode_rows]
         out[meta.decode_tokens] = _decode(q[meta.decode_tokens], key_cache, value_cache, tables,
-                                          meta.decode_seq_lens, scale)
+                                          meta.decode_seq_lens, scale, meta.decode_buckets)
     for i in meta.prefill_rows:
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         out[s:e] = paged_prefill_attention_reference(q[s:e], key_cache, value_cache, meta.block_tables[i],

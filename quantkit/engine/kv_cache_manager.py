@@ -126,17 +126,14 @@ class KVCacheManager:
             kept.append(b)
         return KVCacheBlocks(kept)
 
-    def release_tail_block(self, request: Request) -> int:
-        """Give back the last block of a request that is still prefilling; returns the tokens
-        it must recompute (its computed tokens drop to the start of that block)."""
+    def release_tail_block(self, request: Request) -> None:
+        """Give back the last block of a request that is still prefilling: its computed tokens drop
+        to the start of that block, and it recomputes them later."""
         held = self.req_blocks[request.request_id]
         block = held.pop()
-        keep = len(held) * self.block_size
-        lost = request.num_computed_tokens - keep
-        request.num_computed_tokens = keep
+        request.num_computed_tokens = len(held) * self.block_size
         self.num_cached_blocks[request.request_id] = min(self.num_cached_blocks.get(request.request_id, 0), len(held))
         self.pool.free_blocks([block])
-        return lost
 
     def _cache_full_blocks(self, request: Request, held: list[KVBlock], num_tokens: int) -> None:
         if not self.enable_caching:

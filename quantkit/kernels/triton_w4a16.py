@@ -68,9 +68,15 @@ def kernel_module(interpret: bool) -> ModuleType:
     module = importlib.import_module(KERNEL_MODULE)
     if isinstance(module.gemm_kernel, InterpretedFunction) == interpret:
         return module
+    return private_copy(KERNEL_MODULE, interpret)
+
+
+def private_copy(module_name: str, interpret: bool) -> ModuleType:
+    """A fresh copy of `module_name` (not in sys.modules) whose @triton.jit functions were decorated
+    with TRITON_INTERPRET set to `interpret`; the variable is restored afterwards."""
     suffix = "_interpreted" if interpret else "_compiled"
-    origin = importlib.util.find_spec(KERNEL_MODULE).origin
-    spec = importlib.util.spec_from_file_location(KERNEL_MODULE + suffix, origin)
+    origin = importlib.util.find_spec(module_name).origin
+    spec = importlib.util.spec_from_file_location(module_name + suffix, origin)
     copy = importlib.util.module_from_spec(spec)
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"

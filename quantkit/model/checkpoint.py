@@ -112,10 +112,6 @@ def _entry(file: str, data_start: int, meta: dict) -> TensorEntry:
     return TensorEntry(file, dtype, shape, data_start + begin, data_start + stop)
 
 
-def check_safetensors_file(file: Path) -> None:
-    read_safetensors_header(file)
-
-
 class ShardReader:
     """Lazy access to the tensors of a checkpoint folder (single file or sharded with an index).
 
@@ -148,10 +144,6 @@ class ShardReader:
             for key, entry in read_safetensors_header(file).items():
                 self.entries.setdefault(key, entry)
         self._maps: dict[str, mmap.mmap] = {}
-
-    @property
-    def weight_map(self) -> dict[str, str]:
-        return {k: e.file for k, e in self.entries.items()}
 
     def keys(self) -> list[str]:
         return list(self.entries)

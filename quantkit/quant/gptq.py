@@ -103,11 +103,23 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     # per-column quantize and the rank-1 updates several times faster than strided columns.
     wt = w.T.contiguous()
     del w
-    codes = torch.zeros_like(wt)  # [K, N], permuted column order
+    codes, loss = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros)
+    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, static is not None), loss, damp)
+
+
+def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, block_size: int,
+                      static: list | None, perm: torch.Tensor, scales: torch.Tensor,
+                      zeros: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """GPTQ's lazy-batch loop over W^T [K, N] (updated in place), permuted column order; U [K, K]
+    is the upper Cholesky factor of H^-1. Fills `scales`/`zeros` [groups, N] for groups found on
+    the way (static groups come filled). Returns the codes [K, N] and the summed objective."""
+    k, n = wt.shape
+    gsize = scheme.group_len(k)
+    codes = torch.zeros_like(wt)
     losses = torch.zeros(n, dtype=torch.float32, device=wt.device)
     scale = zero = None
-    for i1 in range(0, k, opts.block_size):
-        i2 = min(i1 + opts.block_size, k)
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
         w1 = wt[i1:i2].clone()  # [B, N]
         err1 = torch.zeros_like(w1)
         u1 = u[i1:i2, i1:i2]
@@ -121,17 +133,13 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
                 scale, zero = _group_params(w1[i : i + gsize].T, scheme)
                 scales[col // gsize], zeros[col // gsize] = scale, zero
             q = quantize_codes(w1[i].unsqueeze(1), scale, zero, scheme.maxq)[:, 0]
-            wq = scale * (q - zero)
-            d = u1[i, i]
             codes[col] = q
-            e = (w1[i] - wq) / d  # [N]
+            e = (w1[i] - scale * (q - zero)) / u1[i, i]  # [N]
             losses += e**2 / 2
             w1[i:] -= u1[i, i:].unsqueeze(1) * e.unsqueeze(0)  # rank-1: [B - i, 1] x [1, N]
             err1[i] = e
         wt[i2:] -= u[i1:i2, i2:].T @ err1  # [K - i2, B] @ [B, N]
-
-    codes = codes.T
-    return GPTQResult(_to_quantized_weight(codes, scales, zeros, perm, scheme, static is not None), float(losses.sum()), damp)
+    return codes, float(losses.sum())
 
 
 def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor,

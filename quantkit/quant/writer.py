@@ -62,9 +62,9 @@ class ShardWriter:
         """Name the shards model.safetensors or model-0000i-of-0000N.safetensors, and always write
         the index: loaders that glob *.safetensors (vLLM) then read only the files it names, not
         other safetensors files kept beside the weights (awq_plan.safetensors)."""
-        if self._open is not None or not self._parts:
-            if self._open is None:
-                self._open = _OpenShard(self.out_dir / "part-00000.data.tmp")
+        if self._open is None and not self._parts:  # nothing was added: still one (empty) shard
+            self._open = _OpenShard(self.out_dir / "part-00000.data.tmp")
+        if self._open is not None:
             self._close()
         n = len(self._parts)
         weight_map, names = {}, []

@@ -3,9 +3,6 @@ and the torch reference against plain dense attention."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,18 +24,9 @@ def kernel():
     pytest.importorskip("triton")
     from triton.runtime.interpreter import InterpretedFunction
 
-    origin = importlib.util.find_spec("quantkit.kernels.paged_attention").origin
-    spec = importlib.util.spec_from_file_location("quantkit_paged_attention_interpreted", origin)
-    module = importlib.util.module_from_spec(spec)
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
+    from quantkit.kernels.triton_w4a16 import private_copy
+
+    module = private_copy("quantkit.kernels.paged_attention", interpret=True)
     assert isinstance(module._paged_decode_kernel, InterpretedFunction)
     return module
 
