@@ -225,7 +225,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     from quantkit.model.loader import load_model
     from quantkit.model.quant_linear import QuantLinear
     from quantkit.progress import progress_bar
-    from quantkit.quant.arch import spec_for
+    from quantkit.format.arch import spec_for
 
     path = resolve_model_path(str(qdir))
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.quant.primitives import QuantScheme
+from quantkit.format.primitives import QuantScheme
 
 METHODS = ("rtn", "gptq", "awq")
 FORMATS = ("gptq", "awq")

@@ -20,7 +20,7 @@ from quantkit.check import (
     relative_output_error,
 )
 from quantkit.cli import build_app
-from quantkit.quant.arch import spec_for
+from quantkit.format.arch import spec_for
 
 CORRUPT_LAYER = "model.layers.1.mlp.up_proj"
 

@@ -16,7 +16,7 @@ from torch import nn
 from quantkit.engine.attention import AttentionMetadata, paged_attention
 from quantkit.engine.rope import apply_rope, cos_sin, inv_frequencies, rope_parameters
 from quantkit.errors import QuantkitError
-from quantkit.quant.arch import spec_for
+from quantkit.format.arch import spec_for
 
 
 @dataclass(frozen=True)

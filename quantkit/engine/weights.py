@@ -17,8 +17,8 @@ from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config
 from quantkit.model.loader import QuantInfo, hf_config, read_quant_info
 from quantkit.model.quant_linear import QuantLinear
-from quantkit.quant.arch import get_submodule, spec_for
-from quantkit.quant.packing import PackedLinear
+from quantkit.format.arch import get_submodule, spec_for
+from quantkit.format.packing import PackedLinear
 
 
 def _quant_linear(reader: ShardReader, prefix: str, info: QuantInfo, dtype: torch.dtype) -> QuantLinear:

@@ -17,8 +17,8 @@ from torch import nn
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.quant_linear import QuantLinear
-from quantkit.quant.arch import get_submodule, spec_for
-from quantkit.quant.packing import PackedLinear
+from quantkit.format.arch import get_submodule, spec_for
+from quantkit.format.packing import PackedLinear
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quantkit.quant.packing import PackedLinear, dequantize
+from quantkit.format.packing import PackedLinear, dequantize
 
 
 class QuantLinear(nn.Module):

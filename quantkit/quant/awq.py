@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.config import QuantizeConfig
-from quantkit.quant.arch import LinearGroup, get_submodule
+from quantkit.format.arch import LinearGroup, get_submodule
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
 from quantkit.quant.awq_capture import Capture, capture, merge_calls
 from quantkit.quant.awq_plan import PlanFile, clip_key, scale_key
@@ -28,7 +28,7 @@ from quantkit.quant.awq_search import (
     CLIP_TOKENS, act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
-from quantkit.quant.primitives import rtn_quantize
+from quantkit.format.primitives import rtn_quantize
 
 
 def _first(out):

@@ -3,7 +3,7 @@
 Folding a scale s [K] of a LinearGroup: every linear of the group gets W[:, k] *= s[k], and
 the group's feeder divides its output channel k by s[k] (a norm's weight, or a feeding
 linear's output row and bias), so the float layer computes the same function. Which op feeds
-which group is the spec's data (quantkit.quant.arch.LinearGroup); nothing here matches names.
+which group is the spec's data (quantkit.format.arch.LinearGroup); nothing here matches names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quantkit.quant.arch import LinearGroup, get_submodule
+from quantkit.format.arch import LinearGroup, get_submodule
 from quantkit.quant.awq_search import clip_weight
 
 

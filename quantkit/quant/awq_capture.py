@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quantkit.quant.arch import LinearGroup, get_submodule
+from quantkit.format.arch import LinearGroup, get_submodule
 from quantkit.quant.methods import LayerContext
 
 MERGE_TOKENS = 4096  # tokens per merged call of an inspected module during the scale search

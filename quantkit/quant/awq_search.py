@@ -1,7 +1,7 @@
 """AWQ math as small pure functions: activation statistics, candidate scales, fake quantization,
 and the per-group clipping search.
 
-Conventions (see quantkit.quant.primitives): W [N, K] (out, in), groups of G columns along K,
+Conventions (see quantkit.format.primitives): W [N, K] (out, in), groups of G columns along K,
 x [T, K] (tokens, in). An AWQ scale s [K] multiplies the weight's input columns (W * s) and
 divides the input (x / s), so x @ W.T is unchanged in float; quantizing W * s instead of W
 protects the input channels where |x| is large (the paper's "salient" channels).
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from quantkit.quant.primitives import QuantScheme, dequantize_codes, minmax_params, quantize_codes
+from quantkit.format.primitives import QuantScheme, dequantize_codes, minmax_params, quantize_codes
 
 SCALE_FLOOR = 1e-4  # as llm-awq: keeps x_mean**ratio away from 0 for dead channels
 CLIP_MAX_SHRINK = 0.5  # the clip grid tries max|w| * (1 - i / grid) down to (but not including) half

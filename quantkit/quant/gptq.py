@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantkit.quant.primitives import QuantizedWeight, QuantScheme, minmax_params, quantize_codes
+from quantkit.format.primitives import QuantizedWeight, QuantScheme, minmax_params, quantize_codes
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
-from quantkit.quant.arch import get_submodule
+from quantkit.format.arch import get_submodule
 from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize
 from quantkit.quant.methods import LayerContext, LayerResult
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from quantkit.config import QuantizeConfig
-from quantkit.quant.arch import ArchSpec
-from quantkit.quant.primitives import QuantizedWeight, QuantScheme
+from quantkit.format.arch import ArchSpec
+from quantkit.format.primitives import QuantizedWeight, QuantScheme
 
 
 @dataclass

@@ -29,9 +29,9 @@ from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
-from quantkit.quant.arch import ArchSpec, get_submodule, spec_for
+from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.quant.methods import LayerContext
-from quantkit.quant.packing import pack, packable
+from quantkit.format.packing import pack, packable
 from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
 
 METHODS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.config import QuantizeConfig
-from quantkit.quant.arch import get_submodule
+from quantkit.format.arch import get_submodule
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
@@ -17,7 +17,7 @@ class RTNMethod:
         self.cfg = cfg
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult:
-        from quantkit.quant.primitives import rtn_quantize
+        from quantkit.format.primitives import rtn_quantize
 
         weights, losses = {}, {}
         for name in ctx.linears:

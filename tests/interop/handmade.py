@@ -1,7 +1,7 @@
 """A hand-made quantized checkpoint for interop checks, independent of `quantkit quantize`.
 
 Takes a float checkpoint (one safetensors file, e.g. tests_support.tiny_models output), RTN-quantizes
-every decoder linear with quantkit.quant.primitives, packs it with quantkit.quant.packing, leaves the
+every decoder linear with quantkit.format.primitives, packs it with quantkit.format.packing, leaves the
 linears named in `keep_float` as plain float weights, and writes config.json with the
 `quantization_config` that vLLM 0.32 reads (see /tmp/vllm_findings.md, copied into the Interop
 section of docs/BENCHMARKS.md):
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from quantkit.quant.packing import pack, packable
-from quantkit.quant.primitives import QuantScheme, rtn_quantize
+from quantkit.format.packing import pack, packable
+from quantkit.format.primitives import QuantScheme, rtn_quantize
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")

@@ -21,8 +21,8 @@ import torch
 from interop import vllm_check
 from interop.handmade import quantization_config, vllm_names, write_rtn_checkpoint
 from interop.vllm_cpu_emulation import dequantize_blocked, reference_gemm_wna16
-from quantkit.quant.packing import AWQ_ORDER, pack, pack_cols, unpack
-from quantkit.quant.primitives import QuantScheme, rtn_quantize
+from quantkit.format.packing import AWQ_ORDER, pack, pack_cols, unpack
+from quantkit.format.primitives import QuantScheme, rtn_quantize
 
 LAYER0_MLP = ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]
 VLLM_LLAMA_PREFIXES = [f"model.layers.{i}.{m}" for i in (0, 1, 10)

@@ -1,35 +1,23 @@
-"""kernels/bench_w4a16.py runs end to end (CPU, Triton interpreter, tiny shapes), so it runs
+"""quantkit.bench.w4a16 runs end to end (CPU, Triton interpreter, tiny shapes), so it runs
 first time on a GPU; its torch dequantize baseline matches the package's dequantization."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "bench_w4a16.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    # kernels/ is a folder of scripts, not a package: load the file as a module of its own.
-    spec = importlib.util.spec_from_file_location("bench_w4a16", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    return importlib.import_module("quantkit.bench.w4a16")
 
 
 def test_torch_dequantize_baseline_matches_the_package(bench):
-    from quantkit.quant.packing import PackedLinear, dequantize
+    from quantkit.format.packing import PackedLinear, dequantize
 
     _, qweight, qzeros, scales = bench.make_weight(96, 40, 32, torch.device("cpu"))
     expected = dequantize(PackedLinear("gptq", 4, 32, qweight, qzeros, scales), torch.float32)  # [N, K]

@@ -17,8 +17,8 @@ pytest.importorskip("triton")
 from quantkit.kernels import w4a16_matmul  # noqa: E402
 from quantkit.kernels.reference import w4a16_matmul_reference  # noqa: E402
 from quantkit.kernels.triton_w4a16 import TileConfig, _effective_g_idx, w4a16_matmul_triton  # noqa: E402
-from quantkit.quant.packing import PackedLinear, pack  # noqa: E402
-from quantkit.quant.primitives import QuantizedWeight, QuantScheme, default_g_idx  # noqa: E402
+from quantkit.format.packing import PackedLinear, pack  # noqa: E402
+from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx  # noqa: E402
 
 # K and N are not multiples of any tile size used below (BLOCK_K 32/64, BLOCK_N 32/64).
 N, K = 72, 200
@@ -41,7 +41,7 @@ def random_packed(layout: str, group: int, act_order: bool, n: int = N, k: int =
 
 
 def documented_dequant(p: PackedLinear, group: int) -> torch.Tensor:
-    """W_hat [N, K] fp32 read bit by bit from the layouts as documented in quantkit.quant.packing."""
+    """W_hat [N, K] fp32 read bit by bit from the layouts as documented in quantkit.format.packing."""
     qw, qz, s = p.qweight.long() & 0xFFFFFFFF, p.qzeros.long() & 0xFFFFFFFF, p.scales.float()
     n, k = s.shape[1], p.in_features
     kk = torch.arange(k).view(k, 1)
@@ -165,8 +165,8 @@ def test_interpreter_set_before_import_uses_the_module_itself(tmp_path: Path):
         from triton.runtime.interpreter import InterpretedFunction
         from quantkit.kernels.triton_w4a16 import kernel_module, w4a16_matmul_triton
         from quantkit.kernels.reference import w4a16_matmul_reference
-        from quantkit.quant.packing import pack
-        from quantkit.quant.primitives import QuantScheme, rtn_quantize
+        from quantkit.format.packing import pack
+        from quantkit.format.primitives import QuantScheme, rtn_quantize
         assert isinstance(jit.gemm_kernel, InterpretedFunction)
         p = pack(rtn_quantize(torch.randn(16, 64), QuantScheme(4, 32, True)), "gptq")
         x = torch.randn(3, 64)

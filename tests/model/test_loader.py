@@ -10,8 +10,8 @@ from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, resolve_model_path
 from quantkit.model.loader import load_model, read_quant_info
 from quantkit.model.quant_linear import QuantLinear
-from quantkit.quant.packing import dequantize, pack
-from quantkit.quant.primitives import QuantScheme, rtn_quantize
+from quantkit.format.packing import dequantize, pack
+from quantkit.format.primitives import QuantScheme, rtn_quantize
 
 
 def test_read_quant_info_gptq_awq_and_unknown():

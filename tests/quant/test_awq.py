@@ -10,13 +10,13 @@ import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
-from quantkit.quant.arch import get_submodule, spec_for
+from quantkit.format.arch import get_submodule, spec_for
 from quantkit.quant.awq import AWQMethod
 from quantkit.quant.awq_apply import fold_reason, fold_scale
 from quantkit.quant.awq_plan import layer_prefix, save_plan
 from quantkit.quant.methods import LayerContext
-from quantkit.quant.packing import packable
-from quantkit.quant.primitives import QuantScheme
+from quantkit.format.packing import packable
+from quantkit.format.primitives import QuantScheme
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

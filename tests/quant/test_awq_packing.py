@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantkit.quant.packing import dequantize, pack, to_quantized_weight, unpack
-from quantkit.quant.primitives import QuantizedWeight, QuantScheme, default_g_idx, rtn_quantize
+from quantkit.format.packing import dequantize, pack, to_quantized_weight, unpack
+from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx, rtn_quantize
 
 ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 

@@ -9,7 +9,7 @@ from quantkit.quant.awq_search import (
     act_mean, candidate_scale, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
     search_clip, search_scale, weight_mean,
 )
-from quantkit.quant.primitives import QuantScheme, rtn_quantize
+from quantkit.format.primitives import QuantScheme, rtn_quantize
 
 
 @pytest.mark.parametrize("group_size,sym", [(32, False), (64, True), (-1, False)])

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize
-from quantkit.quant.packing import dequantize, pack
-from quantkit.quant.primitives import QuantScheme, rtn_quantize
+from quantkit.format.packing import dequantize, pack
+from quantkit.format.primitives import QuantScheme, rtn_quantize
 
 
 def correlated_inputs(k: int, tokens: int = 1024, seed: int = 0) -> torch.Tensor:

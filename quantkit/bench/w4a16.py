@@ -1,7 +1,7 @@
 """Benchmark: quantkit's Triton W4A16 kernel against fp16 cuBLAS and torch dequantize-then-matmul.
 
-    python kernels/bench_w4a16.py                      # on a GPU: the full table
-    python kernels/bench_w4a16.py --out bench.md       # also write the markdown table to a file
+    python -m quantkit.bench.w4a16                      # on a GPU: the full table
+    python -m quantkit.bench.w4a16 --out bench.md       # also write the markdown table to a file
 
 For each linear shape of Llama-2-7B and Llama-3-8B (K x N = in x out features) and each batch
 M, it times, in one process on one device:
@@ -60,8 +60,8 @@ class Row:
 
 def make_weight(k: int, n: int, group: int, device: torch.device):
     """A random fp16 weight [N, K] and its GPTQ-v1 packed form (symmetric RTN), on `device`."""
-    from quantkit.quant.packing import pack
-    from quantkit.quant.primitives import QuantScheme, rtn_quantize
+    from quantkit.format.packing import pack
+    from quantkit.format.primitives import QuantScheme, rtn_quantize
 
     w = torch.randn(n, k) * 0.02
     packed = pack(rtn_quantize(w, QuantScheme(bits=4, group_size=group, sym=True)), "gptq")

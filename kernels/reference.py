@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.quant.packing import PackedLinear, dequantize
+from quantkit.format.packing import PackedLinear, dequantize
 
 
 def w4a16_matmul_reference(

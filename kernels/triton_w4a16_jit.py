@@ -14,7 +14,7 @@ Two kernels share that inner step (`_accumulate`):
     fp32 buffer with atomics. At M <= 16 the product is memory bound: the goal is enough
     programs in flight to stream the packed weight at full bandwidth even when N is small.
 
-Layouts (see quantkit.quant.packing), LAYOUT constexpr: 0 = "gptq" (v1, zeros stored minus
+Layouts (see quantkit.format.packing), LAYOUT constexpr: 0 = "gptq" (v1, zeros stored minus
 one), 1 = "gptq_v2", 2 = "awq" (GEMM order). Each packed word is loaded once and unpacked in
 registers by a broadcast shift and a reshape; the unpacked tile then holds its rows (GPTQ) or
 columns (AWQ) in packing order, and x, the scales, the bias and the output are indexed in that

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from quantkit.quant.packing import AWQ_ORDER, PackedLinear, dequantize, pack, unpack
-from quantkit.quant.primitives import QuantizedWeight, QuantScheme, rtn_quantize
+from quantkit.format.packing import AWQ_ORDER, PackedLinear, dequantize, pack, unpack
+from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
 
 
 def ref_gptq_qweight(codes_nk: torch.Tensor, bits: int) -> list[list[int]]:

@@ -23,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from quantkit.quant.primitives import QuantizedWeight, QuantScheme
+from quantkit.format.primitives import QuantizedWeight, QuantScheme
 
 Layout = Literal["gptq", "gptq_v2", "awq"]
 LAYOUTS: tuple[str, ...] = ("gptq", "gptq_v2", "awq")
