@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "quantkit.commands.demo",
     "quantkit.commands.eval",
     "quantkit.commands.serve",
+    "quantkit.commands.bench",
 )
 
 
