@@ -121,9 +121,10 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None,
-                    arrival_time: float | None = None) -> str:
+                    arrival_time: float | None = None, reject_bad_prompt: bool = False) -> str:
         """Queue a prompt (text or token ids) for `params.n` samples. A bad prompt becomes a finished
-        request with an error (its output comes with the next step). A live id raises QuantkitError."""
+        request with an error (its output comes with the next step), or with `reject_bad_prompt` raises
+        QuantkitError and queues nothing. A live id raises QuantkitError."""
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self._groups:
             raise QuantkitError(f"request id {rid!r} is already in use")
@@ -132,6 +133,8 @@ class LLMEngine:
         try:
             ids, error = self.encode_prompt(prompt), None
         except QuantkitError as e:
+            if reject_bad_prompt:
+                raise
             ids, error = ([] if text is not None else list(prompt)), str(e)
         children = [Request(child_id(rid, i, params.n), ids, child_params(params, i), self.cfg.block_size,
                             prompt=text, arrival_time=arrival) for i in range(params.n)]
