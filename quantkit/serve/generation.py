@@ -32,14 +32,16 @@ class ClientGone(Exception):
 
 
 def to_api_error(exc: BaseException) -> APIError:
-    from quantkit.serve.interim_front import EngineDeadError, QueueFullError
+    from quantkit.engine.async_llm import EngineDeadError, EngineNotReadyError, QueueFullError
 
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, QueueFullError):
-        return APIError(429, f"server overloaded: {exc}", headers={"Retry-After": "1"})
+        return APIError(429, str(exc), headers={"Retry-After": "1"})
     if isinstance(exc, EngineDeadError):
-        return APIError(500, f"the engine failed: {exc}")
+        return APIError(500, str(exc))
+    if isinstance(exc, EngineNotReadyError):
+        return APIError(503, str(exc))
     if isinstance(exc, QuantkitError):
         return APIError(400, str(exc))
     log.exception("request failed", exc_info=exc)
@@ -91,8 +93,8 @@ class Job:
 
     async def _one(self, i: int) -> AsyncIterator[Item]:
         async for out in self.state.llm.generate(self.prompts[i], self.params, self.request_ids[i]):
-            if out.error:
-                raise APIError(400, out.error)
+            if out.error:  # bad prompts are refused at admission: this is the engine failing mid-run
+                raise APIError(500, f"the engine failed on this request: {out.error}")
             yield i, out
 
     async def outputs(self) -> AsyncIterator[Item]:
