@@ -195,6 +195,7 @@ class Job:
                         yield sse(chunk)
                 item = await it.__anext__() if not _all_done(latest, len(self.prompts)) else None
             finished = True
+            await it.aclose()  # release the engine streams now, not when the generator is collected
             if self.stream_usage:
                 tail = self.fmt.envelope([], chunk=True)
                 tail["usage"] = self._usage(latest.values())
