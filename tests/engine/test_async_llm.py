@@ -20,7 +20,7 @@ ENDLESS = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
 
 def config(stories_dir, **kw) -> EngineConfig:
-    return EngineConfig(model=str(stories_dir), max_model_len=512, **{"max_num_seqs": 8, **kw})
+    return EngineConfig(model=str(stories_dir), **{"max_num_seqs": 8, "max_model_len": 512, **kw})
 
 
 async def collect(llm: AsyncLLM, prompt, params, rid: str) -> list:
@@ -184,3 +184,43 @@ def test_shutdown_drains_then_aborts_the_rest(stories_dir):
     drained, aborted, state = asyncio.run(main())
     assert drained.outputs[0].finish_reason == "length" and len(drained.outputs[0].token_ids) == 12
     assert aborted.finished and aborted.outputs[0].finish_reason == "abort" and state == "dead"
+
+
+@pytest.mark.slow
+def test_many_streams_with_random_disconnects_leak_nothing(stories_dir):
+    """40 concurrent streams (n=1 and n=2, under a small pool with swap), a quarter of them leaving at a
+    random point: every other stream ends finished, every sample is counted once, and every KV and
+    swap block comes back."""
+    import random
+
+    rng = random.Random(0)
+
+    async def main():
+        llm = AsyncLLM(config(stories_dir, max_num_seqs=16, max_model_len=128, num_kv_blocks=24,
+                              swap_space=0.001))
+        await llm.start()
+
+        async def client(i):
+            params = SamplingParams(temperature=0.7, seed=i, max_tokens=rng.randint(4, 40), n=1 + i % 2,
+                                    ignore_eos=True)
+            cut = rng.randint(1, 20) if i % 4 == 0 else None
+            async with contextlib.aclosing(llm.generate(PROMPTS[i % 4] * (1 + i % 3), params, f"c{i}")) as gen:
+                seen = 0
+                async for out in gen:
+                    seen += 1
+                    if seen == cut and not out.finished:
+                        return None  # the client leaves mid-stream
+            return out
+
+        results = await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(40))), 120)
+        await wait_until(lambda: all_blocks_free(llm))
+        st = llm.get_stats()
+        await llm.shutdown(5)
+        return results, st
+
+    results, st = asyncio.run(main())
+    done = [r for r in results if r is not None]
+    assert all(r.finished and all(c.finish_reason == "length" for c in r.outputs) for r in done)
+    assert 30 <= len(done) < 40 and st.finished_by_reason["abort"] >= 1
+    assert sum(st.finished_by_reason.values()) == sum(1 + i % 2 for i in range(40))  # every sample ended once
+    assert st.swap_blocks_used == 0 and st.kv_blocks_free == st.kv_blocks_total and st.num_preemptions_total > 0
