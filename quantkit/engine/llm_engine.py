@@ -145,7 +145,8 @@ class LLMEngine:
                 child.error = error
                 self._finish(child, "error")
             else:
-                self._detoks[child.request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+                self._detoks[child.request_id] = IncrementalDetokenizer(
+                    self.tokenizer, ids, params.skip_special_tokens, params.spaces_between_special_tokens)
                 self.scheduler.add_request(child)
         return rid
 
