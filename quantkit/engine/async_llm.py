@@ -99,6 +99,8 @@ class AsyncLLM:
             self.state, self.error = "dead", f"loading the model failed: {exc}"
             raise
         self._stats = self.engine.get_stats()
+        if self.state != "loading":  # shut down while loading: never start the loop
+            return
         self.state = "ready"
         self._thread = threading.Thread(target=self._run, name="quantkit-engine", daemon=True)
         self._thread.start()

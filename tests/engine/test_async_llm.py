@@ -224,3 +224,19 @@ def test_many_streams_with_random_disconnects_leak_nothing(stories_dir):
     assert 30 <= len(done) < 40 and st.finished_by_reason["abort"] >= 1
     assert sum(st.finished_by_reason.values()) == sum(1 + i % 2 for i in range(40))  # every sample ended once
     assert st.swap_blocks_used == 0 and st.kv_blocks_free == st.kv_blocks_total and st.num_preemptions_total > 0
+
+
+def test_shutdown_while_loading_never_starts_the_loop(stories_dir):
+    async def main():
+        llm = AsyncLLM(config(stories_dir))
+        starting = asyncio.create_task(llm.start())
+        await asyncio.sleep(0)  # the model is loading in its thread
+        assert llm.state == "loading"
+        with pytest.raises(EngineNotReadyError, match="loading"):
+            await collect(llm, PROMPTS[0], GREEDY, "early")
+        await llm.shutdown(1)
+        await asyncio.wait_for(starting, 60)
+        return llm.state, llm._thread
+
+    state, thread = asyncio.run(main())
+    assert state == "dead" and thread is None
