@@ -2,8 +2,8 @@
 
 One engine thread owns the `LLMEngine`: it drains a thread-safe intake of adds and aborts between
 steps, steps while there is work, and sleeps on a condition when idle. Each request's outputs go
-back to its own `asyncio.Queue` through `loop.call_soon_threadsafe`; the event loop never touches
-the engine. An abort is a message to that thread, never a lock around engine state.
+back to its own stream through `loop.call_soon_threadsafe` (outputs are cumulative: a slow consumer
+gets the newest, intermediate ones coalesce); the event loop never touches the engine. An abort is a message to that thread, never a lock around engine state.
 
 Failures: a step whose forward or sampler raises fails the requests of that step (finish_reason
 "error") and the engine goes on; `MAX_CONSECUTIVE_FAILURES` failed steps in a row, or an error
@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quantkit.engine.config import EngineConfig
 from quantkit.engine.request import RequestOutput
@@ -48,14 +48,30 @@ class EngineNotReadyError(QuantkitError):
 
 @dataclass
 class _Stream:
-    """Where one request's outputs go: its event loop and queue, and the future of its admission."""
+    """Where one request's outputs go: its event loop, the latest output (outputs are cumulative, so a
+    consumer slower than the engine skips to the newest one and memory per request stays bounded, as
+    in vLLM's RequestOutputCollector), and the future of its admission."""
 
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
     admitted: asyncio.Future
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    latest: RequestOutput | BaseException | None = None
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        self._call(self.queue.put_nowait, item)
+        self._call(self._set, item)
+
+    def _set(self, item: RequestOutput | BaseException) -> None:  # on the event loop
+        last = self.latest
+        if isinstance(last, BaseException) or (last is not None and last.finished):
+            return  # an error or a final output is never overwritten
+        self.latest = item
+        self.ready.set()
+
+    async def get(self) -> RequestOutput | BaseException:
+        await self.ready.wait()
+        self.ready.clear()
+        item, self.latest = self.latest, None
+        return item
 
     def admit(self, error: BaseException | None) -> None:
         def settle():
@@ -115,7 +131,7 @@ class AsyncLLM:
         try:
             await stream.admitted  # a bad prompt raises QuantkitError here
             while True:
-                item = await stream.queue.get()
+                item = await stream.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -132,7 +148,7 @@ class AsyncLLM:
     def _open(self, prompt, params: SamplingParams, request_id: str) -> _Stream:
         self._check_accepting()
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue(), loop.create_future())
+        stream = _Stream(loop, loop.create_future())
         with self._cond:
             if self.max_queued_requests is not None and \
                     self._num_waiting + self._pending_adds >= self.max_queued_requests:
