@@ -3,7 +3,8 @@
 One engine thread owns the `LLMEngine`: it drains a thread-safe intake of adds and aborts between
 steps, steps while there is work, and sleeps on a condition when idle. Each request's outputs go
 back to its own stream through `loop.call_soon_threadsafe` (outputs are cumulative: a slow consumer
-gets the newest, intermediate ones coalesce); the event loop never touches the engine. An abort is a message to that thread, never a lock around engine state.
+gets the newest, intermediate ones coalesce); the event loop never touches the engine. An abort is
+a message to that thread, never a lock around engine state.
 
 Failures: a step whose forward or sampler raises fails the requests of that step (finish_reason
 "error") and the engine goes on; `MAX_CONSECUTIVE_FAILURES` failed steps in a row, or an error

@@ -21,7 +21,7 @@ ENDLESS = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
 
 def config(stories_dir, **kw) -> EngineConfig:
-    return EngineConfig(model=str(stories_dir), **{"max_num_seqs": 8, "max_model_len": 512, **kw})
+    return EngineConfig(model=str(stories_dir), **{"max_num_seqs": 8, "max_model_len": 512, "dtype": "float32", **kw})
 
 
 async def collect(llm: AsyncLLM, prompt, params, rid: str) -> list:
@@ -41,7 +41,8 @@ def all_blocks_free(llm: AsyncLLM) -> bool:
 
 
 def test_streams_equal_the_offline_engine_and_end_finished(stories_dir):
-    expected = [o.outputs[0] for o in LLM(str(stories_dir), max_model_len=512).generate(PROMPTS, GREEDY)]
+    offline = LLM(str(stories_dir), max_model_len=512, dtype="float32")
+    expected = [o.outputs[0] for o in offline.generate(PROMPTS, GREEDY)]
 
     async def main():
         llm = AsyncLLM(config(stories_dir))
