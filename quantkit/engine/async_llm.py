@@ -59,9 +59,9 @@ class _Stream:
     latest: RequestOutput | BaseException | None = None
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        self._call(self._set, item)
+        self.call(self.loop, self.set, item)
 
-    def _set(self, item: RequestOutput | BaseException) -> None:  # on the event loop
+    def set(self, item: RequestOutput | BaseException) -> None:  # on the event loop
         last = self.latest
         if isinstance(last, BaseException) or (last is not None and last.finished):
             return  # an error or a final output is never overwritten
@@ -78,13 +78,19 @@ class _Stream:
         def settle():
             if not self.admitted.done():
                 self.admitted.set_exception(error) if error is not None else self.admitted.set_result(None)
-        self._call(settle)
+        self.call(self.loop, settle)
 
-    def _call(self, fn, *args) -> None:
+    @staticmethod
+    def call(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         try:
-            self.loop.call_soon_threadsafe(fn, *args)
+            loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
             pass
+
+
+def _deliver(items: list[tuple[_Stream, RequestOutput]]) -> None:
+    for stream, out in items:
+        stream.set(out)
 
 
 class AsyncLLM:
@@ -265,11 +271,15 @@ class AsyncLLM:
                 stream.admit(error)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """One wake-up per event loop per step (not one per request): the loop sets each stream's output."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
         with self._cond:
-            targets = [(self._streams.get(o.request_id), o) for o in outputs]
-        for stream, out in targets:
-            if stream is not None:
-                stream.put(out)
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((stream, out))
+        for loop, items in by_loop.items():
+            _Stream.call(loop, _deliver, items)
 
     def _snapshot(self) -> None:
         stats = self.engine.get_stats()
