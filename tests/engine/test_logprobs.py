@@ -33,6 +33,10 @@ def test_logprob_dicts_rank_and_top():
     assert d[2].rank == 3 and d[2].logprob == pytest.approx(float(lp[2])) and d[2].decoded_token == "2"
     assert {d[1].rank, d[3].rank} == {1, 2}
     assert list(logprob_dicts(logits, [1], [0], str)[0]) == [1]
+    many = torch.randn(600, 4)  # more rows than one pass: the same dicts as row by row
+    toks = torch.randint(0, 4, (600,)).tolist()
+    assert logprob_dicts(many, toks, [2] * 600, str) == [logprob_dicts(many[r:r + 1], toks[r:r + 1], [2], str)[0]
+                                                         for r in range(600)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
