@@ -159,6 +159,30 @@ def test_a_failed_step_fails_its_requests_and_the_engine_recovers(stories_dir):
     assert ok.outputs[0].finish_reason == "length" and state == "ready"
 
 
+def test_failing_steps_in_a_row_mark_the_engine_dead(stories_dir):
+    from quantkit.engine.async_llm import MAX_CONSECUTIVE_FAILURES
+
+    async def main():
+        llm = AsyncLLM(config(stories_dir))
+        await llm.start()
+
+        def broken(out):
+            raise RuntimeError("device lost")
+
+        llm.engine.runner.execute = broken
+        lasts = []
+        for i in range(MAX_CONSECUTIVE_FAILURES):  # one request per step, each failed by its step
+            lasts.append((await asyncio.wait_for(collect(llm, PROMPTS[i], GREEDY, f"f{i}"), 30))[-1])
+        await wait_until(lambda: llm.state == "dead")
+        with pytest.raises(EngineDeadError, match="3 engine steps failed in a row"):
+            await collect(llm, PROMPTS[0], GREEDY, "after")
+        await llm.shutdown(1)
+        return lasts
+
+    lasts = asyncio.run(main())
+    assert all(o.finished and o.outputs[0].finish_reason == "error" and "device lost" in o.error for o in lasts)
+
+
 def test_a_dead_engine_ends_every_stream_with_an_error(stories_dir):
     async def main():
         llm = AsyncLLM(config(stories_dir))
