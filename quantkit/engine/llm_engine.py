@@ -168,10 +168,11 @@ class LLMEngine:
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
         """One engine step; returns an output for every request that changed (new token, finished,
-        aborted, failed). If the forward or the sampler raises, the requests of this step fail with
-        the error (finish_reason "error") and the engine goes on; `last_error` keeps the exception."""
+        aborted, failed), or with `finished_only` for those that finished (offline use: no outputs
+        built for running requests). If the forward or the sampler raises, the requests of this step
+        fail with the error (finish_reason "error") and the engine goes on; `last_error` keeps it."""
         out = self.scheduler.schedule()
         self.last_step = StepStats(out.num_tokens, len(self.scheduler.running), len(self.scheduler.waiting),
                                    sum(r.num_computed_tokens for r in self.scheduler.running) + out.num_tokens,
@@ -191,12 +192,13 @@ class LLMEngine:
                 log.exception("engine step failed")
                 self.last_error = exc
                 self._fail_step(out, f"engine step failed: {type(exc).__name__}: {exc}")
-        return self._take_outputs()
+        return self._take_outputs(finished_only)
 
-    def _take_outputs(self) -> list[RequestOutput]:
+    def _take_outputs(self, finished_only: bool) -> list[RequestOutput]:
         outs = []
         for group in self._changed.values():
-            outs.append(group.output())
+            if group.finished or not finished_only:
+                outs.append(group.output())
             if group.finished:
                 del self._groups[group.request_id]
                 for child in group.children:
