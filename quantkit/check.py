@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -228,7 +229,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     from quantkit.format.arch import spec_for
 
     path = resolve_model_path(str(qdir))
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    dev = resolve_device(device)
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
     ran, kernel_checked = resolve_backend(backend, dev)
     model, info = load_model(path, dtype=dtype, device=str(dev), backend="auto")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from quantkit.devices import check_device_name
 from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
@@ -73,6 +74,7 @@ class QuantizeConfig:
             raise QuantkitError("--desc-act applies to --method gptq only")
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
+        check_device_name(self.device)
 
     @property
     def layout_format(self) -> str:

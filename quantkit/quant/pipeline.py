@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from quantkit.config import QuantizeConfig
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
@@ -140,14 +141,6 @@ def skipped_fused_names(plan: QuantizePlan) -> list[str]:
             if group.fused and all(m in plan.skipped for m in members):
                 out.append(f"{plan.spec.layers}.{i}.{group.fused}")
     return out
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise QuantkitError(f"--device {name}: CUDA is not available on this machine")
-    return torch.device(name)
 
 
 def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
