@@ -24,10 +24,10 @@ import torch
 
 from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
+from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, load_plan, scale_key
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DEFAULT_MAX_REL_ERROR = 0.3  # INT4 g128 layers sit around 0.02-0.15; a corrupted tensor gives ~1 or more
-PLAN_FILE = "awq_plan.safetensors"
 
 
 @dataclass
@@ -123,10 +123,10 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
     """
-    prefix = f"layers.{layer_index}."
+    prefix = layer_prefix(layer_index)
     col = row = None
     for group in spec.groups:
-        scale = plan.get(f"{prefix}{group.name}.scale")
+        scale = plan.get(prefix + scale_key(group.name))
         if scale is None:
             continue
         if linear in group.linears:
@@ -283,9 +283,7 @@ def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | N
         notes.append(f"AWQ checkpoint without {PLAN_FILE}: the scales folded into its weights are unknown, "
                      f"so errors against the original are not reported")
         return None
-    from safetensors.torch import load_file
-
-    return load_file(str(file))
+    return load_plan(file)
 
 
 def calibration_ids(path: Path, calib: str | None, nsamples: int, seqlen: int, seed: int,

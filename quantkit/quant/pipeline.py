@@ -31,6 +31,7 @@ from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_pa
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
+from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.methods import LayerContext
 from quantkit.format.packing import pack, packable
 from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
@@ -184,7 +185,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             report, tensors, layer_plan, inputs = _quantize_one_layer(
                 cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device)
             writer.add(tensors)
-            plan_tensors.update({f"layers.{i}.{k}": v for k, v in layer_plan.items()})
+            plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
             release_freed_memory()
             advance()
@@ -193,9 +194,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     writer.finish()
     reader.close()
     if plan_tensors:
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in plan_tensors.items()}, str(out_dir / "awq_plan.safetensors"))
+        save_plan(plan_tensors, out_dir / PLAN_FILE)
     report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
     qconfig = quantization_config(cfg, list(plan.skipped), skipped_fused_names(plan))
     write_metadata(out_dir, path, config_dict, qconfig, _meta(cfg, report))
