@@ -9,7 +9,7 @@ from quantkit.devices import check_device_name
 from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
-METHODS = ("rtn", "gptq", "awq")
+METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.methods.make_method
 FORMATS = ("gptq", "awq")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)

@@ -189,8 +189,4 @@ def _scale_stats(s: torch.Tensor) -> dict:
     return {"scale_min": float(s.min()), "scale_max": float(s.max()), "scale_mean": float(s.mean())}
 
 
-def make_method(config: QuantizeConfig) -> AWQMethod:
-    return AWQMethod(config)
-
-
-__all__ = ["AWQMethod", "Capture", "capture", "make_method", "merge_calls"]
+__all__ = ["AWQMethod", "Capture", "capture", "merge_calls"]

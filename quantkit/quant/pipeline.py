@@ -14,7 +14,6 @@ streams each tensor to disk. `python -m quantkit.bench.memory` measures this.
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,16 +31,9 @@ from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
-from quantkit.quant.methods import LayerContext
+from quantkit.quant.methods import LayerContext, make_method
 from quantkit.format.packing import pack, packable
 from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
-
-METHODS = {
-    "rtn": "quantkit.quant.rtn:RTNMethod",
-    "gptq": "quantkit.quant.gptq_layer:GPTQMethod",
-    "awq": "quantkit.quant.awq:AWQMethod",
-}
-
 
 # What vLLM 0.32 refuses (read from its source; see docs/BENCHMARKS.md "Interop"), said up front.
 VLLM_LIMITS = (
@@ -51,11 +43,6 @@ VLLM_LIMITS = (
      "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
     (lambda c: c.bits == 8, "8-bit GPTQ: vLLM 0.32's CPU kernel serves 4-bit only"),
 )
-
-
-def make_method(cfg: QuantizeConfig):
-    module, _, cls = METHODS[cfg.method].partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg)
 
 
 @dataclass
