@@ -37,7 +37,7 @@ class ModelRun:
     wall_s: float = 0.0  # load + evaluation, this run (0 when everything came from the cache)
     memory_bytes: int = 0  # weights (and dequantized caches) held in memory while evaluating
     cached: list[str] = field(default_factory=list)  # tasks served from the base-result cache
-    quantization: str = "none"
+    quantization: str = "not quantized"
 
 
 @dataclass
@@ -119,7 +119,7 @@ def evaluate_model(role: str, path: str, settings: EvalSettings, inputs: TaskInp
         return run
     start = time.perf_counter()
     lm = load_lm(path, settings)
-    run.quantization = getattr(lm, "quantization", "none")
+    run.quantization = getattr(lm, "quantization", NOT_QUANTIZED)
     if "ppl" in todo:
         run.ppl = run_ppl(lm, settings, inputs, progress, role)
     if "mmlu" in todo:
@@ -169,8 +169,27 @@ def load_lm(path: str, settings: EvalSettings):
     model, info = load_model(path, dtype=DTYPES[settings.dtype], device=settings.device)
     lm = QuantkitLM(model=model, tokenizer=load_tokenizer(path), batch_size=settings.batch_size,
                     device=settings.device)
-    lm.quantization = "none" if info is None else f"{info.method} {info.bits}-bit g{info.group_size} ({info.layout})"
+    lm.quantization = describe_quantization(info)
     return lm
+
+
+NOT_QUANTIZED = "not quantized"
+
+
+def describe_quantization(info) -> str:
+    """What a checkpoint's quantization_config says (a loader QuantInfo), in words."""
+    if info is None:
+        return NOT_QUANTIZED
+    group = "per channel" if info.group_size == -1 else f"group size {info.group_size}"
+    return f"{info.method} {info.bits}-bit, {group} ({info.layout} layout)"
+
+
+def checkpoint_quantization(path: str) -> str:
+    """describe_quantization for a checkpoint folder or hub id, from its config.json alone."""
+    from quantkit.model.checkpoint import read_config
+    from quantkit.model.loader import read_quant_info
+
+    return describe_quantization(read_quant_info(read_config(checkpoint_dir(path))))
 
 
 def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role: str) -> PplResult:
