@@ -26,7 +26,8 @@ def eval_command(
     limit: int | None = typer.Option(None, "--limit", help="Questions per subject (default: all)."),
     ppl_text: str = typer.Option("wikitext2", "--ppl-text", help="Text file for perplexity, or 'wikitext2' "
                                  "(wikitext-2-raw-v1 test from the hub)."),
-    seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens)."),
+    seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens; clipped to "
+                                "the models' context, and the report says so)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (float16 on CUDA, float32 on CPU), float32, bfloat16."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
@@ -74,14 +75,14 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unqu
 
     from quantkit.eval.report import EvalReport, Gate, render_table
     from quantkit.eval.runner import Bars
-    from quantkit.eval.runner import check_context, evaluate_model, resolve_inputs, tokenizer_mismatch
+    from quantkit.eval.runner import clip_seqlen, evaluate_model, resolve_inputs, tokenizer_mismatch
 
     what = quantized_kind(quantized, allow_unquantized)
     inputs = resolve_inputs(settings)
+    notes, requested = [], settings.seqlen
     if "ppl" in settings.tasks:
-        check_context(base, settings.seqlen)
-        check_context(quantized, settings.seqlen)
-    notes = []
+        settings, clipped = clip_seqlen(settings, (base, quantized))
+        notes += [clipped] if clipped else []
     if (mismatch := tokenizer_mismatch(base, quantized)) is not None:
         console.print(f"[yellow]warning:[/] {mismatch}; perplexity comparisons need the same tokenizer",
                       highlight=False, soft_wrap=True)
@@ -90,7 +91,8 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unqu
     with Progress(*columns, console=console, transient=False) as bar:
         base_run = evaluate_model("base", base, settings, inputs, Bars(bar))
         quant_run = evaluate_model("quantized", quantized, settings, inputs, Bars(bar))
-    report = EvalReport(base_run, quant_run, settings_dict(asdict(settings), inputs) | {"quantized_checkpoint": what},
+    described = {"quantized_checkpoint": what, "seqlen_requested": requested}
+    report = EvalReport(base_run, quant_run, settings_dict(asdict(settings), inputs) | described,
                         notes + run_notes(settings, inputs, base_run, quant_run))
     from rich.console import Console
 

@@ -203,16 +203,24 @@ def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role
                       advance=lambda n: progress.advance(bar, n), device=settings.device)
 
 
-def check_context(path: str, seqlen: int) -> None:
-    """--seqlen above a model's window fails before anything loads."""
+def model_context(path: str) -> int:
+    """A checkpoint's context length (max_position_embeddings and kin), from its config.json."""
     from types import SimpleNamespace
 
     from quantkit.eval.lm_backend import model_context_length
     from quantkit.model.checkpoint import read_config
 
-    context = model_context_length(SimpleNamespace(**read_config(checkpoint_dir(path))))
-    if seqlen > context:
-        raise QuantkitError(f"--seqlen {seqlen} is above {path}'s context of {context} tokens")
+    return model_context_length(SimpleNamespace(**read_config(checkpoint_dir(path))))
+
+
+def clip_seqlen(settings: EvalSettings, paths: tuple[str, ...]) -> tuple[EvalSettings, str | None]:
+    """--seqlen clipped to the shortest context of `paths` (as quantize does), with a note saying so."""
+    from dataclasses import replace
+
+    context = min(model_context(p) for p in paths)
+    if settings.seqlen <= context:
+        return settings, None
+    return replace(settings, seqlen=context), f"--seqlen {settings.seqlen} clipped to the models' context of {context} tokens"
 
 
 def tokenizer_mismatch(base: str, quantized: str) -> str | None:

@@ -79,7 +79,6 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file, mmlu_d
 
 @pytest.mark.parametrize("extra, message", [
     (["--tasks", "mmlu,hellaswag"], "unknown task hellaswag"),
-    (["--seqlen", 4096], "--seqlen 4096 is above"),
     (["--subjects", "astrology"], "astrology not available"),
     (["--dtype", "float16", "--device", "cpu"], "fp16 matmul"),
     (["--num-fewshot", "-1"], "--num-fewshot must be 0 or more"),
@@ -151,3 +150,13 @@ def test_the_report_says_what_the_quantized_checkpoint_is(tiny_llama, tiny_rtn, 
     assert "gptq" in what and "4-bit" in what and "group size 64" in what
     assert "group size 64" in result.stdout
 
+
+def test_ppl_seqlen_is_clipped_to_the_context_and_the_report_says_so(tiny_llama, tiny_rtn, tmp_path):
+    long_text = tmp_path / "long.txt"
+    long_text.write_text(TEXT * 4)  # a few 512-token windows of the tiny model
+    out = tmp_path / "report.json"
+    result = invoke(tiny_rtn, *ppl_args(tiny_llama, long_text, "--output", out))  # default --seqlen 2048
+    assert result.exit_code == 0, result.output
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["seqlen"] == 512 and settings["seqlen_requested"] == 2048
+    assert "--seqlen 2048 clipped to the models' context of 512 tokens" in result.stderr
