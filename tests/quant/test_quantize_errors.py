@@ -127,3 +127,23 @@ def test_force_replaces_existing_output(tiny_llama, tmp_path):
     code, output = quantize(tiny_llama, out, "--calib", synthetic_calib(tmp_path / "c.txt"), "--force")
     assert code == 0, output
     assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
+
+
+def tree_digest(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "symlink", "parent"])
+@pytest.mark.parametrize("force", [False, True])
+def test_out_over_the_source_is_refused(model_copy, tmp_path, where, force):
+    # the source must survive: --out on it (or inside it, or holding it) would replace its float weights
+    before = tree_digest(model_copy)
+    if where == "symlink":
+        (tmp_path / "link").symlink_to(model_copy)
+    out = {"same": model_copy, "inside": model_copy / "q", "symlink": tmp_path / "link",
+           "parent": tmp_path}[where]
+    code, output = quantize(model_copy, out, "--method", "rtn", *(["--force"] if force else []))
+    assert code == 2 and "Traceback" not in output, output
+    assert "--out" in output and "source model" in output, output
+    assert tree_digest(model_copy) == before
+    assert not (model_copy / "q").exists()
