@@ -147,3 +147,19 @@ def test_out_over_the_source_is_refused(model_copy, tmp_path, where, force):
     assert "--out" in output and "source model" in output, output
     assert tree_digest(model_copy) == before
     assert not (model_copy / "q").exists()
+
+
+def test_rtn_says_it_uses_no_calibration(tiny_llama, tmp_path, monkeypatch):
+    import quantkit.calibration.data as data
+
+    def never(*args, **kwargs):
+        raise AssertionError("RTN loaded calibration data")
+
+    monkeypatch.setattr(data, "load_calibration", never)
+    calib = synthetic_calib(tmp_path / "c.txt")
+    code, output = quantize(tiny_llama, tmp_path / "q", "--method", "rtn", "--calib", calib)
+    assert code == 0, output
+    assert "warning: --method rtn uses no calibration data: --calib" in " ".join(output.split())
+    # without --calib, nothing to warn about
+    code, output = quantize(tiny_llama, tmp_path / "q2", "--method", "rtn")
+    assert code == 0 and "calibration" not in output, output
