@@ -27,18 +27,11 @@ from quantkit.engine.scheduler import Scheduler, SchedulerOutput
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.swap import SwapSpace
 from quantkit.engine.weights import load_decoder
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
 
 log = logging.getLogger("quantkit.engine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise QuantkitError("device cuda asked for, but torch sees no CUDA device")
-    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
