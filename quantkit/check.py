@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import QuantkitError
+from quantkit.format.arch import kv_part
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DEFAULT_MAX_REL_ERROR = 0.3  # INT4 g128 layers sit around 0.02-0.15; a corrupted tensor gives ~1 or more
@@ -115,12 +116,13 @@ def original_output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
-def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str,
+                    heads: tuple[int, int] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(col_scale [K], row_scale [N]) folded into `linear` (relative to its decoder layer) by AWQ.
 
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
+    heads: (num_attention_heads, num_key_value_heads), for a v -> o scale tied over query heads (GQA).
     """
     prefix = f"layers.{layer_index}."
     col = row = None
@@ -131,7 +133,7 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
         if linear in group.linears:
             col = scale
         if not group.feeder_is_norm and group.feeder == linear:
-            row = scale
+            row = kv_part(scale, *heads) if group.feeder_repeats_kv and heads else scale
     return col, row
 
 
@@ -152,6 +154,7 @@ class _Setup:
     layers_path: str
     original: object | None  # ShardReader of the original checkpoint
     plan: dict[str, torch.Tensor] | None
+    heads: tuple[int, int] | None = None  # (attention heads, KV heads)
 
 
 def resolve_backend(backend: str, device: torch.device) -> tuple[str, bool]:
@@ -206,7 +209,7 @@ def _error_vs_original(name: str, x: torch.Tensor, y_q: torch.Tensor, setup: _Se
     col = row = None
     if setup.plan:
         index, _, linear = name[len(setup.layers_path) + 1:].partition(".")
-        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear)
+        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear, setup.heads)
         col = None if col is None else col.to(x.device)
         row = None if row is None else row.to(x.device)
     return relative_output_error(y_q, original_output(x, weight, bias, col, row))
@@ -225,7 +228,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     from quantkit.model.loader import load_model
     from quantkit.model.quant_linear import QuantLinear
     from quantkit.progress import progress_bar
-    from quantkit.format.arch import spec_for
+    from quantkit.format.arch import head_counts, spec_for
 
     path = resolve_model_path(str(qdir))
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
@@ -238,7 +241,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     spec = spec_for(config)
     notes: list[str] = []
     setup = _Setup(ran, kernel_checked, info.layout, info.bits, info.group_size, max_rel_error, max_rows,
-                   spec, spec.layers, None, None)
+                   spec, spec.layers, None, None, head_counts(config))
     if original is not None:
         setup.original = ShardReader(resolve_model_path(str(original)))
         setup.plan = _awq_plan(path, info, notes)
