@@ -14,7 +14,7 @@ only, as this project's CI machine) autocast emulates bf16 and is slower, not fa
 The model goes to ~/.cache/quantkit/tiny-gqa-wikitext (or $QUANTKIT_TINY_GQA, or --out), written
 to a temporary folder and renamed, with `train_meta.json` (steps, seconds, losses, perplexity on
 the first 20,000 tokens of test.txt in 256-token windows). An existing model is reused unless
---force or the training settings differ. See docs/BENCHMARKS.md for the measured loss.
+--force or the training settings differ.
 """
 
 from __future__ import annotations
