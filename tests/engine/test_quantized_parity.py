@@ -63,7 +63,7 @@ def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
             ids = torch.tensor([p])
             want.append(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
                                     do_sample=False)[0, len(p):].tolist())
-    llm = LLM(str(gptq_dir), max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128)
+    llm = LLM(str(gptq_dir), dtype="float32", max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128)
     assert llm.engine.quant_info.layout == layout
     assert sum(isinstance(m, QuantLinear) for m in llm.engine.model.modules()) == 2 * 7
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))]
