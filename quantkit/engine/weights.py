@@ -73,6 +73,7 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
     model = model.to(device).eval()
     if device.type == "cpu":
         repack_quant_linears(model, dtype)
+        prepack_float_linears(model, dtype)
     log.info(WeightMemory.of(model).describe())
     return model, info
 
@@ -84,6 +85,24 @@ def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype) -> Counter:
         if path.startswith("dense"):
             log.warning("%d quantized linears run dequantized to a dense copy on CPU: %s", n, path)
     return paths
+
+
+def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Every float nn.Linear into a oneDNN-prepacked PrepackedLinear where this CPU supports it for `dtype`
+    (a tied lm_head stays: prepacking would copy the embedding). Returns how many were replaced."""
+    from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
+
+    if not prepack_supported(dtype):
+        log.info("linears: F.linear (oneDNN has no prepacked %s path on this CPU)", dtype)
+        return 0
+    embed = model.model.embed_tokens.weight
+    targets = [(name, m) for name, m in model.named_modules()
+               if type(m) is torch.nn.Linear and m.weight.data_ptr() != embed.data_ptr()]
+    for name, m in targets:
+        parent, _, attr = name.rpartition(".")
+        setattr(get_submodule(model, parent) if parent else model, attr, PrepackedLinear(m))
+    log.info("linears: %d prepacked for oneDNN (%s)", len(targets), dtype)
+    return len(targets)
 
 
 @dataclass(frozen=True)
@@ -104,9 +123,9 @@ class WeightMemory:
             dense += 2 * (m.in_features * m.out_features + (m.out_features if m.bias is not None else 0))
             seen.update(id(t) for t in m.buffers())
         for t in list(model.parameters()) + list(model.buffers()):
-            if id(t) in seen or t.data_ptr() in seen:
+            if id(t) in seen:  # (parameters() already lists a tied embedding once)
                 continue
-            seen.update((id(t), t.data_ptr()))  # tied embeddings count once
+            seen.add(id(t))
             resident += t.numel() * t.element_size()
             dense += 2 * t.numel()
         return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)))
