@@ -138,7 +138,7 @@ def layout_matches(n: int) -> bool:
     return _layout_matches(32 if n % 32 == 0 else 48)  # the two block patterns there are
 
 
-def _best_ms(fn, reps: int = 3) -> float:
+def best_ms(fn, reps: int = 3) -> float:
     fn()
     best = float("inf")
     for _ in range(reps):
@@ -165,8 +165,8 @@ def int4_kernel_max_m(n: int, k: int, group_size: int, dtype: torch.dtype) -> in
     best = 0
     for m in CROSSOVER_MS:
         x = torch.randn(m, k, generator=g).to(dtype)
-        kernel = _best_ms(lambda: int4_linear(x, w, None, kernel_max_m=m))
-        dense = _best_ms(lambda: int4_linear(x, w, None, kernel_max_m=0))
+        kernel = best_ms(lambda: int4_linear(x, w, None, kernel_max_m=m))
+        dense = best_ms(lambda: int4_linear(x, w, None, kernel_max_m=0))
         if kernel > dense:
             break
         best = m

@@ -151,33 +151,41 @@ def measure(system, w: Workload, tally: Tally) -> None:
 
 def compare(model: Path, label: str, args) -> None:
     from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.engine.weights import WeightMemory
 
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
     ours = Ours(model, dtype, args.threads)
-    vllm = VLLM(Path(args.against_vllm), model, dtype, args.threads, Path(args.vllm_log))
+    systems = {"quantkit": ours}
+    try:
+        systems["vLLM"] = VLLM(Path(args.against_vllm), model, dtype, args.threads, Path(args.vllm_log))
+    except RuntimeError as e:
+        print(f"vLLM did not run this model in {dtype}: {e}")
     loads = [os.getloadavg()[0]]
     wls = [w for w in workloads() if w.name in args.workloads.split(",")]
     for w in wls:  # warm-up, not counted
-        ours.run(w.prompts[:2], 2)
-        vllm.run(w.prompts[:2], 2)
-    tallies = {(w.name, s): Tally() for w in wls for s in ("ours", "vllm")}
+        for system in systems.values():
+            system.run(w.prompts[:2], 2)
+    tallies = {(w.name, s): Tally() for w in wls for s in systems}
     for _ in range(args.rounds):
         for w in wls:
-            measure(ours, w, tallies[w.name, "ours"])
-            measure(vllm, w, tallies[w.name, "vllm"])
+            for name, system in systems.items():
+                measure(system, w, tallies[w.name, name])
         loads.append(os.getloadavg()[0])
-    kernels = vllm.kernels()
-    vllm.close()
     print(f"\n== {label}, {dtype}, {args.threads} threads, median of {args.rounds} alternating rounds; "
-          f"load average {min(loads):.1f}-{max(loads):.1f}; start-up: quantkit {ours.startup:.1f} s, "
-          f"vLLM {vllm.startup:.1f} s")
+          f"load average {min(loads):.1f}-{max(loads):.1f}; start-up: "
+          + ", ".join(f"{n} {s.startup:.1f} s" for n, s in systems.items()))
+    print(f"quantkit {WeightMemory.of(ours.llm.engine.model).describe()}")
     for w in wls:
-        o, v = tallies[w.name, "ours"], tallies[w.name, "vllm"]
-        ratio = statistics.median(o.tok_s) / statistics.median(v.tok_s)
-        ttft = statistics.median(o.ttft) / statistics.median(v.ttft)
-        print(f"({w.name}) quantkit {o.line()} | vLLM {v.line()} | tok/s ratio {ratio:.2f}x, TTFT ratio {ttft:.2f}x")
-    for line in kernels:
-        print(f"vLLM: {line}")
+        line = " | ".join(f"{n} {tallies[w.name, n].line()}" for n in systems)
+        if "vLLM" in systems:
+            o, v = tallies[w.name, "quantkit"], tallies[w.name, "vLLM"]
+            line += (f" | tok/s ratio {statistics.median(o.tok_s) / statistics.median(v.tok_s):.2f}x, "
+                     f"TTFT ratio {statistics.median(o.ttft) / statistics.median(v.ttft):.2f}x")
+        print(f"({w.name}) {line}", flush=True)
+    if "vLLM" in systems:
+        for line in systems["vLLM"].kernels():
+            print(f"vLLM: {line}")
+        systems["vLLM"].close()
 
 
 def run(args) -> None:
