@@ -226,7 +226,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="a,b,c", help="--against-vllm: which of a, b, c")
     ap.add_argument("--gptq", action="store_true", help="--against-vllm: also the model's 4-bit GPTQ checkpoint")
     ap.add_argument("--gptq-only", action="store_true", help="--against-vllm: only the 4-bit GPTQ checkpoint")
-    ap.add_argument("--vllm-log", default="vllm-bench.log", help="--against-vllm: vLLM's stderr")
+    ap.add_argument("--vllm-log", default="out/vllm-bench.log", help="--against-vllm: where vLLM's stderr goes")
     ap.add_argument("--async-front", action="store_true", help="only AsyncLLM streaming vs LLM.generate")
     args = ap.parse_args()
     if args.against_vllm:

@@ -111,7 +111,8 @@ class VLLM:
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2",
                    HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
         args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64))
-        self.log = log
+        self.log = log.resolve()
+        log.parent.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
         self.proc = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_worker.py")),
                                       args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"),
