@@ -1,13 +1,13 @@
 """llm-compressor as a baseline: RTN, GPTQ or AWQ W4A16 on a local model, then wikitext perplexity.
 
-Runs in the llm-compressor venv (see /work/shared/PEERS.md: torch 2.13 cpu, llmcompressor 0.14,
-transformers 5.17), never in quantkit's venv, and imports nothing from quantkit
-(quantkit.bench.vs_llmcompressor runs it beside quantkit):
+Runs in the llm-compressor venv (.venvs/llmc: torch 2.13 cpu, llmcompressor 0.14, transformers
+5.17), never in quantkit's venv, and imports nothing from quantkit (quantkit.bench.vs_llmcompressor runs it
+beside quantkit). From the repository root:
 
-    LLMC_PYTHON tests/interop/llmcompressor_gptq.py \
+    .venvs/llmc/bin/python tests/interop/llmcompressor_gptq.py \
         --model ../shared/data/stories260K-hf --method gptq --group-size 64 \
         --calib ../shared/data/wikitext2/test.txt --nsamples 128 --seqlen 512 --seed 0 \
-        --ppl-text ../shared/data/wikitext2/test.txt --out /tmp/llmc-gptq
+        --ppl-text ../shared/data/wikitext2/test.txt --out out/llmc-gptq
 
 Same inputs as `quantkit quantize`, re-implemented here (the two venvs cannot share code):
   calibration: the .txt split into documents on blank lines, joined by "\\n\\n", tokenized once
@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 import torch
+
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data from the repository root
 
 TARGETS = {"attention": ["re:.*self_attn\\.(q|k|v|o)_proj$"], "all": ["Linear"]}
 
@@ -137,7 +139,7 @@ def run(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="/work/shared/data/stories260K-hf")
+    ap.add_argument("--model", default=str(SHARED_DATA / "stories260K-hf"))
     ap.add_argument("--method", choices=("rtn", "gptq", "awq"), default="gptq")
     ap.add_argument("--targets", choices=tuple(TARGETS), default="attention")
     ap.add_argument("--duo", action="store_true", help="AWQ: duo scaling (AWQModifier's default)")
@@ -145,11 +147,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--damp", type=float, default=0.01)
-    ap.add_argument("--calib", default="/work/shared/data/wikitext2/test.txt")
+    ap.add_argument("--calib", default=str(SHARED_DATA / "wikitext2" / "test.txt"))
     ap.add_argument("--nsamples", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ppl-text", default="/work/shared/data/wikitext2/test.txt")
+    ap.add_argument("--ppl-text", default=str(SHARED_DATA / "wikitext2" / "test.txt"))
     ap.add_argument("--ppl-seqlen", type=int, default=512)
     ap.add_argument("--skip-float-ppl", action="store_true", help="do not score the float model")
     ap.add_argument("--out", type=Path, required=True)
