@@ -33,7 +33,7 @@ from quantkit.bench.runs import quantize_in_child
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
 PEER_SCRIPT = ROOT / "tests" / "interop" / "llmcompressor_gptq.py"
-DEFAULT_LLMC = Path("/work/.venvs/llmcompressor/bin/python")
+DEFAULT_LLMC = ROOT / ".venvs" / "llmcompressor" / "bin" / "python"  # PEERS.md: a venv of its own, git-ignored
 CALIB = SHARED / "wikitext2" / "valid.txt"
 PPL_TEXT = SHARED / "wikitext2" / "test.txt"
 NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
