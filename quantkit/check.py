@@ -274,10 +274,11 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
 
 
 def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | None:
-    """The AWQ plan saved with the checkpoint ({} for GPTQ layouts: nothing folded)."""
-    if info.layout != "awq":
-        return {}
+    """The AWQ plan saved with the checkpoint, whatever its layout ({} when there is none and the layout
+    is not AWQ's: nothing folded)."""
     file = path / PLAN_FILE
+    if not file.is_file() and info.layout != "awq":
+        return {}
     if not file.is_file():
         notes.append(f"AWQ checkpoint without {PLAN_FILE}: the scales folded into its weights are unknown, "
                      f"so errors against the original are not reported")

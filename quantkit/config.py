@@ -9,7 +9,7 @@ from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
 METHODS = ("rtn", "gptq", "awq")
-FORMATS = ("gptq", "awq")
+FORMATS = ("gptq", "awq", "compressed-tensors")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)
 
@@ -88,9 +88,10 @@ class QuantizeConfig:
 
     @property
     def layout(self) -> str:
-        """On-disk layout: awq, gptq (v1, symmetric) or gptq_v2 (asymmetric, since v1 stores zero - 1)."""
-        if self.layout_format == "awq":
-            return "awq"
+        """On-disk layout: awq, compressed-tensors (pack-quantized), gptq (v1, symmetric) or gptq_v2
+        (asymmetric, since v1 stores zero - 1)."""
+        if self.layout_format in ("awq", "compressed-tensors"):
+            return self.layout_format
         return "gptq" if self.is_sym else "gptq_v2"
 
     def to_dict(self) -> dict:

@@ -31,8 +31,8 @@ from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.quant.methods import LayerContext
-from quantkit.format.packing import pack, packable
-from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
+from quantkit.format.packing import packable
+from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
 
 METHODS = {
     "rtn": "quantkit.quant.rtn:RTNMethod",
@@ -262,7 +262,7 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
             continue
         tensors[f"{prefix}.{name}"] = t.to(dtypes[name])
     for name, qw in result.weights.items():
-        tensors.update(pack(qw, cfg.layout).tensors(f"{prefix}.{name}"))
+        tensors.update(packed_tensors(qw, cfg.layout, f"{prefix}.{name}"))
     layers[i] = layer.to("meta")
     report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
     return report, tensors, result.plan, outputs
