@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "quantkit.commands.check",
     "quantkit.commands.demo",
     "quantkit.commands.eval",
+    "quantkit.commands.plan",
 )
 
 
