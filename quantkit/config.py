@@ -50,6 +50,7 @@ class QuantizeConfig:
     awq_duo_scaling: bool = False
     awq_grid: int = 20
     load_plan: Path | None = None
+    recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
 
     def __post_init__(self):
         if self.method not in METHODS:
