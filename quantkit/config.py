@@ -28,6 +28,20 @@ class CalibConfig:
             raise QuantkitError(f"--seqlen must be at least 8 (got {self.seqlen})")
 
 
+def refuse_out_over_source(model: str, out: Path) -> None:
+    """--out must not be the source folder, lie inside it, or hold it (symlinks resolved): writing
+    there, with or without --force, would replace the float weights it is made from."""
+    source = Path(model).expanduser()
+    if not source.exists():
+        return  # a hub id: downloaded into the hub cache, which --out cannot replace
+    source, target = source.resolve(), Path(out).expanduser().resolve()
+    where = ("is" if target == source else "is inside" if source in target.parents
+             else "holds" if target in source.parents else None)
+    if where is not None:
+        raise QuantkitError(f"--out {out} {where} the source model folder {model}; "
+                            f"write the quantized checkpoint elsewhere")
+
+
 @dataclass(frozen=True)
 class QuantizeConfig:
     model: str
@@ -74,6 +88,7 @@ class QuantizeConfig:
             raise QuantkitError("--desc-act applies to --method gptq only")
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
+        refuse_out_over_source(self.model, self.out)
 
     @property
     def layout_format(self) -> str:
