@@ -93,6 +93,9 @@ def quantize(
         report = quantize_model(cfg, tmp)
     report.out = out
     _print_summary(report, cfg)
+    from quantkit.commands.fast_path import fast_path_for, print_fast_paths
+
+    print_fast_paths(fast_path_for(out, (2, 4, 8)))
     if check or (check is None and _cuda_available()):
         _run_check(out, model, calib if Path(calib).exists() else None)
 

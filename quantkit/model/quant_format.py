@@ -20,7 +20,8 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.format import compressed_tensors as ct
-from quantkit.format.packing import PackedLinear, check_shapes
+from quantkit.format.packing import PackedLinear, check_shapes, pack_factor
+from quantkit.format.vllm_paths import PackedShape
 
 GPTQ_FORMATS = ("gptq", "gptq_v2")
 PACKED_SUFFIXES = (".qweight", ".weight_packed")
@@ -47,6 +48,7 @@ class QuantInfo:
     sym: bool = True
     modules_to_not_convert: tuple[str, ...] = field(default_factory=tuple)
     dynamic: tuple[tuple[str, dict], ...] = ()  # GPTQModel rules: (regex, overrides), in order
+    sym_declared: bool = True  # GPTQ: `sym` present in the config (vLLM assumes asymmetric without it)
     ct_groups: tuple[ct.CTGroup, ...] = ()
 
     def scheme_for(self, module: str) -> LinearScheme:
@@ -94,7 +96,8 @@ def _gptq_info(qc: dict) -> QuantInfo:
         raise QuantkitError(f"unsupported GPTQ checkpoint_format {fmt!r} (quantkit reads gptq and gptq_v2)")
     dynamic = tuple((str(k), dict(v or {})) for k, v in (qc.get("dynamic") or {}).items())
     return QuantInfo("gptq", fmt, int(qc["bits"]), int(qc["group_size"]), bool(qc.get("desc_act", False)),
-                     bool(qc.get("sym", True)), tuple(qc.get("modules_to_not_convert") or ()), dynamic)
+                     bool(qc.get("sym", True)), tuple(qc.get("modules_to_not_convert") or ()), dynamic,
+                     sym_declared="sym" in qc)
 
 
 def checkpoint_quant_info(path: Path, config: dict) -> QuantInfo | None:
@@ -140,3 +143,22 @@ def read_packed(reader, prefix: str, info: QuantInfo, module, dtype: torch.dtype
     except (ValueError, KeyError) as exc:
         raise QuantkitError(f"{reader.path}: {prefix}: {exc} (config and tensors disagree)") from exc
     return packed
+
+
+def packed_shapes(reader, info: QuantInfo) -> list[PackedShape]:
+    """Each packed linear's (N, K) and scheme, from the shard headers alone (no tensor is read)."""
+    out = []
+    for name in sorted(packed_prefixes(reader.keys())):
+        scheme = info.scheme_for(name)
+        pf = pack_factor(scheme.bits)
+        if info.layout == ct.FORMAT:
+            n, words = reader.shape_of(f"{name}.weight_packed")
+            k = words * pf
+        elif info.layout == "awq":
+            k, words = reader.shape_of(f"{name}.qweight")
+            n = words * pf
+        else:
+            words, n = reader.shape_of(f"{name}.qweight")
+            k = words * pf
+        out.append(PackedShape(name, n, k, scheme.bits, scheme.group_size, scheme.sym, info.method, info.sym_declared))
+    return out

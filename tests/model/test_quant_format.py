@@ -141,3 +141,31 @@ def _ct_with(change) -> dict:
 def test_unsupported_schemes_are_named(config, message):
     with pytest.raises(QuantkitError, match=message):
         read_quant_info(config)
+
+
+def test_packed_shapes_from_headers(layouts):
+    from quantkit.model.checkpoint import ShardReader
+    from quantkit.model.quant_format import checkpoint_quant_info, packed_shapes
+    from quantkit.model.checkpoint import read_config
+
+    for name in ("autogptq-v1-g128", "autoawq-gemm-g64", "ct-w8a16-channel", "gptqmodel-v2-asym-dynamic"):
+        path, expected = layouts[name]
+        shapes = packed_shapes(ShardReader(path), checkpoint_quant_info(path, read_config(path)))
+        assert {s.name: (s.out_features, s.in_features) for s in shapes} == {n: tuple(w.shape) for n, w in expected.items()}
+        assert {s.fmt for s in shapes} == {LAYOUTS[name].kind.split("_")[0].replace("ct", "compressed-tensors")}
+
+
+@pytest.mark.slow
+def test_check_cli_reports_vllm_paths(layouts, tmp_path):
+    from tests_support.cli import run_cli
+
+    out = tmp_path / "report.json"
+    code, output = run_cli("check", layouts["autogptq-v1-legacy-config"][0], "--nsamples", "1", "--seqlen", "16",
+                           "--tp", "2,4", "--output", out)
+    assert code == 0, output
+    # legacy AutoGPTQ config has sym: every layer is Marlin-shaped at tp 1 (k/v: N = 2 heads x 32 = 64)
+    assert "vLLM: 14 of 14 packed layers take the Marlin kernels" in output
+    assert "tp 2: falls off Marlin: N=32 not a multiple of 64: model.layers.0.self_attn.k_proj" in output
+    data = json.loads(out.read_text())
+    assert data["vllm"]["marlin"]["model.layers.1.mlp.down_proj"] is None
+    assert "K/4=64 not a multiple of group size 64" not in output  # 256 / 4 = 64 splits on g64 boundaries
