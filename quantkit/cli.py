@@ -13,6 +13,8 @@ COMMAND_MODULES = (
     "quantkit.commands.demo",
     "quantkit.commands.eval",
     "quantkit.commands.plan",
+    "quantkit.commands.serve",
+    "quantkit.commands.bench",
 )
 
 
