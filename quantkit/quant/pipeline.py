@@ -45,9 +45,9 @@ METHODS = {
 VLLM_LIMITS = (
     (lambda c: c.layout == "gptq_v2",
      "asymmetric GPTQ (gptq_v2): vLLM 0.32 refuses sym=false; use --format awq for asymmetric weights it serves"),
-    (lambda c: c.layout != "awq" and c.desc_act and c.group_size != -1,
+    (lambda c: c.layout in ("gptq", "gptq_v2") and c.desc_act and c.group_size != -1,
      "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
-    (lambda c: c.bits == 8, "8-bit GPTQ: vLLM 0.32's CPU kernel serves 4-bit only"),
+    (lambda c: c.bits == 8, "8-bit weights: vLLM 0.32's CPU kernel serves 4-bit only"),
 )
 
 
