@@ -169,3 +169,19 @@ def test_check_cli_reports_vllm_paths(layouts, tmp_path):
     data = json.loads(out.read_text())
     assert data["vllm"]["marlin"]["model.layers.1.mlp.down_proj"] is None
     assert "K/4=64 not a multiple of group size 64" not in output  # 256 / 4 = 64 splits on g64 boundaries
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["autogptq-v1-legacy-config", "ct-w4a16-asym-g32"])
+def test_eval_and_generate_cli_on_peer_layouts(name, layouts, tiny_llama, tmp_path):
+    from tests_support.cli import run_cli, synthetic_calib
+
+    path = layouts[name][0]
+    text = synthetic_calib(tmp_path / "text.txt")
+    code, output = run_cli("eval", path, "--base", tiny_llama, "--tasks", "ppl", "--ppl-text", text, "--seqlen", "64",
+                           "--output", tmp_path / "r.json")
+    assert code == 0, output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "compressed-tensors" in json.dumps(report) or "gptq" in json.dumps(report)
+    code, output = run_cli("generate", path, "--prompt", "Once upon a time", "--max-tokens", "4", "--temperature", "0")
+    assert code == 0, output
