@@ -86,7 +86,7 @@ def ct_to_packed(tensors: dict[str, torch.Tensor], bits: int, group_size: int, s
         "gptq_v2", bits, group_size,
         qweight=pack_rows(codes.T.contiguous(), bits),  # [K / pf, N]
         qzeros=pack_cols(zeros, bits),  # [G, N / pf]
-        scales=scale.T.contiguous().to(torch.float16),
+        scales=scale.T.contiguous(),  # kept in the dtype stored (llm-compressor writes the model dtype)
         g_idx=None if g_idx is None else g_idx.to(torch.int32), bias=bias,
     )
 

@@ -106,3 +106,16 @@ def test_target_matching():
     groups = (ct.CTGroup(("Linear",), 4, 128, True, False), ct.CTGroup(("re:.*down_proj$",), 8, -1, True, False))
     assert ct.group_for(groups, "model.layers.0.mlp.down_proj").bits == 8
     assert ct.group_for(groups, "model.layers.0.mlp.up_proj").bits == 4
+
+
+def test_fp32_scales_are_kept_as_stored():
+    """llm-compressor stores scales in the model's dtype: an fp32 model's scales must not round to fp16."""
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+
+    qw = _weight(4, 64, False)
+    tensors = {k.rpartition(".")[2]: v for k, v in ct.ct_tensors(qw, "m").items()}
+    tensors["weight_scale"] = tensors["weight_scale"].float() * (1 + 1e-6)  # not representable in fp16
+    p = ct.ct_to_packed(tensors, 4, 64, False)
+    assert p.scales.dtype == torch.float32
+    theirs = PackedQuantizationCompressor.decompress(dict(tensors), _scheme(ct.quantization_config(4, 64, False, False, [])))
+    torch.testing.assert_close(dequantize(p), theirs["weight"], rtol=1e-6, atol=0)
