@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from quantkit.format.packing import dequantize
 from quantkit.model.loader import load_model
 from quantkit.model.quant_linear import QuantLinear
 from tests_support.cli import run_cli, synthetic_calib
@@ -22,7 +23,7 @@ def quantize(model, out, *extra, calib):
 
 def dense_weights(path) -> dict[str, torch.Tensor]:
     model, _ = load_model(path)
-    return {n: m.dense_weight(torch.float32) for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    return {n: dequantize(m.packed()) for n, m in model.named_modules() if isinstance(m, QuantLinear)}
 
 
 @pytest.mark.parametrize("method,other,extra", [
