@@ -6,7 +6,7 @@
 
 Each server is started as a subprocess on a free loopback port, waited for (/health 200), measured
 with `quantkit bench serve`'s client (streaming, include_usage, EOS ignored so both make the same
-tokens) at each concurrency (`C:N` = N prompts at concurrency C), then stopped with SIGTERM. The
+tokens; special tokens rendered, so every token of a random model has text) at each concurrency (`C:N` = N prompts at concurrency C), then stopped with SIGTERM. The
 table gives output tokens/s and TTFT/ITL percentiles side by side, with quantkit / vLLM ratios.
 """
 
@@ -70,11 +70,13 @@ def measure(name: str, cmd: list[str], env: dict, port: int, args) -> dict:
         results = {}
         for conc, n in args.concurrency:
             cfg = BenchConfig(url, num_prompts=n, max_concurrency=conc, random_input_len=args.input_len,
-                              random_output_len=args.output_len, ignore_eos=True, seed=0)
+                              random_output_len=args.output_len, ignore_eos=True, seed=0,
+                              extra_body={"skip_special_tokens": False})  # a random model emits <s> too
             results[conc] = asyncio.run(run(cfg))
             r = results[conc]
             print(f"{name} c={conc}: {r['successful_requests']}/{n} ok, {r['output_throughput']:.1f} tok/s, "
-                  f"TTFT p50 {r['ttft_ms']['p50']:.0f} ms", flush=True)
+                  f"TTFT p50/p99 {r['ttft_ms']['p50']:.0f}/{r['ttft_ms']['p99']:.0f} ms, "
+                  f"ITL p50/p99 {r['itl_ms']['p50']:.1f}/{r['itl_ms']['p99']:.1f} ms", flush=True)
         return results
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -217,8 +217,8 @@ class Job:
             return None  # this choice already finished
         done = c.finish_reason is not None
         text = c.text[chars:]
-        if not text and not done and (self.fmt.top_logprobs is None or len(c.token_ids) == toks):
-            return None
+        if not text and not done and len(c.token_ids) == toks:
+            return None  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
         if index not in sent and self.fmt.echo_texts:
             text = self.fmt.echo_texts[prompt_index] + text
         choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), chars, done)
