@@ -179,8 +179,9 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None, kerne
     M <= kernel_max_m: torch's int4 kernel on the packed weight. Larger M (prefill chunks): the
     weight is dequantized for this call only and multiplied densely, when that layout is readable.
     """
-    if w.perm is not None:
-        x = x.index_select(1, w.perm)
+    # torch's int4 and int8 kernels read x as a dense row-major [M, K]: a strided view (a slice of a
+    # fused projection, a transposed activation) must be made contiguous first.
+    x = x.index_select(1, w.perm) if w.perm is not None else x.contiguous()
     if x.shape[0] <= kernel_max_m or not layout_matches(w.packed.shape[0]):
         sz = w.scales_zeros if w.scales_zeros.dtype == x.dtype else w.scales_zeros.to(x.dtype)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, w.group_size, sz)
@@ -191,7 +192,7 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, bias: torch.Tensor | None, kerne
 
 def int8_linear(x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     scales = w.scales if w.scales.dtype == x.dtype else w.scales.to(x.dtype)
-    out = torch.ops.aten._weight_int8pack_mm(x, w.weight, scales)
+    out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), w.weight, scales)
     return out if bias is None else out + bias
 
 
