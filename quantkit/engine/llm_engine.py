@@ -104,7 +104,8 @@ class LLMEngine:
         """Queue a prompt (text or token ids). A bad prompt becomes a finished request with an error."""
         rid = request_id if request_id is not None else str(next(self._ids))
         text = prompt if isinstance(prompt, str) else None
-        ids = list(prompt) if text is None else (self.tokenizer(text).input_ids if text else [])
+        # verbose=False: _check_prompt says when a prompt is too long (no tokenizer "indexing errors" warning)
+        ids = list(prompt) if text is None else (self.tokenizer(text, verbose=False).input_ids if text else [])
         req = Request(rid, ids, params, self.cfg.block_size, prompt=text)
         error = self._check_prompt(ids)
         if error:
