@@ -77,26 +77,6 @@ def test_parse_size():
         parse_size("lots")
 
 
-@pytest.fixture
-def transformers_warnings():
-    """Warnings of transformers' loggers (which do not propagate to the root logger; conftest sets
-    them to errors only, so warnings are switched back on here)."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
-
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("transformers")
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_warning()
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
-    hf_logging.set_verbosity(level)
-
-
 def test_a_single_prompt_longer_than_the_context_is_a_one_line_error(app, stories_dir, transformers_warnings):
     res = run(app, stories_dir, "--prompt", "word " * 600, "--max-tokens", 4, "--threads", 1)
     assert res.exit_code == 2, res.output
