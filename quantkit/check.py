@@ -29,11 +29,12 @@ from pathlib import Path
 import torch
 
 from quantkit.check_structure import LinearTensors, expected_shapes, independent_dequantize, structure_problems
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
+from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, load_plan, scale_key
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DEFAULT_MAX_REL_ERROR = 0.3  # INT4 g128 layers sit around 0.02-0.15; a corrupted tensor gives ~1 or more
-PLAN_FILE = "awq_plan.safetensors"
 INTERPRETER_ROWS = 2  # rows of x through the Triton interpreter on CPU
 INTERPRETER_COLS = 128  # output columns (one interpreter tile) through the Triton interpreter on CPU
 
@@ -135,10 +136,10 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
     """
-    prefix = f"layers.{layer_index}."
+    prefix = layer_prefix(layer_index)
     col = row = None
     for group in spec.groups:
-        scale = plan.get(f"{prefix}{group.name}.scale")
+        scale = plan.get(prefix + scale_key(group.name))
         if scale is None:
             continue
         if linear in group.linears:
@@ -294,7 +295,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     from quantkit.model.loader import read_quant_info
 
     path = resolve_model_path(str(qdir))
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    dev = resolve_device(device)
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
     ran, kernel_checked = resolve_backend(backend, dev)
     config = read_config(path)
@@ -375,6 +376,4 @@ def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | N
         notes.append(f"AWQ checkpoint without {PLAN_FILE}: the scales folded into its weights are unknown, "
                      f"so errors against the original are not reported")
         return None
-    from safetensors.torch import load_file
-
-    return load_file(str(file))
+    return load_plan(file)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from quantkit.devices import check_device_name
 from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
-METHODS = ("rtn", "gptq", "awq")
+METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.methods.make_method
 FORMATS = ("gptq", "awq")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)
@@ -87,6 +88,7 @@ class QuantizeConfig:
             raise QuantkitError("--desc-act applies to --method gptq only")
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
+        check_device_name(self.device)
         refuse_out_over_source(self.model, self.out)
 
     @property

@@ -30,7 +30,7 @@ def eval_command(
                                 "the models' context, and the report says so)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (float16 on CUDA, float32 on CPU), float32, bfloat16."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
     output: Path | None = typer.Option(None, "--output", help="Write the report as JSON here."),
     max_drop: float | None = typer.Option(None, "--max-drop", help="Fail (exit 1) if MMLU drops more points."),
     max_ppl_ratio: float | None = typer.Option(None, "--max-ppl-ratio", help="Fail (exit 1) above this ppl ratio."),
@@ -42,6 +42,7 @@ def eval_command(
                                            "config.json has no quantization_config (two float models)."),
 ) -> None:
     """Evaluate QUANTIZED against --base: MMLU accuracy per category, perplexity, and the delta."""
+    from quantkit.devices import resolve_device
     from quantkit.eval.cache import default_cache_dir
     from quantkit.eval.settings import EvalSettings
 
@@ -50,12 +51,12 @@ def eval_command(
         import torch
 
         torch.set_num_threads(threads)
-    device = resolve_device(device)
+    device = str(resolve_device(device))
     settings = EvalSettings(
         tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), mmlu_dir=mmlu_dir,
         subjects=tuple(s.strip() for s in (subjects or "").split(",") if s.strip()), num_fewshot=num_fewshot,
         limit=limit, ppl_text=ppl_text, seqlen=seqlen, batch_size=batch_size,
-        dtype=("float16" if device == "cuda" else "float32") if dtype == "auto" else dtype, device=device,
+        dtype=("float16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype, device=device,
         cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
     )
     report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio, allow_unquantized)
@@ -139,18 +140,6 @@ def settings_dict(raw: dict, inputs) -> dict:
     out["tasks"] = list(raw["tasks"])
     out["subjects"] = inputs.subjects
     return out
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise QuantkitError(f"unknown --device {device!r}; expected auto, cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise QuantkitError("--device cuda: no CUDA device available")
-    return device
 
 
 def quiet_third_party() -> None:

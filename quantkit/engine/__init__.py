@@ -5,7 +5,8 @@ Imports are lazy so that `import quantkit.engine` stays cheap (no torch/transfor
 
 from __future__ import annotations
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+           "AsyncLLM"]
 
 
 def __getattr__(name: str):
@@ -21,7 +22,11 @@ def __getattr__(name: str):
         from quantkit.engine.config import EngineConfig
 
         return EngineConfig
-    if name in ("RequestOutput", "CompletionOutput"):
+    if name == "AsyncLLM":
+        from quantkit.engine.async_llm import AsyncLLM
+
+        return AsyncLLM
+    if name in ("RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics"):
         from quantkit.engine import request
 
         return getattr(request, name)

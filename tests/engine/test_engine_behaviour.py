@@ -108,7 +108,8 @@ def test_stats_count_tokens_prefix_hits_and_latencies(stories_dir):
     st = llm.engine.get_stats()
     assert st.prompt_tokens == 4 * 50 and st.generation_tokens == 24 and st.num_finished == 4
     assert st.prefix_cache_queries == 200 and st.prefix_cache_hits == 3 * 48  # all but the first hit 3 blocks
-    assert len(st.time_to_first_token) == 4 and len(st.inter_token_latency) == 4 * 5
+    assert st.time_to_first_token.count == 4 and st.inter_token_latency.count == 4 * 5
+    assert st.finished_by_reason == {"stop": 0, "length": 4, "abort": 0, "error": 0}
     assert st.num_running == st.num_waiting == 0 and st.kv_usage == 0.0
     assert st.kv_capacity_tokens == llm.engine.kv_plan.capacity_tokens == 8 * 128
 
@@ -152,3 +153,13 @@ def test_eos_ids_follow_hf_generate_precedence(tmp_path):
     assert eos_token_ids(tmp_path, 2, tok) == {2}
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 1]}))
     assert eos_token_ids(tmp_path, 2, tok) == {1, 2}
+
+
+def test_detokenizer_keeps_special_tokens_when_asked(stories_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(stories_dir))
+    prompt = tok("Say").input_ids
+    eos = tok.eos_token_id
+    assert IncrementalDetokenizer(tok, prompt).add(eos) == ""
+    assert IncrementalDetokenizer(tok, prompt, skip_special_tokens=False).add(eos) == tok.eos_token
