@@ -31,6 +31,7 @@ import torch
 from quantkit.check_structure import LinearTensors, expected_shapes, independent_dequantize, structure_problems
 from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
+from quantkit.format.arch import kv_part
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, load_plan, scale_key
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -129,12 +130,13 @@ def original_output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
-def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str,
+                    heads: tuple[int, int] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(col_scale [K], row_scale [N]) folded into `linear` (relative to its decoder layer) by AWQ.
 
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
+    heads: (num_attention_heads, num_key_value_heads), for a v -> o scale tied over query heads (GQA).
     """
     prefix = layer_prefix(layer_index)
     col = row = None
@@ -145,7 +147,7 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
         if linear in group.linears:
             col = scale
         if not group.feeder_is_norm and group.feeder == linear:
-            row = scale
+            row = kv_part(scale, *heads) if group.feeder_repeats_kv and heads else scale
     return col, row
 
 
@@ -162,6 +164,7 @@ class _Setup:
     spec: object
     original: object | None  # ShardReader of the original checkpoint
     plan: dict[str, torch.Tensor] | None
+    heads: tuple[int, int] | None = None  # (attention heads, KV heads)
 
 
 def resolve_backend(backend: str, device: torch.device) -> tuple[str, bool]:
@@ -275,7 +278,7 @@ def _error_vs_original(name: str, x: torch.Tensor, y_q: torch.Tensor, setup: _Se
     col = row = None
     if setup.plan:
         index, _, linear = name[len(setup.spec.layers) + 1:].partition(".")
-        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear)
+        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear, setup.heads)
         col = None if col is None else col.to(x.device)
         row = None if row is None else row.to(x.device)
     return relative_output_error(y_q, original_output(x, weight, bias, col, row))
@@ -290,7 +293,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     calib: a .txt/.jsonl file, folder or recipe (as `quantkit quantize --calib`); None uses the
     project's synthetic stories. At most `max_rows` rows of each layer's input are compared.
     """
-    from quantkit.format.arch import spec_for
+    from quantkit.format.arch import head_counts, spec_for
     from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
     from quantkit.model.loader import read_quant_info
 
@@ -307,7 +310,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     if not checks:
         raise QuantkitError(f"{path}: no packed linears found")
     notes = _backend_notes(ran, kernel_checked, dev)
-    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None)
+    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None, head_counts(config))
     if original is not None:
         setup.original = ShardReader(resolve_model_path(str(original)))
         setup.plan = _awq_plan(path, info, notes)
