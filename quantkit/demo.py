@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.progress import progress_bar
+from quantkit.progress import no_transformers_bars, progress_bar
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def train_demo_model(out: Path, spec: DemoSpec = DemoSpec(), show_progress: bool
     loss = train_steps(model, ids, TrainSchedule(spec.train_steps, spec.batch, spec.seqlen, spec.lr, spec.seed),
                        "train demo model", show_progress)
     model.eval()
-    model.save_pretrained(out)
+    with no_transformers_bars():
+        model.save_pretrained(out)
     tok.save_pretrained(out)
     return {"steps": spec.train_steps, "final_train_loss": loss,
             "train_tokens": spec.train_steps * spec.batch * spec.seqlen,

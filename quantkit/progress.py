@@ -31,3 +31,18 @@ def track(items: Iterable[T], description: str, total: int | None = None, enable
         for item in items:
             yield item
             advance()
+
+
+@contextmanager
+def no_transformers_bars() -> Iterator[None]:
+    """transformers' own tqdm bars (e.g. "Writing model shards") off for the block, then as they were:
+    our rich bars are the only ones a user sees."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

@@ -72,6 +72,26 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def transformers_warnings():
+    """Warnings of transformers' loggers (which do not propagate to the root logger; conftest sets
+    them to errors only, so warnings are switched back on here)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+    hf_logging.set_verbosity(level)
+
+
 @pytest.fixture(scope="session")
 def gpu_device():
     """The device of the `gpu`-marked tests (`pytest -m gpu`): CUDA. Under `bash kernels/gpu_check.sh

@@ -2,7 +2,9 @@
 
 One prompt (`--prompt`) prints its completion; many (`--prompts-file`, one per line or JSONL
 with "prompt") run batched with a progress bar, and `--output out.jsonl` gets one line per
-prompt: prompt, text, token_ids, finish_reason (and error, for a prompt the engine refused).
+prompt: prompt, text, token_ids, finish_reason (and error, for a prompt the engine refused; note,
+when generation stopped at the context limit before --max-tokens). One prompt the engine refuses
+is an error (exit 2); in a file, the others still run and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -68,11 +70,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def output_row(out) -> dict:
+def output_row(out, note: str | None = None) -> dict:
     c = out.outputs[0]
     row = {"prompt": out.prompt, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
     if out.error:
         row["error"] = out.error
+    if note:
+        row["note"] = note
     return row
 
 
@@ -102,6 +106,7 @@ def generate(
         raise QuantkitError("give exactly one of --prompt or --prompts-file")
     prompts = [prompt] if prompt is not None else read_prompts(prompts_file)
     from quantkit.engine import LLM, SamplingParams
+    from quantkit.engine.llm import context_limit_note
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
     llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
@@ -110,10 +115,13 @@ def generate(
               num_threads=threads)
     console.print(llm.engine.kv_plan.describe(), highlight=False)
     outs = _run_with_progress(llm, prompts, params)
-    for out in outs:
-        if out.error:
-            console.print(f"[yellow]warning:[/] prompt {int(out.request_id) + 1}: {out.error}", highlight=False)
-    rows = [output_row(o) for o in outs]
+    if prompt is not None and outs[0].error:
+        raise QuantkitError(f"--prompt: {outs[0].error}")
+    rows = [output_row(o, context_limit_note(o, params, llm.engine.max_model_len)) for o in outs]
+    for i, row in enumerate(rows, 1):
+        if "error" in row or "note" in row:
+            what = f"[yellow]warning:[/] {row['error']}" if "error" in row else f"note: {row['note']}"
+            console.print(f"prompt {i}: {what}" if prompt is None else what, highlight=False)
     if output is not None:
         write_jsonl(output, rows)
         console.print(f"wrote {len(rows)} completions to {output}", highlight=False)
@@ -122,6 +130,11 @@ def generate(
     else:
         for row in rows:
             typer.echo(json.dumps(row, ensure_ascii=False))
+    failed = sum("error" in row for row in rows)
+    if failed:
+        console.print(f"[bold red]{failed} of {len(rows)} prompts failed[/] (their records carry the error)",
+                      highlight=False)
+        raise typer.Exit(1)
 
 
 def _run_with_progress(llm, prompts: list[str], params):

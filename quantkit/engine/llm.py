@@ -46,3 +46,18 @@ class LLM:
                 if on_output is not None:
                     on_output(out)
         return [results[i] for i in ids]
+
+
+def context_limit_note(out: RequestOutput, params: SamplingParams, max_model_len: int) -> str | None:
+    """A note when a request stopped at the context limit rather than at max_tokens; else None.
+
+    The engine gives both finish_reason "length"; this tells them apart from the token counts.
+    """
+    completion = out.outputs[0]
+    generated = len(completion.token_ids)
+    if out.error or completion.finish_reason != "length" or generated >= params.max_tokens:
+        return None
+    if len(out.prompt_token_ids) + generated < max_model_len:
+        return None
+    return (f"stopped at the context limit (max_model_len {max_model_len}) after {generated} tokens, "
+            f"before max_tokens {params.max_tokens}")

@@ -106,7 +106,9 @@ class LLMEngine:
 
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt (text or ids), checked; a bad prompt raises QuantkitError."""
-        ids = list(prompt) if not isinstance(prompt, str) else (self.tokenizer(prompt).input_ids if prompt else [])
+        # verbose=False: the length check below says when a prompt is too long (no tokenizer "indexing errors")
+        ids = list(prompt) if not isinstance(prompt, str) else (self.tokenizer(prompt, verbose=False).input_ids
+                                                                if prompt else [])
         if not ids:
             raise QuantkitError("empty prompt")
         if len(ids) > self.max_model_len:

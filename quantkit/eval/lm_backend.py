@@ -48,11 +48,13 @@ class QuantkitLM(TemplateLM):
     """lm-eval LM over a quantkit-loaded model; loglikelihood tasks only (MMLU, ppl-style tasks)."""
 
     def __init__(self, pretrained: str | None = None, model=None, tokenizer=None, batch_size: int | str = 16,
-                 max_length: int | None = None, dtype: str = "float32", device: str = "cpu",
+                 max_length: int | None = None, dtype: str = "float32", device: str = "auto",
                  add_bos_token: bool | None = None, progress: ProgressHook | None = None,
                  max_batch_size: int | None = None):
         # max_batch_size: lm-eval's CLI always passes it; batches here are fixed-size, so it is unused
         super().__init__()
+        if device == "auto":  # what is there, as the rest of quantkit picks it
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if model is None:
             from quantkit.model.loader import load_model, load_tokenizer
 

@@ -51,7 +51,9 @@ class PplResult:
 
 def tokenize_once(tokenizer, text: str) -> tuple[torch.Tensor, str]:
     """ids: [n_tokens] int64, and a note of the BOS handling."""
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    # verbose=False: the text is cut into windows of the model's length, so the tokenizer's warning
+    # about sequences longer than model_max_length does not apply
+    ids = tokenizer(text, return_tensors="pt", verbose=False).input_ids[0]
     bos = tokenizer.bos_token_id
     note = ("one BOS at the start of the text, none per window" if bos is not None and len(ids) and ids[0] == bos
             else "no BOS added (the tokenizer adds none)")

@@ -159,7 +159,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     calib = None
     inputs, layer_kwargs = [], {}
     if method.needs_calibration:
-        calib = _calibration(cfg, path, plan)
+        calib = _calibration(cfg, path, plan, show_progress)
         plan.notes.extend(calib.notes)
         _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
         inputs, layer_kwargs = capture_layer_inputs_on(base, layers[0], calib.input_ids, device)
@@ -196,14 +196,16 @@ def capture_layer_inputs_on(base, first_layer, input_ids, device):
         return capture_layer_inputs(base, first_layer, input_ids, device)
 
 
-def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan):
+def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan, show_progress: bool = True):
     from transformers import AutoTokenizer
 
     from quantkit.calibration.data import load_calibration
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    with progress_bar("calibration data", None):
-        return load_calibration(cfg.calib.source, tokenizer, cfg.calib.nsamples, plan.seqlen, cfg.calib.seed)
+    with progress_bar("calibration windows", cfg.calib.nsamples, show_progress) as advance:
+        calib = load_calibration(cfg.calib.source, tokenizer, cfg.calib.nsamples, plan.seqlen, cfg.calib.seed)
+        advance(int(calib.input_ids.shape[0]))
+    return calib
 
 
 def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device) -> None:

@@ -29,7 +29,8 @@ def test_prompts_file_to_jsonl_matches_the_python_api(app, stories_dir, tmp_path
     out = tmp_path / "out.jsonl"
     res = run(app, stories_dir, "--prompts-file", prompts, "--max-tokens", 12, "--temperature", 0,
               "--max-model-len", 128, "--output", out, "--threads", 1)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # the others ran; the exit status says one failed
+    assert "1 of 3 prompts failed" in res.output
     rows = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["Once upon a time", "The little dog", "word " * 300]
     want = LLM(str(stories_dir), max_model_len=128).generate(["Once upon a time", "The little dog"],
@@ -74,3 +75,44 @@ def test_parse_size():
     assert parse_size("1000") == 1000
     with pytest.raises(QuantkitError):
         parse_size("lots")
+
+
+def test_a_single_prompt_longer_than_the_context_is_a_one_line_error(app, stories_dir, transformers_warnings):
+    res = run(app, stories_dir, "--prompt", "word " * 600, "--max-tokens", 4, "--threads", 1)
+    assert res.exit_code == 2, res.output
+    assert "error:" in res.output and "more than max_model_len 512" in res.output and "Traceback" not in res.output
+    assert not [r for r in transformers_warnings if "indexing errors" in r.getMessage()]
+
+
+def test_llm_generate_gives_a_per_request_error(stories_dir, transformers_warnings):
+    from quantkit.engine import LLM, SamplingParams
+
+    outs = LLM(str(stories_dir), max_model_len=64).generate(["Once upon a time", "word " * 600],
+                                                            SamplingParams(temperature=0, max_tokens=4))
+    assert outs[0].error is None and outs[0].outputs[0].finish_reason == "length"
+    assert outs[1].outputs[0].finish_reason == "error" and "more than max_model_len 64" in outs[1].error
+    assert not [r for r in transformers_warnings if "indexing errors" in r.getMessage()]
+
+
+def test_stopping_at_the_context_limit_is_said(app, stories_dir, tmp_path):
+    from quantkit.engine import LLM, SamplingParams
+    from quantkit.engine.llm import context_limit_note
+
+    prompt = "Once upon a time " * 14  # 57 tokens: 64 - 57 < --max-tokens 40
+    out = tmp_path / "out.jsonl"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(prompt + "\nOnce upon a time\n")
+    res = run(app, stories_dir, "--prompts-file", prompts, "--max-tokens", 40, "--max-model-len", 64,
+              "--output", out, "--threads", 1, "--temperature", 0)
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert rows[0]["finish_reason"] == "length" and len(rows[0]["token_ids"]) < 40
+    assert "context limit" in rows[0]["note"] and "max_model_len 64" in rows[0]["note"]
+    assert "note" not in rows[1] or "context limit" not in rows[1]["note"]
+    assert "context limit" in res.output
+    # the same from the Python API
+    llm = LLM(str(stories_dir), max_model_len=64)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    first, second = llm.generate([prompt, "Once upon a time"], params)
+    assert "context limit" in context_limit_note(first, params, llm.engine.max_model_len)
+    assert context_limit_note(second, params, llm.engine.max_model_len) is None

@@ -45,3 +45,27 @@ def test_continuation_score():
     assert ll == pytest.approx(float(logprobs[1, 0] + logprobs[2, 2]))
     assert greedy
     assert not continuation_score(logprobs, (1,))[1]
+
+
+def test_the_backend_picks_the_device_that_is_there(tiny_llama):
+    import torch
+
+    lm = QuantkitLM(pretrained=str(tiny_llama))  # no device given
+    assert lm.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("given, expected", [([], ["--device", "auto"]), (["--device", "cpu"], ["--device", "cpu"]),
+                                             (["--device=cpu"], ["--device=cpu"])])
+def test_quantkit_lm_eval_asks_for_auto_unless_a_device_is_given(monkeypatch, given, expected):
+    # lm-eval's own default is cuda:0, which dies on a machine without CUDA
+    import sys
+
+    import lm_eval.__main__
+
+    from quantkit.eval.lm_eval_cli import main
+
+    seen = []
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", ["quantkit-lm-eval", "run", "--model", "quantkit", *given])
+    main()
+    assert seen[0][-len(expected):] == expected and seen[0].count("--device") + seen[0].count("--device=cpu") == 1
