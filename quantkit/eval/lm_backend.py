@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from quantkit.devices import resolve_device
 from quantkit.eval.windows import ScoreWindow, batches_by_length, score_window
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,8 +54,7 @@ class QuantkitLM(TemplateLM):
                  max_batch_size: int | None = None):
         # max_batch_size: lm-eval's CLI always passes it; batches here are fixed-size, so it is unused
         super().__init__()
-        if device == "auto":  # what is there, as the rest of quantkit picks it
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = str(resolve_device(device))  # auto: what is there, as the rest of quantkit picks it
         if model is None:
             from quantkit.model.loader import load_model, load_tokenizer
 
