@@ -22,7 +22,7 @@ from quantkit.model.checkpoint import ShardReader, read_config
 from quantkit.model.loader import QuantInfo, hf_config, replace_packed_linears
 from quantkit.model.quant_format import checkpoint_quant_info
 from quantkit.model.quant_linear import QuantLinear
-from quantkit.format.arch import spec_for
+from quantkit.format.arch import get_submodule, spec_for
 
 log = logging.getLogger("quantkit.engine")
 
