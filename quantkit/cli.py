@@ -12,6 +12,8 @@ COMMAND_MODULES = (
     "quantkit.commands.check",
     "quantkit.commands.demo",
     "quantkit.commands.eval",
+    "quantkit.commands.serve",
+    "quantkit.commands.bench",
 )
 
 

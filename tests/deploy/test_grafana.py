@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests_support.promql import dashboard_queries, metric_names
 
-from quantkit.serve.auth import ApiKey, KeyRing
+from quantkit.serve.keyring import ApiKey, KeyRing
 from quantkit.serve.metrics import ServerMetrics
 
 REQUIRED_PANELS = ("Time to first token", "Inter-token latency", "End-to-end", "Token throughput", "running",

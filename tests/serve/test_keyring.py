@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from quantkit.errors import QuantkitError
-from quantkit.serve.auth import ApiKey, KeyLimits, KeyRing, RateLimited, fingerprint, load_keys_file, plain_keys
+from quantkit.serve.keyring import ApiKey, KeyLimits, KeyRing, RateLimited, fingerprint, load_keys_file, plain_keys
 
 
 class Clock:

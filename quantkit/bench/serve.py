@@ -1,0 +1,236 @@
+"""`quantkit bench serve`: a client benchmark of any OpenAI-compatible server (ours or `vllm serve`).
+
+Each request streams with `stream_options.include_usage`; the client records the time of every
+content chunk. Per request: TTFT (first content chunk), ITL (gaps between content chunks), TPOT
+((E2E - TTFT) / (output tokens - 1)), E2E. Arrivals are Poisson at --request-rate (inf: all at
+once), at most --max-concurrency in flight. Random prompts have exactly --random-input-len tokens:
+built from the server's /tokenize (or a local tokenizer) and sent as token ids to /v1/completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+import numpy as np
+
+WORDS = ("the a little girl boy dog cat tree house sun moon ran played saw big small happy sad friend park ball "
+         "bird fish water sky day night mom dad said went found made good kind toy box red blue green").split()
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    base_url: str
+    endpoint: str = "/v1/completions"
+    model: str | None = None
+    num_prompts: int = 200
+    request_rate: float = math.inf
+    max_concurrency: int | None = None
+    random_input_len: int = 256
+    random_output_len: int = 128
+    prompts: list[str] | None = None  # from --prompts-file; None: random prompts
+    ignore_eos: bool = False
+    api_key: str | None = None
+    tokenizer: str | None = None  # a local tokenizer; None: the server's /tokenize
+    seed: int = 0
+    timeout: float = 600.0
+
+    def __post_init__(self):
+        from quantkit.errors import QuantkitError
+
+        if self.endpoint not in ("/v1/completions", "/v1/chat/completions"):
+            raise QuantkitError(f"--endpoint {self.endpoint!r}: expected /v1/completions or /v1/chat/completions")
+        if self.num_prompts < 1 or self.random_input_len < 1 or self.random_output_len < 1:
+            raise QuantkitError("--num-prompts, --random-input-len and --random-output-len must be at least 1")
+        if self.request_rate <= 0:
+            raise QuantkitError(f"--request-rate must be > 0 (got {self.request_rate})")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise QuantkitError(f"--max-concurrency must be at least 1 (got {self.max_concurrency})")
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool = False
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """mean and percentiles in milliseconds (empty input: zeros)."""
+    if not values:
+        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
+    a = np.asarray(values) * 1000
+    return {"mean": float(a.mean()), **{f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES}}
+
+
+def report(cfg: BenchConfig, results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "base_url": cfg.base_url, "endpoint": cfg.endpoint, "model": cfg.model, "num_prompts": cfg.num_prompts,
+        "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else "inf",
+        "max_concurrency": cfg.max_concurrency, "duration_s": duration,
+        "successful_requests": len(ok), "failed_requests": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "total_input_tokens": sum(r.prompt_tokens for r in ok), "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration if duration else 0.0,
+        "output_throughput": out_tokens / duration if duration else 0.0,
+        "ttft_ms": summarize([r.ttft for r in ok]),
+        "tpot_ms": summarize([t for r in ok if (t := r.tpot) is not None]),
+        "itl_ms": summarize([g for r in ok for g in r.itl]),
+        "e2e_ms": summarize([r.e2e for r in ok]),
+    }
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
+    if cfg.model:
+        return cfg.model
+    r = await client.get("/v1/models")
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+async def random_prompts(client: httpx.AsyncClient, cfg: BenchConfig) -> list[list[int]]:
+    """num_prompts lists of exactly random_input_len token ids (random words, tokenized, cut or repeated)."""
+    rng = random.Random(cfg.seed)
+    local = None
+    if cfg.tokenizer:
+        from transformers import AutoTokenizer
+
+        local = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    prompts = []
+    for _ in range(cfg.num_prompts):
+        text = " ".join(rng.choice(WORDS) for _ in range(cfg.random_input_len))
+        if local is not None:
+            ids = local(text).input_ids
+        else:
+            r = await client.post("/tokenize", json={"model": cfg.model, "prompt": text})
+            r.raise_for_status()
+            ids = r.json()["tokens"]
+        while len(ids) < cfg.random_input_len:
+            ids = ids + ids
+        prompts.append(ids[:cfg.random_input_len])
+    return prompts
+
+
+async def detokenize(client: httpx.AsyncClient, cfg: BenchConfig, ids: list[int]) -> str:
+    r = await client.post("/detokenize", json={"model": cfg.model, "tokens": ids})
+    r.raise_for_status()
+    return r.json()["prompt"]
+
+
+def request_body(cfg: BenchConfig, prompt: str | list[int]) -> dict:
+    body = {"model": cfg.model, "max_tokens": cfg.random_output_len, "stream": True, "temperature": 0.0,
+            "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
+    if cfg.endpoint == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def chunk_text(obj: dict) -> str:
+    choices = obj.get("choices") or []
+    if not choices:
+        return ""
+    c = choices[0]
+    return (c.get("delta") or {}).get("content") or "" if "delta" in c else c.get("text") or ""
+
+
+async def one_request(client: httpx.AsyncClient, cfg: BenchConfig, prompt) -> RequestResult:
+    res = RequestResult()
+    start = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", cfg.endpoint, json=request_body(cfg, prompt)) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200].decode(errors='replace')}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    res.ok = not res.error
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    res.error = str(obj["error"].get("message", obj["error"]))
+                    continue
+                if obj.get("usage"):
+                    res.prompt_tokens = obj["usage"]["prompt_tokens"]
+                    res.output_tokens = obj["usage"]["completion_tokens"]
+                if chunk_text(obj):
+                    now = time.perf_counter()
+                    if last is None:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+        res.ok = False
+    res.e2e = time.perf_counter() - start
+    return res
+
+
+async def run(cfg: BenchConfig) -> dict:
+    limits = httpx.Limits(max_connections=cfg.max_concurrency or cfg.num_prompts)
+    async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers(cfg.api_key), limits=limits,
+                                 timeout=httpx.Timeout(cfg.timeout)) as client:
+        cfg.model = await resolve_model(client, cfg)
+        if cfg.prompts is not None:
+            prompts = [cfg.prompts[i % len(cfg.prompts)] for i in range(cfg.num_prompts)]
+        else:
+            prompts = await random_prompts(client, cfg)
+            if cfg.endpoint == "/v1/chat/completions":
+                prompts = [await detokenize(client, cfg, p) for p in prompts]
+        gate = asyncio.Semaphore(cfg.max_concurrency or cfg.num_prompts)
+        rng = np.random.default_rng(cfg.seed)
+
+        async def limited(p):
+            async with gate:
+                return await one_request(client, cfg, p)
+
+        start = time.perf_counter()
+        tasks = []
+        for p in prompts:
+            tasks.append(asyncio.ensure_future(limited(p)))
+            if math.isfinite(cfg.request_rate):
+                await asyncio.sleep(float(rng.exponential(1.0 / cfg.request_rate)))
+        results = await asyncio.gather(*tasks)
+        return report(cfg, list(results), time.perf_counter() - start)
+
+
+def table(rep: dict):
+    from rich.table import Table
+
+    t = Table(title=f"bench serve: {rep['base_url']}{rep['endpoint']} ({rep['model']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for key in ("successful_requests", "failed_requests", "duration_s", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "output_throughput"):
+        v = rep[key]
+        t.add_row(key.replace("_", " "), f"{v:.2f}" if isinstance(v, float) else str(v))
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        for stat, v in rep[key].items():
+            t.add_row(f"{key[:-3].upper()} {stat} (ms)", f"{v:.2f}")
+    return t

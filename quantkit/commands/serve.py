@@ -1,0 +1,75 @@
+"""`quantkit serve MODEL`: an OpenAI-compatible HTTP server on the paged-KV engine (vLLM's flag names)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import typer
+
+from quantkit.commands.common import console, one_line_errors
+from quantkit.commands.generate import parse_size
+from quantkit.errors import QuantkitError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def api_keys(given: list[str] | None) -> tuple[str, ...]:
+    keys = list(given or [])
+    if not keys and os.environ.get("QUANTKIT_API_KEY"):
+        keys = [os.environ["QUANTKIT_API_KEY"]]
+    return tuple(keys)
+
+
+@one_line_errors
+def serve(
+    model: str = typer.Argument(..., help="Checkpoint folder (float, GPTQ or AWQ) or hub id."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    served_model_name: list[str] | None = typer.Option(None, "--served-model-name",
+                                                       help="Name(s) clients use in `model` (default: MODEL)."),
+    api_key: list[str] | None = typer.Option(None, "--api-key",
+                                             help="Accepted Bearer key(s); also QUANTKIT_API_KEY. Default: open."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens"),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization"),
+    kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV pool size on CPU, e.g. 512MiB."),
+    swap_space: float = typer.Option(0.0, "--swap-space", help="GiB of CPU swap for preempted requests."),
+    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching"),
+    block_size: int = typer.Option(16, "--block-size"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16 (GPU)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    chat_template: Path | None = typer.Option(None, "--chat-template", help="A Jinja chat template file."),
+    max_queued_requests: int | None = typer.Option(None, "--max-queued-requests",
+                                                   help="429 past this many waiting requests (default: unbounded)."),
+    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout",
+                                           help="Seconds requests in flight may take to finish on SIGTERM."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, streaming) until SIGTERM."""
+    import asyncio
+
+    from quantkit.engine.config import EngineConfig
+    from quantkit.serve.runner import serve as run
+    from quantkit.serve.settings import ServeSettings, read_chat_template
+
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise QuantkitError(f"--log-level {log_level!r}: expected debug, info, warning or error")
+    engine = EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                          enable_prefix_caching=enable_prefix_caching, gpu_memory_utilization=gpu_memory_utilization,
+                          kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
+                          swap_space=swap_space, dtype=dtype, device=device, num_threads=threads)
+    settings = ServeSettings(engine, host=host, port=port, served_model_names=tuple(served_model_name or ()),
+                             api_keys=api_keys(api_key), chat_template=read_chat_template(chat_template),
+                             max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
+                             log_level=log_level)
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    failure = asyncio.run(run(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True)))
+    if failure:
+        raise QuantkitError(f"the model failed to load: {failure}")

@@ -1,0 +1,26 @@
+"""Chat messages -> prompt text through the tokenizer's chat template (or --chat-template)."""
+
+from __future__ import annotations
+
+from quantkit.serve.errors import APIError
+from quantkit.serve.protocol import ChatMessage
+
+
+def render_chat(tokenizer, messages: list[ChatMessage], template: str | None, add_generation_prompt: bool,
+                continue_final_message: bool = False, kwargs: dict | None = None) -> str:
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, "this model's tokenizer has no chat template; start the server with "
+                            "--chat-template FILE (a Jinja template) to use /v1/chat/completions")
+    if continue_final_message and add_generation_prompt:
+        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
+    conversation = [{"role": m.role, "content": m.text() or ""} for m in messages]
+    try:
+        return tokenizer.apply_chat_template(conversation, chat_template=template, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message, **(kwargs or {}))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise APIError(400, f"the chat template failed on these messages: {exc}") from exc
+    except Exception as exc:  # jinja2's TemplateError and friends: the template, not the server, failed
+        if type(exc).__module__.startswith("jinja2"):
+            raise APIError(400, f"the chat template failed on these messages: {exc}") from exc
+        raise

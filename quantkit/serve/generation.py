@@ -1,0 +1,227 @@
+"""Drive engine requests for one HTTP request: admission, disconnect watching, streaming, collecting.
+
+A handler builds `Job` (its prompts' token ids and the SamplingParams), then either `respond()`s
+with a full body or `stream()`s SSE chunks. Both abort every engine request of the job when the
+client goes away: streaming through Starlette cancelling the body iterator, non-streaming through
+a watcher on the ASGI receive channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from quantkit.engine.request import RequestOutput
+from quantkit.engine.sampling_params import SamplingParams
+from quantkit.errors import QuantkitError
+from quantkit.serve.errors import APIError, sse_error
+from quantkit.serve.responses import SSE_DONE, Format, sse, usage
+from quantkit.serve.state import ServerState
+
+log = logging.getLogger("quantkit.serve")
+Item = tuple[int, RequestOutput]  # (prompt index, cumulative output)
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was ready."""
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    from quantkit.serve.interim_front import EngineDeadError, QueueFullError
+
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return APIError(429, f"server overloaded: {exc}", headers={"Retry-After": "1"})
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, f"the engine failed: {exc}")
+    if isinstance(exc, QuantkitError):
+        return APIError(400, str(exc))
+    log.exception("request failed", exc_info=exc)
+    return APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, coro):
+    """Await `coro`; if the client disconnects first, cancel it (which aborts its engine requests)."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise ClientGone()
+    return task.result()
+
+
+@dataclass
+class Job:
+    state: ServerState
+    fmt: Format
+    prompts: list[list[int]]
+    params: SamplingParams
+    stream_usage: bool = False
+    continuous_usage: bool = False
+    request_ids: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_body(cls, state: ServerState, fmt: Format, prompts: list[list[int]], params: SamplingParams, body) -> Job:
+        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`)."""
+        opts = body.stream_options
+        usage_on = bool(opts and opts.include_usage)
+        return cls(state, fmt, prompts, params, usage_on, usage_on and opts.continuous_usage_stats)
+
+    async def run(self, request: Request, stream: bool):
+        return await (self.stream(request) if stream else self.respond(request))
+
+    def __post_init__(self):
+        self.request_ids = [f"{self.fmt.id}-{i}" for i in range(len(self.prompts))]
+
+    async def _one(self, i: int) -> AsyncIterator[Item]:
+        async for out in self.state.llm.generate(self.prompts[i], self.params, self.request_ids[i]):
+            if out.error:
+                raise APIError(400, out.error)
+            yield i, out
+
+    async def outputs(self) -> AsyncIterator[Item]:
+        """Every prompt's outputs, merged as they come."""
+        if len(self.prompts) == 1:
+            async for item in self._one(0):
+                yield item
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i):
+            try:
+                async for item in self._one(i):
+                    queue.put_nowait((item, None))
+            except Exception as exc:  # handed to the consumer, which raises it
+                queue.put_nowait((None, exc))
+            finally:
+                queue.put_nowait((None, None))
+
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(self.prompts))]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                if item is None:
+                    remaining -= 1
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def abort_all(self) -> None:
+        for rid in self.request_ids:
+            await self.state.llm.abort(rid)
+
+    async def _first(self, request: Request, it: AsyncIterator[Item]) -> Item:
+        try:
+            return await until_disconnect(request, it.__anext__())
+        except ClientGone:
+            await self.abort_all()
+            raise
+        except Exception as exc:
+            raise to_api_error(exc) from exc
+
+    async def respond(self, request: Request):
+        """The whole response once every request finished (404/400/429/500 as APIError)."""
+        async def collect():
+            finals: dict[int, RequestOutput] = {}
+            async for i, out in self.outputs():
+                finals[i] = out
+            return finals
+
+        try:
+            finals = await until_disconnect(request, collect())
+        except ClientGone:
+            await self.abort_all()
+            return JSONResponse({}, 499)
+        except Exception as exc:
+            raise to_api_error(exc) from exc
+        n = self.params.n
+        choices = [self.fmt.full_choice(i * n + c.index, i, c) for i in sorted(finals) for c in finals[i].outputs]
+        body = self.fmt.envelope(choices, chunk=False)
+        body["usage"] = self._usage(finals.values())
+        return JSONResponse(body)
+
+    @staticmethod
+    def _usage(outs) -> dict:
+        outs = list(outs)
+        return usage(sum(len(o.prompt_token_ids) for o in outs),
+                     sum(len(c.token_ids) for o in outs for c in o.outputs))
+
+    async def stream(self, request: Request) -> StreamingResponse:
+        it = self.outputs()
+        first = await self._first(request, it)  # admission errors are still proper HTTP statuses here
+        return StreamingResponse(self._events(it, first), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _events(self, it: AsyncIterator[Item], first: Item) -> AsyncIterator[str]:
+        n = self.params.n
+        sent: dict[int, tuple[int, int]] = {}  # choice index -> (chars, tokens) already sent
+        latest: dict[int, RequestOutput] = {}
+        finished = False
+        try:
+            for chunk in self.fmt.first_chunks(list(range(len(self.prompts) * n))):
+                yield sse(chunk)
+            item = first
+            while item is not None:
+                i, out = item
+                latest[i] = out
+                for c in out.outputs:
+                    chunk = self._delta(i * n + c.index, i, c, sent)
+                    if chunk is not None:
+                        if self.continuous_usage:
+                            chunk["usage"] = self._usage(latest.values())
+                        yield sse(chunk)
+                item = await it.__anext__() if not _all_done(latest, len(self.prompts)) else None
+            finished = True
+            if self.stream_usage:
+                tail = self.fmt.envelope([], chunk=True)
+                tail["usage"] = self._usage(latest.values())
+                yield sse(tail)
+        except StopAsyncIteration:
+            finished = True
+        except Exception as exc:
+            finished = True
+            err = to_api_error(exc)
+            yield sse_error(err.status, err.message)
+        finally:
+            if not finished:  # the client left: cancelled here, abort what is left in the engine
+                await self.abort_all()
+        yield SSE_DONE
+
+    def _delta(self, index: int, prompt_index: int, c, sent: dict) -> dict | None:
+        chars, toks = sent.get(index, (0, 0))
+        if toks < 0:
+            return None  # this choice already finished
+        done = c.finish_reason is not None
+        text = c.text[chars:]
+        if not text and not done and (self.fmt.top_logprobs is None or len(c.token_ids) == toks):
+            return None
+        if index not in sent and self.fmt.echo_texts:
+            text = self.fmt.echo_texts[prompt_index] + text
+        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), chars, done)
+        sent[index] = (len(c.text), -1 if done else len(c.token_ids))
+        return self.fmt.envelope([choice], chunk=True)
+
+
+def _all_done(latest: dict[int, RequestOutput], num_prompts: int) -> bool:
+    return len(latest) == num_prompts and all(o.finished for o in latest.values())

@@ -1,0 +1,104 @@
+"""Response bodies and stream chunks, as OpenAI and vLLM write them (plain dicts -> compact JSON)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from quantkit.engine.request import CompletionOutput
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def token_text(tokenizer, token_id: int, decoded: str | None) -> str:
+    return decoded if decoded is not None else tokenizer.decode([token_id])
+
+
+def completion_logprobs(tokenizer, out: CompletionOutput, start: int, end: int, offset: int) -> dict:
+    """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs, text_offset (for tokens start..end)."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for tok, entry in zip(out.token_ids[start:end], out.logprobs[start:end]):
+        text = token_text(tokenizer, tok, entry[tok].decoded_token)
+        tokens.append(text)
+        lps.append(entry[tok].logprob)
+        tops.append({token_text(tokenizer, t, lp.decoded_token): lp.logprob for t, lp in entry.items()})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer, out: CompletionOutput, start: int, end: int, top: int) -> dict:
+    """OpenAI's chat shape: content = [{token, logprob, bytes, top_logprobs: [...]}]."""
+    def item(t, lp):
+        text = token_text(tokenizer, t, lp.decoded_token)
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode())}
+
+    content = []
+    for tok, entry in zip(out.token_ids[start:end], out.logprobs[start:end]):
+        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+        content.append({**item(tok, entry[tok]), "top_logprobs": [item(t, lp) for t, lp in ranked[:top]]})
+    return {"content": content}
+
+
+@dataclass
+class Format:
+    """What differs between /v1/completions and /v1/chat/completions on the wire."""
+
+    chat: bool
+    model: str
+    tokenizer: object
+    top_logprobs: int | None  # None: logprobs not asked for
+    echo_texts: list[str] | None = None  # completions with echo: each prompt's text
+
+    def __post_init__(self):
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def envelope(self, choices: list[dict], chunk: bool) -> dict:
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def logprobs(self, out: CompletionOutput, start: int, end: int, offset: int) -> dict | None:
+        if self.top_logprobs is None or out.logprobs is None:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer, out, start, end, self.top_logprobs)
+        return completion_logprobs(self.tokenizer, out, start, end, offset)
+
+    def first_chunks(self, indices: list[int]) -> list[dict]:
+        """Chat streams open each choice with the role."""
+        if not self.chat:
+            return []
+        return [self.envelope([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}], chunk=True) for i in indices]
+
+    def delta_choice(self, index: int, text: str, out: CompletionOutput, start: int, end: int, offset: int,
+                     finished: bool) -> dict:
+        reason = out.finish_reason if finished else None
+        lp = self.logprobs(out, start, end, offset)
+        if self.chat:
+            return {"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": reason,
+                    "stop_reason": out.stop_reason if finished else None}
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason,
+                "stop_reason": out.stop_reason if finished else None}
+
+    def full_choice(self, index: int, prompt_index: int, out: CompletionOutput) -> dict:
+        echo = self.echo_texts[prompt_index] if self.echo_texts else ""
+        lp = self.logprobs(out, 0, len(out.token_ids), len(echo))
+        if self.chat:
+            return {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
+                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        return {"index": index, "text": echo + out.text, "logprobs": lp, "finish_reason": out.finish_reason,
+                "stop_reason": out.stop_reason}

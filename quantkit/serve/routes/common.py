@@ -1,0 +1,32 @@
+"""What the routes share: the server state, prompt tokenization."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from quantkit.serve.errors import APIError
+from quantkit.serve.protocol import Prompt
+from quantkit.serve.state import ServerState
+
+
+def server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def encode(engine, text: str, add_special_tokens: bool = True) -> list[int]:
+    return engine.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+
+
+def prompt_token_ids(engine, prompt: Prompt) -> list[list[int]]:
+    """A string, a list of strings, a list of token ids, or a list of such lists -> token id lists."""
+    if isinstance(prompt, str):
+        prompts = [encode(engine, prompt)]
+    elif prompt and all(isinstance(p, str) for p in prompt):
+        prompts = [encode(engine, p) for p in prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]
+    else:
+        prompts = [list(p) for p in prompt]
+    if not prompts or any(not p for p in prompts):
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    return prompts

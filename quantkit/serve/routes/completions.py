@@ -1,0 +1,32 @@
+"""POST /v1/completions: string, list of strings or token ids; echo; logprobs; streaming."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from quantkit.serve.generation import Job
+from quantkit.serve.protocol import CompletionRequest
+from quantkit.serve.responses import Format
+from quantkit.serve.routes.common import prompt_token_ids, server
+from quantkit.serve.sampling import check_context, num_logprobs, requested_max_tokens, sampling_params
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state = server(request)
+    engine = state.require_ready()
+    model = state.check_model(body.model)
+    prompts = prompt_token_ids(engine, body.prompt)
+    max_tokens = requested_max_tokens(body)
+    for ids in prompts:
+        check_context(len(ids), max_tokens, engine.max_model_len)
+    params = sampling_params(body, max_tokens)
+    state.check_queue()
+    echo = None
+    if body.echo:
+        echo = [body.prompt] if isinstance(body.prompt, str) else (
+            list(body.prompt) if isinstance(body.prompt[0], str) else [engine.tokenizer.decode(p) for p in prompts])
+    fmt = Format(chat=False, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body), echo_texts=echo)
+    return await Job.for_body(state, fmt, prompts, params, body).run(request, body.stream)

@@ -1,0 +1,87 @@
+"""Run the app under uvicorn with our own signal handling: SIGTERM/Ctrl-C drains, then exits 0.
+
+The drain: the engine front stops admission (new requests get 503), requests in flight get up to
+`shutdown_timeout` seconds to finish, the rest are aborted (finish_reason "abort"), then uvicorn
+closes its connections. A second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable
+
+import uvicorn
+
+from quantkit.serve.app import build_app
+from quantkit.serve.settings import ServeSettings
+from quantkit.serve.state import ServerState
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # ours are installed by `serve`: uvicorn's would exit without draining
+        yield
+
+
+def make_front(settings: ServeSettings):
+    from quantkit.serve.interim_front import InterimAsyncLLM as AsyncLLM
+
+    return AsyncLLM(settings.engine, max_queued_requests=settings.max_queued_requests)
+
+
+async def serve(settings: ServeSettings, say: Callable[[str], None] = print, app_factory=build_app) -> str | None:
+    """Serve until a signal drains the server; returns why the engine failed to load, if it did."""
+    state = ServerState(None, settings, make_llm=lambda: make_front(settings))
+    app = app_factory(state, settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            lifespan="on", access_log=False, timeout_graceful_shutdown=5)
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if draining:  # a second signal: stop now
+            server.force_exit = True
+            server.should_exit = True
+            return
+        say(f"{sig.name}: draining (up to {settings.shutdown_timeout:g} s for requests in flight)")
+        draining.append(asyncio.ensure_future(_drain(state, server, settings.shutdown_timeout)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    announcer = asyncio.ensure_future(_announce_when_ready(state, server, settings, say))
+    try:
+        await server.serve()
+    finally:
+        announcer.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if state.engine_state not in ("dead", "loading") and not draining:
+            await state.llm.shutdown(0)
+    return state.error if state.engine_state == "dead" else None
+
+
+async def _drain(state: ServerState, server: uvicorn.Server, timeout: float) -> None:
+    try:
+        if state.llm is not None:
+            await state.llm.shutdown(timeout)
+    finally:
+        server.should_exit = True
+
+
+async def _announce_when_ready(state: ServerState, server: uvicorn.Server, settings: ServeSettings,
+                               say: Callable[[str], None]) -> None:
+    url = f"http://{settings.host}:{settings.port}"
+    say(f"loading {settings.engine.model} (served as {', '.join(settings.served_model_names)}); "
+        f"{url}/health answers 503 until it is ready")
+    while state.engine_state == "loading":
+        await asyncio.sleep(0.05)
+    if state.engine_state == "dead":
+        server.should_exit = True  # a server that can never answer should not sit on its port
+        return
+    engine = state.llm.engine
+    say(f"model {settings.engine.model}: max_model_len {engine.max_model_len}")
+    say(engine.kv_plan.describe())
+    say(f"ready: serving the OpenAI API on {url}/v1")

@@ -1,0 +1,70 @@
+"""Request fields -> SamplingParams, and the context-length check (vLLM's wording)."""
+
+from __future__ import annotations
+
+from quantkit.engine.sampling_params import SamplingParams
+from quantkit.errors import QuantkitError
+from quantkit.serve.errors import APIError
+from quantkit.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+MAX_LOGPROBS = 20
+
+
+def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The max_tokens to run with; 400 when prompt + completion cannot fit in the context."""
+    if prompt_len >= max_model_len:
+        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                            f"has {prompt_len} input tokens. Please reduce the length of the input messages.",
+                       param="messages")
+    if max_tokens is None:
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the "
+                            f"completion). Please reduce the length of the messages or completion.",
+                       param="max_tokens")
+    return max_tokens
+
+
+def requested_max_tokens(req: SamplingFields) -> int | None:
+    if isinstance(req, ChatCompletionRequest):
+        return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS
+
+
+def num_logprobs(req: SamplingFields) -> int | None:
+    if isinstance(req, CompletionRequest):
+        n = req.logprobs
+    elif req.logprobs:
+        n = req.top_logprobs or 0
+    elif req.top_logprobs is not None:
+        raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    else:
+        n = None
+    if n is not None and not 0 <= n <= MAX_LOGPROBS:
+        raise APIError(400, f"logprobs must be in 0..{MAX_LOGPROBS} (got {n})", param="logprobs")
+    return n
+
+
+def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
+    """Validated SamplingParams; a bad value is a 400 naming the field."""
+    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    kwargs = dict(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0, min_p=req.min_p or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+        seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, n=req.n,
+        stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output, logprobs=num_logprobs(req),
+        skip_special_tokens=req.skip_special_tokens, spaces_between_special_tokens=req.spaces_between_special_tokens,
+    )
+    import dataclasses  # INTERIM: until engine-serve's SamplingParams (penalties, logprobs) is merged
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    kwargs = {k: v for k, v in kwargs.items() if k in known}
+    try:
+        return SamplingParams(**kwargs)
+    except QuantkitError as exc:
+        raise APIError(400, str(exc)) from exc

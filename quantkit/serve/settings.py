@@ -1,0 +1,49 @@
+"""ServeSettings: every server knob in one validated object, built at the CLI edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantkit.engine.config import EngineConfig
+from quantkit.errors import QuantkitError
+
+
+@dataclass(slots=True)
+class ServeSettings:
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: tuple[str, ...] = ()  # empty: the model argument as given
+    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    chat_template: str | None = None  # the template's text (read from --chat-template FILE)
+    max_queued_requests: int | None = None  # None: unbounded, as vLLM
+    shutdown_timeout: float = 30.0  # seconds requests in flight may take to finish on SIGTERM
+    log_level: str = "info"
+    extra: dict = field(default_factory=dict)  # room for later options (hooks read their own keys)
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise QuantkitError(f"--port must be in 0..65535 (got {self.port})")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise QuantkitError(f"--max-queued-requests must be at least 1 (got {self.max_queued_requests})")
+        if self.shutdown_timeout < 0:
+            raise QuantkitError(f"--shutdown-timeout must be >= 0 seconds (got {self.shutdown_timeout})")
+        if any(not k for k in self.api_keys):
+            raise QuantkitError("--api-key must not be empty")
+        if not self.served_model_names:
+            self.served_model_names = (self.engine.model,)
+
+    @property
+    def model_name(self) -> str:
+        """The first served name: what responses report, and what an omitted `model` means."""
+        return self.served_model_names[0]
+
+
+def read_chat_template(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QuantkitError(f"--chat-template {path}: cannot read it ({exc})") from exc
