@@ -152,15 +152,19 @@ class _KeyState:
 
 
 class Lease:
-    """One admitted request of a key; `release(tokens)` when it ends (once), charging its tokens."""
+    """One admitted request of a key. `add_tokens` as its engine requests end; `release()` when the HTTP
+    request ends (once), which charges the tokens added so far (plus `num_tokens`)."""
 
     def __init__(self, ring: KeyRing, key: ApiKey):
-        self._ring, self.key, self._done = ring, key, False
+        self._ring, self.key, self._done, self.tokens = ring, key, False, 0
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += n
 
     def release(self, num_tokens: int = 0) -> None:
         if not self._done:
             self._done = True
-            self._ring._release(self.key.name, num_tokens)
+            self._ring._release(self.key.name, self.tokens + num_tokens)
 
 
 class KeyRing:

@@ -60,6 +60,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._labels = {"model_name": model_name, "engine": "0"}
         self._engine_totals: dict[str, float] = {}
+        self.weights_bytes: int | None = None  # set once the model is loaded
         self._lock = threading.Lock()  # delta bookkeeping of update_from_stats
         self._build_gauges()
         self._build_counters()
@@ -144,20 +145,32 @@ class ServerMetrics:
     # -- feeding ------------------------------------------------------------------------------------
 
     def observe_finished(self, output: Any) -> None:
-        """One finished RequestOutput (per the serving contract): its reason, token counts and phase times."""
+        """One finished RequestOutput (per the serving contract): its reason, token counts and phase times.
+        A phase the engine does not time (its RequestMetrics lacks the property, or it is None) is skipped."""
         m = output.metrics
         reason = output.outputs[0].finish_reason if output.outputs else None
         self.request_success[reason if reason in self.request_success else "error"].inc()
-        self.request_prompt_tokens.observe(m.num_prompt_tokens)
-        self.request_generation_tokens.observe(m.num_generation_tokens)
-        for hist, value in ((self.e2e_latency, m.e2e_time), (self.queue_time, m.queue_time), (self.prefill_time, m.prefill_time),
-                            (self.decode_time, m.decode_time), (self.time_to_first_token, m.time_to_first_token)):
-            if value is not None:
-                hist.observe(_nonneg(value))
-        if m.prefill_time is not None and m.decode_time is not None:
-            self.inference_time.observe(_nonneg(m.prefill_time + m.decode_time))
-        if m.num_generation_tokens > 1 and m.decode_time is not None:
-            self.time_per_output_token.observe(_nonneg(m.decode_time) / (m.num_generation_tokens - 1))
+        num_generated = sum(len(c.token_ids) for c in output.outputs)
+        self.request_prompt_tokens.observe(len(output.prompt_token_ids))
+        self.request_generation_tokens.observe(num_generated)
+        if m is None:
+            return
+        phases = {name: getattr(m, name, None) for name in
+                  ("e2e_time", "queue_time", "prefill_time", "decode_time", "time_to_first_token")}
+        for name, hist in (("e2e_time", self.e2e_latency), ("queue_time", self.queue_time),
+                           ("prefill_time", self.prefill_time), ("decode_time", self.decode_time),
+                           ("time_to_first_token", self.time_to_first_token)):
+            if phases[name] is not None:
+                hist.observe(_nonneg(phases[name]))
+        if phases["prefill_time"] is not None and phases["decode_time"] is not None:
+            self.inference_time.observe(_nonneg(phases["prefill_time"] + phases["decode_time"]))
+        if num_generated > 1 and phases["decode_time"] is not None:
+            self.time_per_output_token.observe(_nonneg(phases["decode_time"]) / (num_generated - 1))
+
+    def observe_unfinished(self, reason: str) -> None:
+        """A request that ended without a finished output reaching the server: "abort" (its client
+        left first) or "error" (the engine failed under it)."""
+        self.request_success[reason].inc()
 
     def observe_token_times(self, times: Sequence[float]) -> None:
         """Inter-token latencies: the gaps between consecutive token times of one request (seconds)."""
@@ -175,7 +188,7 @@ class ServerMetrics:
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_usage)
         self.num_requests_swapped.set(getattr(stats, "num_swapped", 0))
-        self.swap_blocks_in_use.set(getattr(stats, "swap_blocks_in_use", 0))
+        self.swap_blocks_in_use.set(getattr(stats, "swap_blocks_used", 0))
         totals = {
             "prompt_tokens": (self.prompt_tokens, stats.prompt_tokens),
             "generation_tokens": (self.generation_tokens, stats.generation_tokens),
@@ -191,6 +204,7 @@ class ServerMetrics:
                     counter.inc(delta)
 
     def set_model_weights_bytes(self, num_bytes: int) -> None:
+        self.weights_bytes = num_bytes
         self.model_weights_bytes.set(num_bytes)
 
     def observe_http(self, handler: str, method: str, status: int, seconds: float) -> None:
@@ -210,3 +224,27 @@ class ServerMetrics:
 def _nonneg(seconds: float) -> float:
     # Monotonic differences are never negative; a clock read out of order by a thread switch can be -1e-7.
     return max(0.0, seconds)
+
+
+class TokenClock:
+    """Token times of one request from its cumulative outputs: the engine's `last_token_time` each time
+    the token count grows. When one output brings k > 1 new tokens (the reader fell behind), their
+    times are spread evenly since the previous one. Holds one request's times: bounded by max_tokens."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._tokens = 0
+
+    def update(self, output: Any, now: float) -> None:
+        """`now`: the server's clock, used when the engine does not time its tokens (no last_token_time)."""
+        last = getattr(output.metrics, "last_token_time", None) or now
+        n = sum(len(c.token_ids) for c in output.outputs)
+        if n <= self._tokens or last is None:
+            return
+        prev = self.times[-1] if self.times else None
+        k = n - self._tokens
+        if prev is None:
+            self.times.append(last)  # the first token; more that came with it get the same time
+            prev, k = last, k - 1
+        self.times.extend(prev + (last - prev) * (j + 1) / k for j in range(k))
+        self._tokens = n
