@@ -159,7 +159,10 @@ class Lease:
         self._ring, self.key, self._done, self.tokens = ring, key, False, 0
 
     def add_tokens(self, n: int) -> None:
-        self.tokens += n
+        if self._done:  # used after the HTTP request ended (a stream's tail): charged at once
+            self._ring._charge(self.key.name, n)
+        else:
+            self.tokens += n
 
     def release(self, num_tokens: int = 0) -> None:
         if not self._done:
@@ -224,8 +227,12 @@ class KeyRing:
 
     def _release(self, name: str, num_tokens: int) -> None:
         with self._lock:
+            self._state[name].in_flight -= 1
+        self._charge(name, num_tokens)
+
+    def _charge(self, name: str, num_tokens: int) -> None:
+        with self._lock:
             st = self._state[name]
-            st.in_flight -= 1
             st.tokens_total += num_tokens
             if st.tokens is not None:
                 st.tokens.refill(self._clock())

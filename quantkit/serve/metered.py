@@ -27,11 +27,17 @@ class MeteredLLM:
         return getter() if getter is not None else self.inner.engine.get_stats()
 
     async def generate(self, prompt, params, request_id: str) -> AsyncIterator:
-        clock, last, ended = TokenClock(), None, "abort"  # a consumer that stops iterating aborts it
+        """The wrapped front's outputs, observed. A finished output is accounted before it is passed on:
+        a consumer that stops at the finished output never resumes this generator, whose `finally` then
+        runs only when it is collected, outside the request."""
+        clock, usage, last, ended = TokenClock(), _Usage(current_lease.get()), None, "abort"
         try:
             async for out in self.inner.generate(prompt, params, request_id):
                 clock.update(out, time.monotonic())
+                usage.update(out)
                 last = out
+                if out.finished:
+                    self._account(clock, last, "finished")
                 yield out
         except Exception as exc:
             if type(exc).__name__ == "QueueFullError":  # the front's own admission check
@@ -39,21 +45,28 @@ class MeteredLLM:
             ended = "error"
             raise
         finally:
-            self._account(clock, last, ended)
+            if last is None or not last.finished:
+                self._account(clock, last, ended)
 
     def _account(self, clock: TokenClock, last, ended: str) -> None:
         """Once per request, however it ended: finished, aborted (the client left), or failed. A request
         refused before any output (queue full, bad prompt) never ran and counts as no request."""
         self.metrics.observe_token_times(clock.times)
-        if last is None:
-            if ended == "abort":
-                self.metrics.observe_unfinished("abort")
-            return
-        used = len(last.prompt_token_ids) + sum(len(c.token_ids) for c in last.outputs)
-        lease = current_lease.get()
-        if lease is not None:
-            lease.add_tokens(used)
-        if last.finished:
+        if last is not None and last.finished:
             self.metrics.observe_finished(last)
-        else:
+        elif last is not None or ended == "abort":
             self.metrics.observe_unfinished(ended)
+
+
+class _Usage:
+    """Charges a request's tokens (prompt + generated) to its API key's lease as they come, so that a
+    request cut short still pays for what it used."""
+
+    def __init__(self, lease):
+        self.lease, self.charged = lease, 0
+
+    def update(self, out) -> None:
+        used = len(out.prompt_token_ids) + sum(len(c.token_ids) for c in out.outputs)
+        if self.lease is not None and used > self.charged:
+            self.lease.add_tokens(used - self.charged)
+        self.charged = max(self.charged, used)

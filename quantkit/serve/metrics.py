@@ -92,6 +92,10 @@ class ServerMetrics:
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_cache_hits = c(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.engine_finished = c(
+            "quantkit:engine_finished_requests",
+            "Requests the engine finished for any reason, by its own count; equals the sum of "
+            "vllm:request_success_total whenever no request is in flight.")
         success = self._family(Counter, "vllm:request_success", "Count of successfully processed requests.",
                                ("finished_reason",))
         self.request_success = {r: success.labels(**self._labels, finished_reason=r) for r in FINISH_REASONS}
@@ -195,6 +199,7 @@ class ServerMetrics:
             "num_preemptions": (self.num_preemptions, stats.num_preemptions_total),
             "prefix_cache_queries": (self.prefix_cache_queries, stats.prefix_cache_queries),
             "prefix_cache_hits": (self.prefix_cache_hits, stats.prefix_cache_hits),
+            "num_finished": (self.engine_finished, stats.num_finished),
         }
         with self._lock:
             for key, (counter, total) in totals.items():

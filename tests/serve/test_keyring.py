@@ -85,7 +85,13 @@ def test_tokens_per_minute_charged_at_release_with_debt():
     assert e.value.retry_after == pytest.approx(5.1)  # back to 1 token: (1 + 50) / 10
     assert e.value.retry_after_header == "6"
     clock.now += 5.1
-    ring.admit(key).release(num_tokens=1)
+    lease = ring.admit(key)
+    lease.add_tokens(30)
+    lease.release()
+    lease.add_tokens(30)  # after the release (a stream's tail): still charged
+    with pytest.raises(RateLimited) as e:
+        ring.admit(key)
+    assert e.value.retry_after == pytest.approx(6.0)  # (1 + 59) / 10: both 30s charged
 
 
 def test_the_429_body_is_openai_shaped_and_names_the_limit():

@@ -16,6 +16,7 @@ from quantkit.serve.metrics import (
     REQUEST_LATENCY_BUCKETS,
     TIME_TO_FIRST_TOKEN_BUCKETS,
     ServerMetrics,
+    TokenClock,
     counter_delta,
     one_two_five_buckets,
 )
@@ -54,7 +55,8 @@ class _Metrics:
 
 @dataclass
 class _Choice:
-    finish_reason: str
+    finish_reason: str | None
+    token_ids: list = field(default_factory=lambda: [1] * 5)
 
 
 @dataclass
@@ -62,6 +64,7 @@ class _Output:
     outputs: list
     metrics: _Metrics = field(default_factory=_Metrics)
     finished: bool = True
+    prompt_token_ids: list = field(default_factory=lambda: [0] * 7)
 
 
 @dataclass
@@ -74,6 +77,7 @@ class _Stats:
     num_preemptions_total: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    num_finished: int = 0
 
 
 def scrape(metrics: ServerMetrics) -> dict:
@@ -160,7 +164,7 @@ def test_a_request_that_never_got_a_token_counts_without_ttft():
     never.__class__ = type("_NoToken", (_Metrics,), {
         "prefill_time": property(lambda s: None), "decode_time": property(lambda s: None),
         "time_to_first_token": property(lambda s: None)})
-    m.observe_finished(_Output([_Choice("abort")], metrics=never))
+    m.observe_finished(_Output([_Choice("abort", [])], metrics=never))
     fams = scrape(m)
     assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") == 1
     assert sample(fams, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") == 0
@@ -214,3 +218,17 @@ def test_two_servers_in_one_process_do_not_share_metrics():
     a.observe_rejected("queue_full")
     assert sample(scrape(b), "quantkit:requests_rejected", "quantkit:requests_rejected_total",
                   reason="queue_full") == 0
+
+
+def test_token_clock_from_cumulative_outputs():
+    clock = TokenClock()
+    for n, t in ((1, 5.0), (1, 5.0), (2, 5.5), (5, 7.0)):  # the last output brings 3 tokens at once
+        clock.update(_Output([_Choice(None, [1] * n)], metrics=_Metrics(last_token_time=t)), now=99.0)
+    assert clock.times == [5.0, 5.5, 6.0, 6.5, 7.0]
+
+
+def test_token_clock_uses_the_server_clock_when_the_engine_gives_no_token_time():
+    clock = TokenClock()
+    clock.update(_Output([_Choice(None, [1])], metrics=None), now=1.0)
+    clock.update(_Output([_Choice(None, [1, 1])], metrics=None), now=1.25)
+    assert clock.times == [1.0, 1.25]
