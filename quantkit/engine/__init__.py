@@ -5,7 +5,7 @@ Imports are lazy so that `import quantkit.engine` stays cheap (no torch/transfor
 
 from __future__ import annotations
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput", "AsyncLLM"]
 
 
 def __getattr__(name: str):
@@ -21,6 +21,10 @@ def __getattr__(name: str):
         from quantkit.engine.config import EngineConfig
 
         return EngineConfig
+    if name == "AsyncLLM":
+        from quantkit.engine.async_llm import AsyncLLM
+
+        return AsyncLLM
     if name in ("RequestOutput", "CompletionOutput"):
         from quantkit.engine import request
 

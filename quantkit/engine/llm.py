@@ -42,6 +42,8 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
+                if not out.finished:
+                    continue
                 results[out.request_id] = out
                 if on_output is not None:
                     on_output(out)

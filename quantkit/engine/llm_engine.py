@@ -1,5 +1,6 @@
-"""LLMEngine: add requests, step. One step reads top to bottom: schedule, run the model, sample,
-then update each request (detokenize, check stops, free the finished)."""
+"""LLMEngine: add requests, abort them, step. One step reads top to bottom: schedule, run the model,
+sample, then update each request (logprobs, detokenize, check stops, free the finished), and hand
+back an output for every request that changed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from quantkit.engine.detokenizer import IncrementalDetokenizer, find_stop
 from quantkit.engine.kv_cache_manager import KVCacheManager
 from quantkit.engine.kv_sizing import plan_kv
 from quantkit.engine.model_runner import ModelRunner, kv_block_bytes
-from quantkit.engine.request import CompletionOutput, Request, RequestMetrics, RequestOutput, RequestStatus
+from quantkit.engine.logprobs import logprob_dicts
+from quantkit.engine.parallel_sampling import RequestGroup, child_id, child_params
+from quantkit.engine.request import Request, RequestOutput, RequestStatus
 from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.scheduler import Scheduler, SchedulerOutput
@@ -81,12 +84,17 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, swap)
         self.runner = ModelRunner(self.model, self.kv_plan.num_blocks, cfg.block_size,
                                   self.kv_plan.num_swap_blocks, self.dtype, self.device)
-        self.sampler = Sampler(cfg.seed)
+        self.swap = swap
+        self.sampler = Sampler(cfg.seed, self.eos_ids)
         self.collector = StatsCollector()
         self._detoks: dict[str, IncrementalDetokenizer] = {}
-        self._rejected: list[Request] = []
+        self._groups: dict[str, RequestGroup] = {}  # live user requests, by id
+        self._group_of: dict[str, RequestGroup] = {}  # child (scheduler) request id -> its user request
+        self._changed: dict[str, RequestGroup] = {}  # user requests with news for the next step's outputs
+        self._token_text: dict[int, str] = {}  # decoded single tokens for logprobs (bounded by the vocabulary)
         self._ids = itertools.count()
         self.last_step = StepStats()
+        self.last_error: Exception | None = None  # what failed the last step, if it failed
         log.info(self.kv_plan.describe())
 
     @staticmethod
@@ -100,66 +108,154 @@ class LLMEngine:
                                 f"which the engine does not implement; pass max_model_len <= {s.sliding_window}")
         return n
 
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None) -> str:
-        """Queue a prompt (text or token ids). A bad prompt becomes a finished request with an error."""
-        rid = request_id if request_id is not None else str(next(self._ids))
-        text = prompt if isinstance(prompt, str) else None
-        ids = list(prompt) if text is None else (self.tokenizer(text).input_ids if text else [])
-        req = Request(rid, ids, params, self.cfg.block_size, prompt=text)
-        error = self._check_prompt(ids)
-        if error:
-            req.status, req.finish_reason, req.error = RequestStatus.FINISHED, "error", error
-            self._rejected.append(req)
-        else:
-            self._detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids)
-            self.scheduler.add_request(req)
-        return rid
-
-    def _check_prompt(self, ids: list[int]) -> str | None:
+    def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt (text or ids), checked; a bad prompt raises QuantkitError."""
+        ids = list(prompt) if not isinstance(prompt, str) else (self.tokenizer(prompt).input_ids if prompt else [])
         if not ids:
-            return "empty prompt"
+            raise QuantkitError("empty prompt")
         if len(ids) > self.max_model_len:
-            return f"prompt has {len(ids)} tokens, more than max_model_len {self.max_model_len}"
+            raise QuantkitError(f"prompt has {len(ids)} tokens, more than max_model_len {self.max_model_len}")
         vocab = self.model.shape.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
-            return f"prompt holds token ids outside the vocabulary [0, {vocab})"
-        return None
+            raise QuantkitError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
+        return ids
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None,
+                    arrival_time: float | None = None, reject_bad_prompt: bool = False) -> str:
+        """Queue a prompt (text or token ids) for `params.n` samples. A bad prompt becomes a finished
+        request with an error (its output comes with the next step), or with `reject_bad_prompt` raises
+        QuantkitError and queues nothing. A live id raises QuantkitError."""
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self._groups:
+            raise QuantkitError(f"request id {rid!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        try:
+            ids, error = self.encode_prompt(prompt), None
+        except QuantkitError as e:
+            if reject_bad_prompt:
+                raise
+            ids, error = ([] if text is not None else list(prompt)), str(e)
+        children = [Request(child_id(rid, i, params.n), ids, child_params(params, i), self.cfg.block_size,
+                            prompt=text, arrival_time=arrival) for i in range(params.n)]
+        group = self._groups[rid] = RequestGroup(rid, text, ids, children)
+        for child in children:
+            self._group_of[child.request_id] = group
+            if error:
+                child.error = error
+                self._finish(child, "error")
+            else:
+                self._detoks[child.request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+                self.scheduler.add_request(child)
+        return rid
+
+    def abort_request(self, request_id: str) -> bool:
+        """End a request in any state; every KV and swap block it holds is free when this returns.
+        Its output (finish_reason "abort") comes with the next step. False if unknown or already finished."""
+        group = self._groups.get(request_id)
+        if group is None or group.finished:
+            return False
+        for child in group.children:
+            if not child.is_finished:
+                self._finish(child, "abort")
+        return True
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._rejected) or self.scheduler.has_unfinished()
+        return bool(self._changed) or self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._groups)
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the requests that finished in it."""
-        finished = [self._output(r) for r in self._rejected]
-        self._rejected = []
+        """One engine step; returns an output for every request that changed (new token, finished,
+        aborted, failed). If the forward or the sampler raises, the requests of this step fail with
+        the error (finish_reason "error") and the engine goes on; `last_error` keeps the exception."""
         out = self.scheduler.schedule()
         self.last_step = StepStats(out.num_tokens, len(self.scheduler.running), len(self.scheduler.waiting),
                                    sum(r.num_computed_tokens for r in self.scheduler.running) + out.num_tokens,
                                    self.kv.usage(),
                                    len(out.preempted))
-        if not out.chunks:
-            return finished
-        logits = self.runner.execute(out)
-        self.scheduler.update_from_output(out)
-        return finished + self._postprocess(out, logits)
+        self.last_error = None
+        if out.chunks:
+            now = time.monotonic()
+            for chunk in out.chunks:
+                if chunk.request.metrics.first_scheduled_time is None:
+                    chunk.request.metrics.first_scheduled_time = now
+            try:
+                logits = self.runner.execute(out)
+                self.scheduler.update_from_output(out)
+                self._postprocess(out, logits)
+            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+                log.exception("engine step failed")
+                self.last_error = exc
+                self._fail_step(out, f"engine step failed: {type(exc).__name__}: {exc}")
+        return self._take_outputs()
 
-    def _postprocess(self, out: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
-        chunks = [c for c in out.chunks if c.samples]
-        reqs = [c.request for c in chunks]
-        tokens = self.sampler.sample(logits, [r.request_id for r in reqs], [r.params for r in reqs],
-                                     [r.all_token_ids for r in reqs])
-        now = time.perf_counter()
-        done = []
+    def _take_outputs(self) -> list[RequestOutput]:
+        outs = []
+        for group in self._changed.values():
+            outs.append(group.output())
+            if group.finished:
+                del self._groups[group.request_id]
+                for child in group.children:
+                    self._group_of.pop(child.request_id, None)
+        self._changed = {}
+        return outs
+
+    def _fail_step(self, out: SchedulerOutput, error: str) -> None:
+        """Fail the step's requests (and those swapped out in it: their copy may be half done). Their
+        cached blocks may hold half-written KV, so the prefix cache is dropped."""
+        swapped = [r for r in self.scheduler.waiting if r.request_id in out.preempted and r.swapped_blocks]
+        for req in [c.request for c in out.chunks] + swapped:
+            if not req.is_finished:
+                req.error = error
+                self._finish(req, "error")
+        self.kv.pool.reset_prefix_cache()
+
+    def _postprocess(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
+        reqs = [c.request for c in out.chunks if c.samples]
+        sampled = logits[:len(reqs)]  # then the prompt-logprob rows
+        tokens = self.sampler.sample(sampled, [r.request_id for r in reqs], [r.params for r in reqs],
+                                     [r.all_token_ids for r in reqs], [r.output_token_ids for r in reqs])
+        self._record_logprobs(reqs, sampled, tokens)
+        self._record_prompt_logprobs(out, logits[len(reqs):])
+        now = time.monotonic()
         for req, tok in zip(reqs, tokens):
-            if req.first_token_time is None:
-                self.collector.on_tokens(req.num_prompt_tokens, 0)
+            self.collector.on_token(req, now)
             req.append_token(tok, now)
-            self.collector.on_tokens(0, 1)
-            if self._check_stop(req, tok):
-                done.append(self._output(req))
-        return done
+            self._changed[self._group_of[req.request_id].request_id] = self._group_of[req.request_id]
+            self._check_stop(req, tok)
 
-    def _check_stop(self, req: Request, tok: int) -> bool:
+    def _decode_token(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _record_logprobs(self, reqs: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
+        rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        if not rows:
+            return
+        dicts = logprob_dicts(logits[rows], [tokens[i] for i in rows], [reqs[i].params.logprobs for i in rows],
+                              self._decode_token)
+        for i, d in zip(rows, dicts):
+            reqs[i].logprobs.append(d)
+            reqs[i].cumulative_logprob += d[tokens[i]].logprob
+
+    def _record_prompt_logprobs(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
+        """Row k of a chunk's span scores prompt token start + k + 1 (recomputed positions overwrite)."""
+        row = 0
+        for chunk, _, count in out.prompt_logprob_spans():
+            req = chunk.request
+            positions = range(chunk.start, chunk.start + count)
+            dicts = logprob_dicts(logits[row:row + count], [req.prompt_token_ids[p + 1] for p in positions],
+                                  [req.params.prompt_logprobs] * count, self._decode_token)
+            for p, d in zip(positions, dicts):
+                req.prompt_logprobs[p + 1] = d
+            row += count
+
+    def _check_stop(self, req: Request, tok: int) -> None:
         p = req.params
         delta = self._detoks[req.request_id].add(tok)
         req.text += delta
@@ -168,38 +264,42 @@ class LLMEngine:
             reason, stop_reason = "stop", tok
         elif tok in self.eos_ids and not p.ignore_eos:
             reason = "stop"
-        elif p.stop and delta and (hit := find_stop(req.text, len(delta), p.stop)):
+        elif p.stop and delta and req.num_output_tokens > p.min_tokens \
+                and (hit := find_stop(req.text, len(delta), p.stop)):
             idx, stop = hit
             req.text = req.text[:idx + len(stop)] if p.include_stop_str_in_output else req.text[:idx]
             reason, stop_reason = "stop", stop
         elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             reason = "length"
-        if reason is None:
-            return False
+        if reason is not None:
+            self._finish(req, reason, stop_reason)
+
+    def _finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        """Any way a request ends: its blocks go back, its per-request state is dropped, it is counted."""
         self.scheduler.finish(req, reason, stop_reason)
+        req.metrics.finished_time = time.monotonic()
         self.sampler.release(req.request_id)
         self._detoks.pop(req.request_id, None)
         self.collector.on_finished(req)
-        return True
-
-    def _output(self, req: Request) -> RequestOutput:
-        done = req.is_finished
-        completion = CompletionOutput(0, req.text, list(req.output_token_ids), req.finish_reason, req.stop_reason)
-        metrics = RequestMetrics(req.arrival_time, req.first_token_time, time.perf_counter() if done else None,
-                                 req.num_preemptions)
-        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), [completion], done,
-                             req.error, metrics)
+        group = self._group_of[req.request_id]
+        self._changed[group.request_id] = group
 
     def get_stats(self) -> EngineStats:
         sched, c, kv = self.scheduler, self.collector, self.kv
+        swap_total = self.swap.num_blocks if self.swap is not None else 0
         return EngineStats(
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_preempted=sum(1 for r in sched.waiting if r.status == RequestStatus.PREEMPTED),
+            num_swapped=sched.num_swapped,
             num_preemptions_total=sched.num_preemptions,
-            num_swap_outs=sched.num_swap_outs, kv_usage=kv.usage(),
+            num_swap_outs=sched.num_swap_outs,
+            swap_blocks_used=swap_total - (self.swap.num_free if self.swap is not None else 0),
+            swap_blocks_total=swap_total,
+            kv_usage=kv.usage(), kv_blocks_free=kv.num_free_blocks, kv_blocks_total=self.kv_plan.num_blocks,
             kv_tokens_held=sum(r.num_computed_tokens for r in sched.running),
             kv_capacity_tokens=self.kv_plan.capacity_tokens,
             prefix_cache_queries=kv.prefix_stats.queries, prefix_cache_hits=kv.prefix_stats.hits,
             prompt_tokens=c.prompt_tokens, generation_tokens=c.generation_tokens, num_finished=c.num_finished,
-            time_to_first_token=list(c.ttft), inter_token_latency=list(c.itl),
+            finished_by_reason=dict(c.finished_by_reason),
+            time_to_first_token=c.ttft.copy(), inter_token_latency=c.itl.copy(), e2e_latency=c.e2e.copy(),
         )

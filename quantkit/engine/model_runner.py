@@ -48,7 +48,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Swap blocks out, then in, then run the forward. Returns logits [sampling chunks, vocab] fp32."""
+        """Swap blocks out, then in, then run the forward. Returns logits [sampling chunks + prompt
+        logprob rows, vocab] fp32."""
         self._copy_blocks(out.blocks_to_swap_out, to_cpu=True)
         self._copy_blocks(out.blocks_to_swap_in, to_cpu=False)
         ids: list[int] = []
@@ -59,6 +60,7 @@ class ModelRunner:
             positions.extend(range(chunk.start, chunk.start + chunk.num_tokens))
             if chunk.samples:
                 rows.append(len(ids) - 1)
+        rows.extend(out.prompt_logprob_rows())  # after the sampled rows: prompt logprobs
         meta = build_metadata([c.start + c.num_tokens for c in out.chunks], [c.num_tokens for c in out.chunks],
                               [c.block_ids for c in out.chunks], self.block_size, self.device)
         dev = self.device

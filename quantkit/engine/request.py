@@ -17,6 +17,53 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """One token's log-probability (from the raw logits), its rank in the vocabulary (1 = top), its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timestamps (`time.monotonic()` seconds) and counts."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+
+    @staticmethod
+    def _span(start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else end - start
+
+    @property
+    def queue_time(self) -> float | None:
+        return self._span(self.arrival_time, self.first_scheduled_time)
+
+    @property
+    def prefill_time(self) -> float | None:
+        return self._span(self.first_scheduled_time, self.first_token_time)
+
+    @property
+    def decode_time(self) -> float | None:
+        return self._span(self.first_token_time, self.finished_time)
+
+    @property
+    def e2e_time(self) -> float | None:
+        return self._span(self.arrival_time, self.finished_time)
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return self._span(self.arrival_time, self.first_token_time)
+
+
 @dataclass(eq=False)
 class Request:
     """Token state of one request. `num_computed_tokens` counts tokens whose KV is in the cache.
@@ -31,23 +78,31 @@ class Request:
     block_size: int
     prompt: str | None = None
     eos_token_id: int | None = None
-    arrival_time: float = field(default_factory=time.perf_counter)
+    arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str | None = None  # "stop", "length", "error"
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None
     error: str | None = None
     num_preemptions: int = 0
     swapped_blocks: list[int] | None = None  # CPU swap block ids while swapped out
     block_hashes: list[BlockHash] = field(default_factory=list)
-    first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+    logprobs: list[dict[int, Logprob]] | None = None  # one dict per output token, when params.logprobs is set
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # one per prompt token; entry 0 None
     text: str = ""
 
     def __post_init__(self):
         self._all = list(self.prompt_token_ids)
         self._update_block_hashes()
+        if self.metrics is None:
+            self.metrics = RequestMetrics(self.arrival_time, num_prompt_tokens=len(self.prompt_token_ids))
+        if self.params.logprobs is not None:
+            self.logprobs, self.cumulative_logprob = [], 0.0
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -69,12 +124,18 @@ class Request:
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
+    @property
+    def first_token_time(self) -> float | None:
+        return self.metrics.first_token_time
+
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
         self._all.append(token_id)
-        if self.first_token_time is None:
-            self.first_token_time = now
-        self.token_times.append(now)
+        m = self.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        m.num_generation_tokens += 1
         self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
@@ -91,27 +152,25 @@ class Request:
 
 @dataclass
 class CompletionOutput:
+    """One sample of a request, cumulative: all text and token ids so far."""
+
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None (still running)
     stop_reason: int | str | None = None
-
-
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_token_time: float | None
-    finished_time: float | None
-    num_preemptions: int
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
 
     @property
-    def time_to_first_token(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
 class RequestOutput:
+    """What a step hands back for a request that changed; cumulative (the server computes deltas)."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -119,3 +178,4 @@ class RequestOutput:
     finished: bool
     error: str | None = None
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -1,6 +1,7 @@
 """The sampler: pure functions over logits, and a per-request generator for reproducible seeds.
 
-Order, as in vLLM: repetition penalty, temperature, top-k, top-p, min-p, then a draw. Greedy
+Order, as in vLLM: min-tokens (EOS and stop ids masked), repetition penalty (prompt and output),
+presence/frequency penalties (output only), temperature, top-k, top-p, min-p, then a draw. Greedy
 rows (temperature 0) take the argmax of the penalised logits.
 """
 
@@ -22,6 +23,23 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: Sequence[int], penalty:
     logits = logits.clone()
     logits[idx] = torch.where(picked > 0, picked / penalty, picked * penalty)
     return logits
+
+
+def apply_presence_frequency(logits: torch.Tensor, output: Sequence[int], presence: float,
+                             frequency: float) -> torch.Tensor:
+    """OpenAI's penalties over the output tokens so far: logit -= presence * [count > 0] + frequency * count."""
+    if (presence == 0.0 and frequency == 0.0) or not output:
+        return logits
+    counts = torch.bincount(torch.tensor(output, dtype=torch.int64), minlength=logits.shape[-1])
+    counts = counts[:logits.shape[-1]].to(logits.dtype)
+    return logits - presence * (counts > 0).to(logits.dtype) - frequency * counts
+
+
+def mask_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """Set the logits of `token_ids` to -inf (min_tokens: no EOS or stop token yet)."""
+    if not token_ids:
+        return logits
+    return logits.index_fill(0, torch.tensor(sorted(token_ids), dtype=torch.int64), float("-inf"))
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -52,9 +70,13 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, seen: Sequence[int],
-               generator: torch.Generator | None) -> int:
-    """One token id from logits [V] fp32."""
+               generator: torch.Generator | None, output: Sequence[int] = (),
+               banned: Sequence[int] = ()) -> int:
+    """One token id from logits [V] fp32. `seen`: prompt and output ids; `output`: the output ids;
+    `banned`: ids masked out (EOS and stop ids while min_tokens is not reached)."""
+    logits = mask_tokens(logits, banned)
     logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    logits = apply_presence_frequency(logits, output, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
         return int(logits.argmax())
     logits = logits / params.temperature
@@ -66,7 +88,8 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, seen: Sequence[int]
 class Sampler:
     """Holds one CPU generator per sampling request: seeded from its seed, or from the engine's seed."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, eos_ids: frozenset[int] = frozenset()):
+        self.eos_ids = eos_ids
         self._engine_rng = torch.Generator().manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
 
@@ -82,14 +105,24 @@ class Sampler:
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
+    def banned_ids(self, params: SamplingParams, num_output: int) -> tuple[int, ...]:
+        """Ids that may not be sampled yet: EOS (unless ignored) and stop ids before min_tokens."""
+        if num_output >= params.min_tokens:
+            return ()
+        eos = () if params.ignore_eos else tuple(self.eos_ids)
+        return tuple(set(eos) | set(params.stop_token_ids))
+
     def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams],
-               histories: Sequence[Sequence[int]]) -> list[int]:
-        """logits [B, V] fp32 -> B token ids. Plain greedy rows share one argmax."""
+               histories: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None) -> list[int]:
+        """logits [B, V] fp32 -> B token ids. `histories`: prompt + output ids; `outputs`: output ids
+        (for presence/frequency penalties and min_tokens). Plain greedy rows share one argmax."""
         logits = logits.float().cpu()
         out = logits.argmax(dim=-1).tolist()
+        outputs = outputs if outputs is not None else [()] * len(params)
         for i, (rid, p) in enumerate(zip(request_ids, params)):
-            if p.greedy and p.repetition_penalty == 1.0:
+            banned = self.banned_ids(p, len(outputs[i]))
+            if p.greedy and not p.has_penalties and not banned:
                 continue
             gen = None if p.greedy else self.generator(rid, p)
-            out[i] = sample_row(logits[i], p, histories[i], gen)
+            out[i] = sample_row(logits[i], p, histories[i], gen, outputs[i], banned)
         return out

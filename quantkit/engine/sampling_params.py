@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from quantkit.errors import QuantkitError
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0  # 0: greedy
@@ -20,7 +23,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    n: int = 1
+    n: int = 1  # parallel samples of one prompt (they share its KV blocks through the prefix cache)
+    logprobs: int | None = None  # top alternatives returned beside each sampled token (0..20)
+    prompt_logprobs: int | None = None  # the same for each prompt token (0..20)
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from the logit of every token in the output so far
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the output so far
+    min_tokens: int = 0  # EOS and stop_token_ids are suppressed until this many tokens are out
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -39,10 +49,23 @@ class SamplingParams:
             raise QuantkitError(f"repetition_penalty must be > 0 (got {self.repetition_penalty})")
         if self.max_tokens < 1:
             raise QuantkitError(f"max_tokens must be at least 1 (got {self.max_tokens})")
-        if self.n != 1:
-            raise QuantkitError(f"n must be 1 (got {self.n}); quantkit returns one completion per prompt")
+        if self.n < 1:
+            raise QuantkitError(f"n must be at least 1 (got {self.n})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise QuantkitError(f"{name} must be in [0, {MAX_LOGPROBS}] (got {value})")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise QuantkitError(f"{name} must be in [-2, 2] (got {getattr(self, name)})")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise QuantkitError(f"min_tokens must be in [0, max_tokens={self.max_tokens}] (got {self.min_tokens})")
         if any(not s for s in self.stop):
             raise QuantkitError("stop strings must not be empty")
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def greedy(self) -> bool:

@@ -45,6 +45,22 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
+    def prompt_logprob_spans(self) -> list[tuple[ScheduledChunk, int, int]]:
+        """(chunk, first row in the step's flat tokens, count) for chunks of requests that want prompt
+        logprobs: the chunk's positions before the last prompt token, whose logits score the next prompt token."""
+        spans, offset = [], 0
+        for c in self.chunks:
+            if c.request.params.prompt_logprobs is not None:
+                count = min(c.start + c.num_tokens, c.request.num_prompt_tokens - 1) - c.start
+                if count > 0:
+                    spans.append((c, offset, count))
+            offset += c.num_tokens
+        return spans
+
+    def prompt_logprob_rows(self) -> list[int]:
+        """Rows (in the step's flat tokens) whose logits the model runner returns after the sampled ones."""
+        return [offset + k for _, offset, count in self.prompt_logprob_spans() for k in range(count)]
+
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
@@ -175,8 +191,19 @@ class Scheduler:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
 
     def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
-        req.status = RequestStatus.FINISHED
-        req.finish_reason, req.stop_reason = reason, stop_reason
+        """End `req` in any state (running, waiting, preempted, swapped): every KV and swap block it holds
+        goes back now. An abort is `finish(req, "abort")`."""
         if req in self.running:
             self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.swapped_blocks is not None:
+            self.swap.release(req.swapped_blocks)
+            req.swapped_blocks = None
+        req.status = RequestStatus.FINISHED
+        req.finish_reason, req.stop_reason = reason, stop_reason
         self.kv.free(req)
+
+    @property
+    def num_swapped(self) -> int:
+        return sum(1 for r in self.waiting if r.swapped_blocks is not None)

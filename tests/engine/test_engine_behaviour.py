@@ -108,7 +108,8 @@ def test_stats_count_tokens_prefix_hits_and_latencies(stories_dir):
     st = llm.engine.get_stats()
     assert st.prompt_tokens == 4 * 50 and st.generation_tokens == 24 and st.num_finished == 4
     assert st.prefix_cache_queries == 200 and st.prefix_cache_hits == 3 * 48  # all but the first hit 3 blocks
-    assert len(st.time_to_first_token) == 4 and len(st.inter_token_latency) == 4 * 5
+    assert st.time_to_first_token.count == 4 and st.inter_token_latency.count == 4 * 5
+    assert st.finished_by_reason == {"stop": 0, "length": 4, "abort": 0, "error": 0}
     assert st.num_running == st.num_waiting == 0 and st.kv_usage == 0.0
     assert st.kv_capacity_tokens == llm.engine.kv_plan.capacity_tokens == 8 * 128
 

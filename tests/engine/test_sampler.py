@@ -89,7 +89,10 @@ def test_sampler_batches_greedy_rows_and_keeps_per_request_generators():
     ({"min_p": 1.5}, "min_p"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 2}, "n must be 1"),
+    ({"n": 0}, "n must be at least 1"),
+    ({"logprobs": 21}, "logprobs must be in"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in"),
+    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens must be in"),
     ({"stop": [""]}, "stop strings"),
 ])
 def test_invalid_sampling_values_are_refused(kwargs, match):

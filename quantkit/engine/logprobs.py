@@ -1,0 +1,33 @@
+"""Log-probabilities of sampled (or prompt) tokens and their top alternatives, from the raw logits
+(before penalties and temperature: vLLM's default "raw_logprobs")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from quantkit.engine.request import Logprob
+
+
+def logprob_dicts(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int],
+                  decode: Callable[[int], str]) -> list[dict[int, Logprob]]:
+    """logits [R, V] -> per row {token: Logprob, then the top num_top[r] alternatives}.
+
+    A token's rank is 1 + the number of tokens with a strictly higher log-probability."""
+    if not token_ids:
+        return []
+    lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V] fp32
+    chosen_ids = torch.tensor(list(token_ids), dtype=torch.int64, device=lp.device)
+    chosen = lp.gather(1, chosen_ids[:, None])[:, 0]  # [R]
+    ranks = ((lp > chosen[:, None]).sum(dim=1) + 1).tolist()
+    k = max(num_top)
+    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    top_v, top_i, chosen = top_v.tolist(), top_i.tolist(), chosen.tolist()
+    out = []
+    for r, tok in enumerate(token_ids):
+        d = {tok: Logprob(chosen[r], ranks[r], decode(tok))}
+        for j in range(num_top[r]):
+            d.setdefault(top_i[r][j], Logprob(top_v[r][j], j + 1, decode(top_i[r][j])))
+        out.append(d)
+    return out
