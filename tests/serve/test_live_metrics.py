@@ -11,49 +11,32 @@ import time
 
 import httpx
 import pytest
-from tests_support.deploy_configs import free_port, prometheus_config
-from tests_support.live_server import start_server
+from tests_support.deploy_configs import prometheus_config
+from tests_support.live_server import FAMILIES, assert_quiescent, scrape, stories_settings, value
 from tests_support.promql import dashboard_queries, metric_names
+from tests_support.serving import free_port, serve_in_thread
 
 pytestmark = pytest.mark.slow
-
-FAMILIES = {
-    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:num_preemptions": "counter",
-    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter", "vllm:request_success": "counter",
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:request_time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
-    "vllm:request_queue_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
-    "vllm:request_decode_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
-    "vllm:request_generation_tokens": "histogram", "vllm:iteration_tokens_total": "histogram",
-    "quantkit:num_requests_swapped": "gauge", "quantkit:swap_blocks_in_use": "gauge",
-    "quantkit:requests_rejected": "counter", "quantkit:model_weights_bytes": "gauge",
-    "quantkit:api_key_requests": "counter", "quantkit:api_key_tokens": "counter",
-    "http_requests": "counter", "http_request_duration_seconds": "histogram",
-}
-
 
 KEY = "sk-live-metrics"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("live-metrics")
-    keys = folder / "keys.toml"
+def server(tmp_path_factory, stories_dir):
+    keys = tmp_path_factory.mktemp("live-metrics") / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "dashboards"\nkey = "{KEY}"\nrequests_per_minute = 100000\n')
-    srv = start_server(folder, "--api-keys-file", str(keys))
-    yield srv
-    srv.stop()
+    with serve_in_thread(stories_settings(stories_dir, api_keys_file=keys)) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
 def quiescent_after(server):
     yield
-    server.assert_quiescent()
+    assert_quiescent(server)
 
 
 def traffic(server, n: int = 4, max_tokens: int = 16) -> None:
-    with server.client(headers={"Authorization": f"Bearer {KEY}"}) as c:
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as c:
         for i in range(n):
             r = c.post("/v1/completions", json={"prompt": f"Once upon a time {i}", "max_tokens": max_tokens})
             assert r.status_code == 200, r.text
@@ -66,21 +49,21 @@ def traffic(server, n: int = 4, max_tokens: int = 16) -> None:
 
 def test_live_scrape_has_every_family(server):
     traffic(server, n=2)
-    fams = server.scrape()
+    fams = scrape(server.url)
     for name, kind in FAMILIES.items():
         assert name in fams, name
         assert fams[name].type == kind and fams[name].documentation, name
-    assert server.value("vllm:generation_tokens", "vllm:generation_tokens_total") >= 4 * 16
-    assert server.value("vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") >= 4
-    assert server.value("vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count") >= 4 * 15
-    assert server.value("vllm:request_success", "vllm:request_success_total", finished_reason="length") >= 4
-    assert server.value("quantkit:model_weights_bytes") > 0
-    assert server.value("quantkit:api_key_requests", "quantkit:api_key_requests_total", key_name="dashboards") >= 4
-    assert server.value("quantkit:api_key_tokens", "quantkit:api_key_tokens_total", key_name="dashboards") >= 4 * 16
+    assert value(server.url, "vllm:generation_tokens", "vllm:generation_tokens_total") >= 4 * 16
+    assert value(server.url, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") >= 4
+    assert value(server.url, "vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count") >= 4 * 15
+    assert value(server.url, "vllm:request_success", "vllm:request_success_total", finished_reason="length") >= 4
+    assert value(server.url, "quantkit:model_weights_bytes") > 0
+    assert value(server.url, "quantkit:api_key_requests", "quantkit:api_key_requests_total", key_name="dashboards") >= 4
+    assert value(server.url, "quantkit:api_key_tokens", "quantkit:api_key_tokens_total", key_name="dashboards") >= 4 * 16
     assert KEY not in httpx.get(server.url + "/metrics").text
     assert httpx.post(server.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
-    assert server.value("quantkit:requests_rejected", "quantkit:requests_rejected_total", reason="unauthorized") == 1
-    assert server.value("http_requests", "http_requests_total", handler="/v1/completions", status="200") >= 2
+    assert value(server.url, "quantkit:requests_rejected", "quantkit:requests_rejected_total", reason="unauthorized") == 1
+    assert value(server.url, "http_requests", "http_requests_total", handler="/v1/completions", status="200") >= 2
     labels = {s.labels.get("model_name") for s in fams["vllm:num_requests_running"].samples}
     assert labels == {"stories"}
 
@@ -113,11 +96,14 @@ def test_real_prometheus_scrapes_the_server(server, tmp_path):
         deadline, rate, quantile = time.monotonic() + 60, [], []
         while time.monotonic() < deadline:
             try:
-                rate = httpx.get(api, params={"query": "rate(vllm:generation_tokens_total[1m]) > 0"}).json()
-                quantile = httpx.get(api, params={"query": ttft}).json()
+                answers = [httpx.get(api, params={"query": q}) for q in (
+                    "rate(vllm:generation_tokens_total[1m]) > 0", ttft)]
             except httpx.TransportError:
+                answers = []
+            if not answers or any(a.status_code != 200 for a in answers):  # not up yet, or TSDB starting
                 time.sleep(0.5)
                 continue
+            rate, quantile = (a.json() for a in answers)
             if rate["data"]["result"] and quantile["data"]["result"] \
                     and math.isfinite(float(quantile["data"]["result"][0]["value"][1])):
                 break

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prometheus_config(folder: Path, targets: list[str], interval: str = "1s") -> Path:

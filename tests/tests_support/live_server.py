@@ -1,107 +1,75 @@
-"""`quantkit serve` as a real process on loopback, for the production tests: start, wait, scrape, stop."""
+"""Reading a live `quantkit serve` from outside, for the production tests: its /metrics, and the checks
+every such test ends with (nothing in flight, no KV block held, consistent counters)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests_support.deploy_configs import free_port
+from tests_support.serving import settings_for
 
 REPO = Path(__file__).resolve().parents[2]
 STORIES = REPO.parent / "shared" / "data" / "stories260K-hf"
 # stories260K has no chat template: a one-line one, so the chat endpoint (and the chat page) work.
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
-START_TIMEOUT = 120.0
+
+# Every family /metrics carries, with its type (prometheus-client's family names: counters without _total).
+FAMILIES = {
+    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:num_preemptions": "counter",
+    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter", "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram", "vllm:iteration_tokens_total": "histogram",
+    "quantkit:num_requests_swapped": "gauge", "quantkit:swap_blocks_in_use": "gauge",
+    "quantkit:requests_rejected": "counter", "quantkit:model_weights_bytes": "gauge",
+    "quantkit:api_key_requests": "counter", "quantkit:api_key_tokens": "counter",
+    "http_requests": "counter", "http_request_duration_seconds": "histogram",
+}
 
 
-@dataclass
-class LiveServer:
-    url: str
-    proc: subprocess.Popen
-    log: Path
+def stories_settings(stories_dir, **kw):
+    """Settings for a small stories260K server (served as "stories", max_model_len 256, 8 MiB of KV)."""
+    kw.setdefault("served_model_names", ("stories",))
+    kw.setdefault("chat_template", CHAT_TEMPLATE)
+    return settings_for(stories_dir, max_model_len=256, kv_cache_memory=8 << 20, **kw)
 
-    def client(self, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", 60.0), **kw)
 
-    def scrape(self) -> dict:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        return {f.name: f for f in text_string_to_metric_families(text)}
+def scrape(url: str) -> dict:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
 
-    def value(self, family: str, sample: str | None = None, **labels) -> float:
-        """A sample's value summed over the label sets that match `labels`."""
-        fam = self.scrape()[family]
-        name = sample or family
-        return sum(s.value for s in fam.samples
-                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def value(url: str, family: str, sample: str | None = None, **labels) -> float:
+    """A sample's value, summed over the label sets that match `labels`."""
+    return sum(s.value for s in scrape(url)[family].samples
+               if s.name == (sample or family) and all(s.labels.get(k) == v for k, v in labels.items()))
 
-    def assert_quiescent(self, timeout: float = 10.0) -> None:
-        """Nothing in flight, every KV block free, and the server's count of finished requests (by reason)
-        equal to the engine's own count."""
-        deadline = time.monotonic() + timeout
-        while True:
-            fams = self.scrape()
-            running = _one(fams, "vllm:num_requests_running")
-            waiting = _one(fams, "vllm:num_requests_waiting")
-            kv = _one(fams, "vllm:kv_cache_usage_perc")
-            served = sum(s.value for s in fams["vllm:request_success"].samples if s.name.endswith("_total"))
-            engine = _one(fams, "quantkit:engine_finished_requests", "quantkit:engine_finished_requests_total")
-            if (running, waiting, kv) == (0, 0, 0) and served == engine:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not quiescent after {timeout} s: running {running}, waiting {waiting}, "
-                                     f"kv usage {kv}, request_success_total {served} vs engine finished {engine}")
-            time.sleep(0.2)
+
+def assert_quiescent(running, timeout: float = 15.0) -> None:
+    """Nothing in flight, every KV block back in the free pool (the engine's own pool, when the server runs
+    in this process), and the server's finished requests by reason summing to the engine's count."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fams = scrape(running.url)
+        got = {name: _one(fams, name) for name in
+               ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")}
+        served = sum(s.value for s in fams["vllm:request_success"].samples if s.name.endswith("_total"))
+        engine = _one(fams, "quantkit:engine_finished_requests", "quantkit:engine_finished_requests_total")
+        leaked = running.engine.kv_plan.num_blocks - running.free_blocks() if hasattr(running, "engine") else 0
+        if not any(got.values()) and served == engine and leaked == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not quiescent after {timeout} s: {got}, {leaked} KV blocks held, "
+                                 f"request_success_total {served} vs engine finished {engine}")
+        time.sleep(0.1)
 
 
 def _one(fams: dict, family: str, sample: str | None = None) -> float:
     return next(s.value for s in fams[family].samples if s.name == (sample or family))
-
-
-def start_server(folder: Path, *flags: str, port: int | None = None, env: dict | None = None) -> LiveServer:
-    """`quantkit serve stories260K` on 127.0.0.1 with `flags`, once /health answers 200."""
-    if not STORIES.exists():
-        import pytest
-
-        pytest.skip(f"shared data not found at {STORIES} (see ../shared/data/SOURCES.md)")
-    port = port or free_port()
-    template = folder / "chat.jinja"
-    template.write_text(CHAT_TEMPLATE)
-    log = folder / f"server-{port}.log"
-    cmd = [sys.executable, "-c", "from quantkit.cli import main; main()", "serve", str(STORIES),
-           "--port", str(port), "--served-model-name", "stories", "--max-model-len", "256",
-           "--kv-cache-memory", "8MiB", "--threads", "1", "--chat-template", str(template),
-           "--shutdown-timeout", "5", *flags]
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
-    server = LiveServer(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"quantkit serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise AssertionError(f"quantkit serve not healthy after {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
