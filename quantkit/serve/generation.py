@@ -32,14 +32,17 @@ class ClientGone(Exception):
 
 
 def to_api_error(exc: BaseException) -> APIError:
-    from quantkit.serve.interim_front import EngineDeadError, QueueFullError
+    from quantkit.engine import async_llm
+    from quantkit.serve import interim_front
 
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, QueueFullError):
+    if isinstance(exc, (async_llm.QueueFullError, interim_front.QueueFullError)):
         return APIError(429, f"server overloaded: {exc}", headers={"Retry-After": "1"})
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, (async_llm.EngineDeadError, interim_front.EngineDeadError)):
         return APIError(500, f"the engine failed: {exc}")
+    if isinstance(exc, async_llm.EngineNotReadyError):
+        return APIError(503, str(exc))
     if isinstance(exc, QuantkitError):
         return APIError(400, str(exc))
     log.exception("request failed", exc_info=exc)
