@@ -49,6 +49,13 @@ def to_api_error(exc: BaseException) -> APIError:
     return APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
 
 
+def error_status(out: RequestOutput) -> int:
+    """A request the engine failed after scheduling it (a failed step) is the server's fault: 500. One it
+    refused before (a bad prompt) is the client's: 400."""
+    scheduled = getattr(out.metrics, "first_scheduled_time", None) is not None
+    return 500 if scheduled else 400
+
+
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -95,7 +102,7 @@ class Job:
     async def _one(self, i: int) -> AsyncIterator[Item]:
         async for out in self.state.llm.generate(self.prompts[i], self.params, self.request_ids[i]):
             if out.error:
-                raise APIError(400, out.error)
+                raise APIError(error_status(out), out.error)
             yield i, out
 
     async def outputs(self) -> AsyncIterator[Item]:
