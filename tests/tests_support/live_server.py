@@ -54,10 +54,12 @@ def value(url: str, family: str, sample: str | None = None, **labels) -> float:
 
 def assert_quiescent(running, timeout: float = 15.0) -> None:
     """Nothing in flight, every KV block back in the free pool (the engine's own pool, when the server runs
-    in this process), and the server's finished requests by reason summing to the engine's count."""
+    in this process; `running` may also be just a URL), and the server's finished requests by reason
+    summing to the engine's count."""
     deadline = time.monotonic() + timeout
+    url = running if isinstance(running, str) else running.url
     while True:
-        fams = scrape(running.url)
+        fams = scrape(url)
         got = {name: _one(fams, name) for name in
                ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")}
         served = sum(s.value for s in fams["vllm:request_success"].samples if s.name.endswith("_total"))
