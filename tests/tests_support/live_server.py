@@ -38,7 +38,7 @@ def stories_settings(stories_dir, **kw):
     """Settings for a small stories260K server (served as "stories", max_model_len 256, 8 MiB of KV)."""
     kw.setdefault("served_model_names", ("stories",))
     kw.setdefault("chat_template", CHAT_TEMPLATE)
-    return settings_for(stories_dir, max_model_len=256, kv_cache_memory=8 << 20, **kw)
+    return settings_for(stories_dir, **{"max_model_len": 256, "kv_cache_memory": 8 << 20, **kw})
 
 
 def scrape(url: str) -> dict:
