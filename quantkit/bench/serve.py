@@ -1,7 +1,7 @@
 """`quantkit bench serve`: a client benchmark of any OpenAI-compatible server (ours or `vllm serve`).
 
 Each request streams with `stream_options.include_usage`; the client records the time of every
-content chunk. Per request: TTFT (first content chunk), ITL (gaps between content chunks), TPOT
+token chunk. Per request: TTFT (first token chunk), ITL (gaps between token chunks), TPOT
 ((E2E - TTFT) / (output tokens - 1)), E2E. Arrivals are Poisson at --request-rate (inf: all at
 once), at most --max-concurrency in flight. Random prompts have exactly --random-input-len tokens:
 built from the server's /tokenize (or a local tokenizer) and sent as token ids to /v1/completions.
@@ -40,6 +40,7 @@ class BenchConfig:
     tokenizer: str | None = None  # a local tokenizer; None: the server's /tokenize
     seed: int = 0
     timeout: float = 600.0
+    extra_body: dict | None = None  # more request fields, e.g. {"skip_special_tokens": False}
 
     def __post_init__(self):
         from quantkit.errors import QuantkitError
@@ -140,6 +141,7 @@ async def detokenize(client: httpx.AsyncClient, cfg: BenchConfig, ids: list[int]
 def request_body(cfg: BenchConfig, prompt: str | list[int]) -> dict:
     body = {"model": cfg.model, "max_tokens": cfg.random_output_len, "stream": True, "temperature": 0.0,
             "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
+    body.update(cfg.extra_body or {})
     if cfg.endpoint == "/v1/chat/completions":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -147,12 +149,14 @@ def request_body(cfg: BenchConfig, prompt: str | list[int]) -> dict:
     return body
 
 
-def chunk_text(obj: dict) -> str:
+def is_token_chunk(obj: dict) -> bool:
+    """A chunk that carries generated tokens: it has choices, and is not a chat stream's role opener.
+    Its text may be empty (a token whose text the server holds back), so text alone would miss tokens."""
     choices = obj.get("choices") or []
     if not choices:
-        return ""
-    c = choices[0]
-    return (c.get("delta") or {}).get("content") or "" if "delta" in c else c.get("text") or ""
+        return False
+    delta = choices[0].get("delta")
+    return not (delta is not None and "role" in delta and not delta.get("content"))
 
 
 async def one_request(client: httpx.AsyncClient, cfg: BenchConfig, prompt) -> RequestResult:
@@ -178,7 +182,7 @@ async def one_request(client: httpx.AsyncClient, cfg: BenchConfig, prompt) -> Re
                 if obj.get("usage"):
                     res.prompt_tokens = obj["usage"]["prompt_tokens"]
                     res.output_tokens = obj["usage"]["completion_tokens"]
-                if chunk_text(obj):
+                if is_token_chunk(obj):
                     now = time.perf_counter()
                     if last is None:
                         res.ttft = now - start

@@ -264,7 +264,7 @@ class LLMEngine:
             reason, stop_reason = "stop", tok
         elif tok in self.eos_ids and not p.ignore_eos:
             reason = "stop"
-        elif p.stop and delta and req.num_output_tokens > p.min_tokens \
+        elif p.stop and delta and req.num_output_tokens >= p.min_tokens \
                 and (hit := find_stop(req.text, len(delta), p.stop)):
             idx, stop = hit
             req.text = req.text[:idx + len(stop)] if p.include_stop_str_in_output else req.text[:idx]

@@ -65,7 +65,7 @@ class RequestGroup:
 
     def output(self) -> RequestOutput:
         """Cumulative: every sample's text and tokens so far."""
-        outs = [CompletionOutput(i, c.text, list(c.output_token_ids), c.finish_reason, c.stop_reason,
+        outs = [CompletionOutput(i, c.visible_text, list(c.output_token_ids), c.finish_reason, c.stop_reason,
                                  None if c.logprobs is None else list(c.logprobs), c.cumulative_logprob)
                 for i, c in enumerate(self.children)]
         first = self.children[0]

@@ -128,6 +128,15 @@ class Request:
     def first_token_time(self) -> float | None:
         return self.metrics.first_token_time
 
+    @property
+    def visible_text(self) -> str:
+        """The text to hand out now: while running, the tail that could still become a stop string is
+        held back (vLLM's rule), so the cumulative text a client sees never shrinks when a stop cuts it."""
+        p = self.params
+        if self.is_finished or not p.stop or p.include_stop_str_in_output:
+            return self.text
+        return self.text[:max(0, len(self.text) - (max(len(s) for s in p.stop) - 1))]
+
     def append_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)
         self._all.append(token_id)

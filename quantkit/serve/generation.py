@@ -32,28 +32,20 @@ class ClientGone(Exception):
 
 
 def to_api_error(exc: BaseException) -> APIError:
-    from quantkit.engine import async_llm
-    from quantkit.serve import interim_front
+    from quantkit.engine.async_llm import EngineDeadError, EngineNotReadyError, QueueFullError
 
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, (async_llm.QueueFullError, interim_front.QueueFullError)):
-        return APIError(429, f"server overloaded: {exc}", headers={"Retry-After": "1"})
-    if isinstance(exc, (async_llm.EngineDeadError, interim_front.EngineDeadError)):
-        return APIError(500, f"the engine failed: {exc}")
-    if isinstance(exc, async_llm.EngineNotReadyError):
+    if isinstance(exc, QueueFullError):
+        return APIError(429, str(exc), headers={"Retry-After": "1"})
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, str(exc))
+    if isinstance(exc, EngineNotReadyError):
         return APIError(503, str(exc))
     if isinstance(exc, QuantkitError):
         return APIError(400, str(exc))
     log.exception("request failed", exc_info=exc)
     return APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
-
-
-def error_status(out: RequestOutput) -> int:
-    """A request the engine failed after scheduling it (a failed step) is the server's fault: 500. One it
-    refused before (a bad prompt) is the client's: 400."""
-    scheduled = getattr(out.metrics, "first_scheduled_time", None) is not None
-    return 500 if scheduled else 400
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -101,8 +93,8 @@ class Job:
 
     async def _one(self, i: int) -> AsyncIterator[Item]:
         async for out in self.state.llm.generate(self.prompts[i], self.params, self.request_ids[i]):
-            if out.error:
-                raise APIError(error_status(out), out.error)
+            if out.error:  # bad prompts are refused at admission: this is the engine failing mid-run
+                raise APIError(500, f"the engine failed on this request: {out.error}")
             yield i, out
 
     async def outputs(self) -> AsyncIterator[Item]:
@@ -203,6 +195,7 @@ class Job:
                         yield sse(chunk)
                 item = await it.__anext__() if not _all_done(latest, len(self.prompts)) else None
             finished = True
+            await it.aclose()  # release the engine streams now, not when the generator is collected
             if self.stream_usage:
                 tail = self.fmt.envelope([], chunk=True)
                 tail["usage"] = self._usage(latest.values())
@@ -224,8 +217,8 @@ class Job:
             return None  # this choice already finished
         done = c.finish_reason is not None
         text = c.text[chars:]
-        if not text and not done and (self.fmt.top_logprobs is None or len(c.token_ids) == toks):
-            return None
+        if not text and not done and len(c.token_ids) == toks:
+            return None  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
         if index not in sent and self.fmt.echo_texts:
             text = self.fmt.echo_texts[prompt_index] + text
         choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), chars, done)

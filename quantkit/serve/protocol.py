@@ -55,6 +55,7 @@ class SamplingFields(OpenAIModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" (exact, unlike their text)
 
 
 Prompt = str | list[str] | list[int] | list[list[int]]

@@ -23,6 +23,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def token_text(tokenizer, token_id: int, decoded: str | None) -> str:
+    """A token's text in logprobs; tokenizer None means "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+    if tokenizer is None:
+        return f"token_id:{token_id}"
     return decoded if decoded is not None else tokenizer.decode([token_id])
 
 
@@ -61,6 +64,7 @@ class Format:
     tokenizer: object
     top_logprobs: int | None  # None: logprobs not asked for
     echo_texts: list[str] | None = None  # completions with echo: each prompt's text
+    tokens_as_ids: bool = False
 
     def __post_init__(self):
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -73,9 +77,10 @@ class Format:
     def logprobs(self, out: CompletionOutput, start: int, end: int, offset: int) -> dict | None:
         if self.top_logprobs is None or out.logprobs is None:
             return None
+        tokenizer = None if self.tokens_as_ids else self.tokenizer
         if self.chat:
-            return chat_logprobs(self.tokenizer, out, start, end, self.top_logprobs)
-        return completion_logprobs(self.tokenizer, out, start, end, offset)
+            return chat_logprobs(tokenizer, out, start, end, self.top_logprobs)
+        return completion_logprobs(tokenizer, out, start, end, offset)
 
     def first_chunks(self, indices: list[int]) -> list[dict]:
         """Chat streams open each choice with the role."""

@@ -26,7 +26,7 @@ class _Server(uvicorn.Server):
 
 
 def make_front(settings: ServeSettings):
-    from quantkit.serve.interim_front import InterimAsyncLLM as AsyncLLM
+    from quantkit.engine.async_llm import AsyncLLM
 
     return AsyncLLM(settings.engine, max_queued_requests=settings.max_queued_requests)
 

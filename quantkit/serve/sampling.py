@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from quantkit.engine.sampling_params import SamplingParams
+from quantkit.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError
 from quantkit.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
-MAX_LOGPROBS = 20
 
 
 def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
@@ -64,9 +63,6 @@ def sampling_params(req: SamplingFields, max_tokens: int, max_n: int | None = No
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=num_logprobs(req),
         skip_special_tokens=req.skip_special_tokens, spaces_between_special_tokens=req.spaces_between_special_tokens,
     )
-    import dataclasses  # INTERIM: until engine-serve's SamplingParams (penalties, logprobs) is merged
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    kwargs = {k: v for k, v in kwargs.items() if k in known}
     try:
         return SamplingParams(**kwargs)
     except QuantkitError as exc:

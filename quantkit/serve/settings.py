@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.engine.config import EngineConfig
@@ -21,7 +21,6 @@ class ServeSettings:
     max_queued_requests: int | None = None  # None: unbounded, as vLLM
     shutdown_timeout: float = 30.0  # seconds requests in flight may take to finish on SIGTERM
     log_level: str = "info"
-    extra: dict = field(default_factory=dict)  # room for later options (hooks read their own keys)
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:

@@ -126,6 +126,9 @@ def test_abort_preempted_and_swapped_requests_frees_every_block(stories_dir, swa
             break
     assert victim is not None, "the small pool never preempted"
     assert (victim.swapped_blocks is not None) == (swap_space > 0)
+    st = eng.get_stats()
+    assert st.num_preempted >= 1 and st.num_swapped == (swap_space > 0)
+    assert st.swap_blocks_used == len(victim.swapped_blocks or ()) and st.num_preemptions_total >= 1
     swap_free = eng.swap.num_free if eng.swap is not None else 0
     swapped = len(victim.swapped_blocks or ())
     abort_exact(eng, victim.request_id)
@@ -141,3 +144,27 @@ def test_abort_preempted_and_swapped_requests_frees_every_block(stories_dir, swa
     st = eng.get_stats()
     assert st.finished_by_reason["abort"] == 4 and st.num_preemptions_total >= 1
     assert st.kv_blocks_free == st.kv_blocks_total and st.swap_blocks_used == 0
+
+
+def test_streamed_text_never_shrinks_when_a_stop_string_cuts_it(llm):
+    eng = llm.engine
+    free = llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=40))[0].outputs[0]
+    assert "Lily" in free.text
+    rid = eng.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=40, stop=["Lily."]))
+    texts = []
+    while eng.has_unfinished_requests():
+        texts += [o.outputs[0].text for o in eng.step() if o.request_id == rid]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert texts[-1] == free.text[:free.text.index("Lily.")]
+
+
+def test_finished_requests_leave_no_per_request_state(llm):
+    eng = llm.engine
+    llm.generate(["Once upon a time"] * 3, SamplingParams(temperature=0.8, max_tokens=6, n=2, logprobs=2))
+    rid = eng.add_request("The dog", SamplingParams(max_tokens=50, seed=1))
+    eng.step()
+    eng.abort_request(rid)
+    eng.step()
+    assert not (eng._groups or eng._group_of or eng._detoks or eng._changed or eng.sampler._generators)
+    assert not (eng.kv.req_blocks or eng.kv.num_cached_blocks)
+    assert_all_free(eng)

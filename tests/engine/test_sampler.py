@@ -10,6 +10,7 @@ import torch
 from quantkit.engine.sampler import (
     Sampler,
     apply_min_p,
+    apply_presence_frequency,
     apply_repetition_penalty,
     apply_top_k,
     apply_top_p,
@@ -30,6 +31,24 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative():
     out = apply_repetition_penalty(logits, [0, 1, 1], 2.0)
     assert out.tolist() == [1.0, -4.0, 1.0, 4.0]
     assert logits.tolist() == [2.0, -2.0, 1.0, 4.0]  # not modified in place
+
+
+def test_presence_and_frequency_penalties_follow_openai():
+    logits = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    out = apply_presence_frequency(logits, [0, 2, 2, 2], presence=0.5, frequency=0.25)
+    assert out.tolist() == [1.0 - 0.5 - 0.25, 1.0, 1.0 - 0.5 - 0.75, 1.0]
+    assert apply_presence_frequency(logits, [1], presence=-1.0, frequency=0.0).tolist() == [1.0, 2.0, 1.0, 1.0]
+    assert apply_presence_frequency(logits, [], 2.0, 2.0) is logits
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+    s = Sampler(seed=0, eos_ids=frozenset({2}))
+    p = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1])
+    assert sorted(s.banned_ids(p, 0)) == [1, 2] and s.banned_ids(p, 2) == ()
+    assert s.banned_ids(SamplingParams(min_tokens=2, ignore_eos=True, max_tokens=4), 1) == ()
+    logits = torch.tensor([[0.0, 5.0, 9.0, 1.0]])
+    assert s.sample(logits, ["a"], [p], [[]], [[]]) == [3]  # EOS (2) and the stop id (1) masked
+    assert s.sample(logits, ["a"], [p], [[5, 5]], [[5, 5]]) == [2]
 
 
 def test_top_k_keeps_the_k_largest():

@@ -10,7 +10,7 @@ LONG = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True, "te
 
 
 def generated(srv) -> int:
-    return srv.engine.get_stats().generation_tokens
+    return srv.state.llm.get_stats().generation_tokens
 
 
 def assert_all_blocks_free(srv) -> None:

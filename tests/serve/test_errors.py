@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import httpx
@@ -151,7 +152,14 @@ def test_engine_failure_is_500_and_health_503(stories_dir):
         def broken_step():
             raise RuntimeError("simulated kernel failure")
 
-        srv.engine.step = broken_step
+        body = {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=60) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: {")  # headers are out: an error now is an SSE event
+            srv.engine.step = broken_step
+            rest = [ln for ln in lines if ln]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][len("data: "):])["error"]["message"].endswith("simulated kernel failure")
         r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Once", "max_tokens": 4}, timeout=60)
         assert_error(r, 500, "simulated kernel failure")
         assert_error(httpx.get(f"{srv.url}/health"), 503, "simulated kernel failure")

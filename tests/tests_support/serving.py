@@ -55,14 +55,14 @@ class Running:
         """Until the engine holds no request (aborts are processed by the engine thread)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            sched = self.engine.scheduler
-            if not sched.running and not sched.waiting:
+            if self.state.llm.num_running() == 0 and self.state.llm.num_waiting() == 0:
                 return
             time.sleep(0.02)
         raise TimeoutError("the engine still holds requests")
 
     def free_blocks(self) -> int:
-        return self.engine.kv.num_free_blocks
+        """From the engine thread's snapshot after its last step (never reads the pool mid-step)."""
+        return self.state.llm.get_stats().kv_blocks_free
 
 
 def settings_for(model, **kw) -> ServeSettings:

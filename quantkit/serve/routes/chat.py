@@ -25,5 +25,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     max_tokens = check_context(len(ids), requested_max_tokens(body), engine.max_model_len)
     params = sampling_params(body, max_tokens, max_n=state.settings.engine.max_num_seqs)
     state.check_queue()
-    fmt = Format(chat=True, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body))
+    fmt = Format(chat=True, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body),
+                 tokens_as_ids=body.return_tokens_as_token_ids)
     return await Job.for_body(state, fmt, [ids], params, body).run(request, body.stream)

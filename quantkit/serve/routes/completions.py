@@ -28,5 +28,6 @@ async def completions(body: CompletionRequest, request: Request):
     if body.echo:
         echo = [body.prompt] if isinstance(body.prompt, str) else (
             list(body.prompt) if isinstance(body.prompt[0], str) else [engine.tokenizer.decode(p) for p in prompts])
-    fmt = Format(chat=False, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body), echo_texts=echo)
+    fmt = Format(chat=False, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body),
+                 tokens_as_ids=body.return_tokens_as_token_ids, echo_texts=echo)
     return await Job.for_body(state, fmt, prompts, params, body).run(request, body.stream)

@@ -1,0 +1,31 @@
+"""`quantkit serve` flags: bad values are one-line errors before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests_support.cli import run_cli
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--port", "70000"), "--port"),
+    (("--max-queued-requests", "0"), "--max-queued-requests"),
+    (("--shutdown-timeout", "-1"), "--shutdown-timeout"),
+    (("--chat-template", "/nonexistent/t.jinja"), "--chat-template"),
+    (("--max-num-seqs", "0"), "max_num_seqs"),
+    (("--dtype", "int3"), "dtype"),
+    (("--log-level", "loud"), "--log-level"),
+])
+def test_bad_flags_are_one_line_errors(args, words):
+    code, output = run_cli("serve", "some-model", *args)
+    assert code == 2 and "error:" in output and words in output
+    assert "Traceback" not in output
+
+
+def test_help_lists_vllms_flag_names(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich would cut long flag names at 80 columns
+    code, output = run_cli("serve", "--help")
+    assert code == 0
+    for flag in ("--served-model-name", "--api-key", "--max-model-len", "--max-num-batched-tokens",
+                 "--gpu-memory-utilization", "--enable-prefix-caching", "--max-queued-requests", "--chat-template"):
+        assert flag in output
