@@ -1,6 +1,6 @@
 """The engine front seen through the server's metrics: every output a request yields is observed.
 
-`MeteredLLM` wraps an AsyncLLM (or the interim front): `generate` passes each cumulative output on
+`MeteredLLM` wraps the AsyncLLM: `generate` passes each cumulative output on
 unchanged, and on the way records the request's token times (inter-token latency), its finished
 metrics, the tokens it used against the API key's lease, and queue-full rejections. Everything
 else is the wrapped front's.
@@ -8,9 +8,9 @@ else is the wrapped front's.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
+from quantkit.engine.async_llm import QueueFullError
 from quantkit.serve.auth import current_lease
 from quantkit.serve.metrics import ServerMetrics, TokenClock
 
@@ -22,10 +22,6 @@ class MeteredLLM:
     def __getattr__(self, name):  # state, error, engine, start, abort, num_waiting, shutdown, ...
         return getattr(self.inner, name)
 
-    def get_stats(self):
-        getter = getattr(self.inner, "get_stats", None)  # AsyncLLM's snapshot; the interim front has none
-        return getter() if getter is not None else self.inner.engine.get_stats()
-
     async def generate(self, prompt, params, request_id: str) -> AsyncIterator:
         """The wrapped front's outputs, observed. A finished output is accounted before it is passed on:
         a consumer that stops at the finished output never resumes this generator, whose `finally` then
@@ -33,14 +29,14 @@ class MeteredLLM:
         clock, usage, last, ended = TokenClock(), _Usage(current_lease.get()), None, "abort"
         try:
             async for out in self.inner.generate(prompt, params, request_id):
-                clock.update(out, time.monotonic())
+                clock.update(out)
                 usage.update(out)
                 last = out
                 if out.finished:
                     self._account(clock, last, "finished")
                 yield out
         except Exception as exc:
-            if type(exc).__name__ == "QueueFullError":  # the front's own admission check
+            if isinstance(exc, QueueFullError):  # the front's own admission check
                 self.metrics.observe_rejected("queue_full")
             ended = "error"
             raise

@@ -149,27 +149,23 @@ class ServerMetrics:
     # -- feeding ------------------------------------------------------------------------------------
 
     def observe_finished(self, output: Any) -> None:
-        """One finished RequestOutput (per the serving contract): its reason, token counts and phase times.
-        A phase the engine does not time (its RequestMetrics lacks the property, or it is None) is skipped."""
+        """One finished RequestOutput (per the serving contract): its reason, token counts and phase times
+        (a phase it never reached, such as the decode of a request aborted while queued, is None)."""
         m = output.metrics
         reason = output.outputs[0].finish_reason if output.outputs else None
         self.request_success[reason if reason in self.request_success else "error"].inc()
         num_generated = sum(len(c.token_ids) for c in output.outputs)
         self.request_prompt_tokens.observe(len(output.prompt_token_ids))
         self.request_generation_tokens.observe(num_generated)
-        if m is None:
-            return
-        phases = {name: getattr(m, name, None) for name in
-                  ("e2e_time", "queue_time", "prefill_time", "decode_time", "time_to_first_token")}
-        for name, hist in (("e2e_time", self.e2e_latency), ("queue_time", self.queue_time),
-                           ("prefill_time", self.prefill_time), ("decode_time", self.decode_time),
-                           ("time_to_first_token", self.time_to_first_token)):
-            if phases[name] is not None:
-                hist.observe(_nonneg(phases[name]))
-        if phases["prefill_time"] is not None and phases["decode_time"] is not None:
-            self.inference_time.observe(_nonneg(phases["prefill_time"] + phases["decode_time"]))
-        if num_generated > 1 and phases["decode_time"] is not None:
-            self.time_per_output_token.observe(_nonneg(phases["decode_time"]) / (num_generated - 1))
+        for hist, value in ((self.e2e_latency, m.e2e_time), (self.queue_time, m.queue_time),
+                            (self.prefill_time, m.prefill_time), (self.decode_time, m.decode_time),
+                            (self.time_to_first_token, m.time_to_first_token)):
+            if value is not None:
+                hist.observe(_nonneg(value))
+        if m.prefill_time is not None and m.decode_time is not None:
+            self.inference_time.observe(_nonneg(m.prefill_time + m.decode_time))
+        if num_generated > 1 and m.decode_time is not None:
+            self.time_per_output_token.observe(_nonneg(m.decode_time) / (num_generated - 1))
 
     def observe_unfinished(self, reason: str) -> None:
         """A request that ended without a finished output reaching the server: "abort" (its client
@@ -187,12 +183,12 @@ class ServerMetrics:
 
     def update_from_stats(self, stats: Any) -> None:
         """Gauges from an EngineStats snapshot; counters advanced by the engine totals' growth since the
-        last call. Optional fields (swap figures) count as 0 when the engine does not report them."""
+        last call."""
         self.num_requests_running.set(stats.num_running)
         self.num_requests_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_usage)
-        self.num_requests_swapped.set(getattr(stats, "num_swapped", 0))
-        self.swap_blocks_in_use.set(getattr(stats, "swap_blocks_used", 0))
+        self.num_requests_swapped.set(stats.num_swapped)
+        self.swap_blocks_in_use.set(stats.swap_blocks_used)
         totals = {
             "prompt_tokens": (self.prompt_tokens, stats.prompt_tokens),
             "generation_tokens": (self.generation_tokens, stats.generation_tokens),
@@ -240,9 +236,8 @@ class TokenClock:
         self.times: list[float] = []
         self._tokens = 0
 
-    def update(self, output: Any, now: float) -> None:
-        """`now`: the server's clock, used when the engine does not time its tokens (no last_token_time)."""
-        last = getattr(output.metrics, "last_token_time", None) or now
+    def update(self, output: Any) -> None:
+        last = output.metrics.last_token_time
         n = sum(len(c.token_ids) for c in output.outputs)
         if n <= self._tokens or last is None:
             return

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests_support.live_server import assert_quiescent, async_front, stories_settings, value
+from tests_support.live_server import assert_quiescent, stories_settings, value
 from tests_support.serving import serve_in_thread
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def test_chat_page_streams_and_stops(stories_dir):
     executable = chromium_path()
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
     settings = stories_settings(stories_dir, api_keys=(KEY,), max_num_seqs=4)
-    with serve_in_thread(settings, make_llm=async_front(settings)) as server, sync_api.sync_playwright() as pw:
+    with serve_in_thread(settings) as server, sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1000, "height": 700})
         try:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests_support.live_server import assert_quiescent, async_front, stories_settings
+from tests_support.live_server import assert_quiescent, stories_settings
 from tests_support.serving import serve_in_thread
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,7 @@ LONG = {"max_tokens": 200, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def server(stories_dir):
     settings = stories_settings(stories_dir, max_num_seqs=8)
-    with serve_in_thread(settings, make_llm=async_front(settings)) as running:
+    with serve_in_thread(settings) as running:
         yield running
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests_support.live_server import assert_quiescent, async_front, stories_settings
+from tests_support.live_server import assert_quiescent, stories_settings
 from tests_support.serving import serve_in_thread
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def test_fuzzed_requests_never_get_a_5xx(stories_dir, tmp_path):
     cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     # Short answers, few samples, a bounded queue: every request the fuzzer makes up ends within seconds.
     settings = stories_settings(stories_dir, max_num_seqs=8, max_model_len=64, max_queued_requests=16)
-    with serve_in_thread(settings, make_llm=async_front(settings)) as server:
+    with serve_in_thread(settings) as server:
         done = subprocess.run(
             [cli, "run", f"{server.url}/openapi.json", "--checks", "not_a_server_error",
              "--include-path-regex", PATHS, "--max-examples", "25", "--workers", "2", "--seed", "7",

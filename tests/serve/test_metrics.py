@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests_support.live_server import FAMILIES
 
+from quantkit.engine.request import CompletionOutput, RequestMetrics, RequestOutput
+from quantkit.engine.stats import EngineStats
 from quantkit.serve.metrics import (
     INTER_TOKEN_LATENCY_BUCKETS,
     ITERATION_TOKENS_BUCKETS,
@@ -22,49 +23,13 @@ from quantkit.serve.metrics import (
     one_two_five_buckets,
 )
 
-# Stand-ins shaped as the serving contract's RequestOutput / RequestMetrics / EngineStats (fields only).
-@dataclass
-class _Metrics:
-    arrival_time: float = 10.0
-    first_scheduled_time: float = 10.5
-    first_token_time: float = 11.0
-    last_token_time: float = 13.0
-    finished_time: float = 13.0
-    num_preemptions: int = 0
-    num_prompt_tokens: int = 7
-    num_generation_tokens: int = 5
-    queue_time = property(lambda s: s.first_scheduled_time - s.arrival_time)
-    prefill_time = property(lambda s: s.first_token_time - s.first_scheduled_time)
-    decode_time = property(lambda s: s.finished_time - s.first_token_time)
-    e2e_time = property(lambda s: s.finished_time - s.arrival_time)
-    time_to_first_token = property(lambda s: s.first_token_time - s.arrival_time)
-
-
-@dataclass
-class _Choice:
-    finish_reason: str | None
-    token_ids: list = field(default_factory=lambda: [1] * 5)
-
-
-@dataclass
-class _Output:
-    outputs: list
-    metrics: _Metrics = field(default_factory=_Metrics)
-    finished: bool = True
-    prompt_token_ids: list = field(default_factory=lambda: [0] * 7)
-
-
-@dataclass
-class _Stats:
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    num_preemptions_total: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_finished: int = 0
+def finished(reason: str | None, num_tokens: int = 5, num_prompt: int = 7, **times) -> RequestOutput:
+    """A RequestOutput as the engine hands it: arrival 10 s, scheduled 10.5, first token 11, finished 13."""
+    t = {"arrival_time": 10.0, "first_scheduled_time": 10.5, "first_token_time": 11.0, "last_token_time": 13.0,
+         "finished_time": 13.0, **times}
+    metrics = RequestMetrics(**t, num_prompt_tokens=num_prompt, num_generation_tokens=num_tokens)
+    return RequestOutput("r", None, [0] * num_prompt, [CompletionOutput(0, "", [1] * num_tokens, reason)],
+                         reason is not None, metrics=metrics)
 
 
 def scrape(metrics: ServerMetrics) -> dict:
@@ -128,8 +93,8 @@ def test_one_two_five_buckets():
 
 def test_observe_finished_records_reason_tokens_and_phases():
     m = ServerMetrics("m", max_model_len=512)
-    m.observe_finished(_Output([_Choice("length")]))
-    m.observe_finished(_Output([_Choice("stop")]))
+    m.observe_finished(finished("length"))
+    m.observe_finished(finished("stop"))
     fams = scrape(m)
     assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="length") == 1
     assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") == 0
@@ -147,16 +112,15 @@ def test_observe_finished_records_reason_tokens_and_phases():
     assert sample(fams, "vllm:request_prompt_tokens", "vllm:request_prompt_tokens_bucket", le="5.0") == 0
 
 
-def test_a_request_that_never_got_a_token_counts_without_ttft():
+def test_a_request_aborted_while_queued_counts_without_phases():
     m = ServerMetrics("m", max_model_len=64)
-    never = _Metrics(first_token_time=None, num_generation_tokens=0)
-    never.__class__ = type("_NoToken", (_Metrics,), {
-        "prefill_time": property(lambda s: None), "decode_time": property(lambda s: None),
-        "time_to_first_token": property(lambda s: None)})
-    m.observe_finished(_Output([_Choice("abort", [])], metrics=never))
+    m.observe_finished(finished("abort", num_tokens=0, first_scheduled_time=None, first_token_time=None,
+                                last_token_time=None))
     fams = scrape(m)
     assert sample(fams, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") == 1
     assert sample(fams, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") == 0
+    assert sample(fams, "vllm:request_queue_time_seconds", "vllm:request_queue_time_seconds_count") == 0
+    assert sample(fams, "vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_sum") == 3.0
 
 
 def test_token_times_give_inter_token_latencies():
@@ -171,9 +135,9 @@ def test_token_times_give_inter_token_latencies():
 
 def test_counters_follow_engine_totals_by_delta():
     m = ServerMetrics("m", max_model_len=64)
-    m.update_from_stats(_Stats(num_running=3, num_waiting=2, kv_usage=0.25, prompt_tokens=10, generation_tokens=4,
+    m.update_from_stats(EngineStats(num_running=3, num_waiting=2, kv_usage=0.25, prompt_tokens=10, generation_tokens=4,
                                prefix_cache_queries=10, prefix_cache_hits=2))
-    m.update_from_stats(_Stats(num_running=1, prompt_tokens=15, generation_tokens=9, num_preemptions_total=1,
+    m.update_from_stats(EngineStats(num_running=1, prompt_tokens=15, generation_tokens=9, num_preemptions_total=1,
                                prefix_cache_queries=16, prefix_cache_hits=8))
     fams = scrape(m)
     assert sample(fams, "vllm:num_requests_running", "vllm:num_requests_running") == 1
@@ -212,12 +176,5 @@ def test_two_servers_in_one_process_do_not_share_metrics():
 def test_token_clock_from_cumulative_outputs():
     clock = TokenClock()
     for n, t in ((1, 5.0), (1, 5.0), (2, 5.5), (5, 7.0)):  # the last output brings 3 tokens at once
-        clock.update(_Output([_Choice(None, [1] * n)], metrics=_Metrics(last_token_time=t)), now=99.0)
+        clock.update(finished(None, num_tokens=n, last_token_time=t))
     assert clock.times == [5.0, 5.5, 6.0, 6.5, 7.0]
-
-
-def test_token_clock_uses_the_server_clock_when_the_engine_gives_no_token_time():
-    clock = TokenClock()
-    clock.update(_Output([_Choice(None, [1])], metrics=None), now=1.0)
-    clock.update(_Output([_Choice(None, [1, 1])], metrics=None), now=1.25)
-    assert clock.times == [1.0, 1.25]

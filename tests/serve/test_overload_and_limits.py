@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from tests_support.live_server import assert_quiescent, async_front, stories_settings, value
+from tests_support.live_server import assert_quiescent, stories_settings, value
 from tests_support.serving import serve_in_thread
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def server(tmp_path_factory, stories_dir):
     keys.write_text(f'[[keys]]\nname = "open"\nkey = "{OPEN_KEY}"\n'
                     f'[[keys]]\nname = "burst"\nkey = "{BURST_KEY}"\nrequests_per_minute = {RPM}\n')
     settings = stories_settings(stories_dir, api_keys_file=keys, max_queued_requests=8, max_num_seqs=4)
-    with serve_in_thread(settings, make_llm=async_front(settings)) as running:
+    with serve_in_thread(settings) as running:
         yield running
 
 

@@ -76,9 +76,3 @@ def assert_quiescent(running, timeout: float = 15.0) -> None:
 def _one(fams: dict, family: str, sample: str | None = None) -> float:
     return next(s.value for s in fams[family].samples if s.name == (sample or family))
 
-
-def async_front(settings):
-    """The engine's AsyncLLM for `settings` (a `make_llm` for serve_in_thread)."""
-    from quantkit.engine.async_llm import AsyncLLM
-
-    return lambda: AsyncLLM(settings.engine, max_queued_requests=settings.max_queued_requests)
