@@ -1,18 +1,24 @@
-"""Check a packed checkpoint: every quantized linear through the W4A16 kernel.
+"""Check a packed checkpoint: the structure of every packed linear, then its outputs on real inputs.
 
-The checkpoint is loaded and run on a few calibration-like windows of text. A hook on each
-QuantLinear takes the activations the layer really receives (x: [rows, K], the model dtype)
-and, there and then:
-  1. runs the kernel (`backend`) at two batch sizes (one row: the decode path; all rows: the
-     GEMM path) and compares it with the pure-torch reference dequant-matmul, which must agree
-     to float tolerance (`KERNEL_TOLERANCE`, relative to the output's largest magnitude);
-  2. with `original`, compares the reference output with the original float linear on the
-     same input: relative error ||y_q - y_f||_F / ||y_f||_F, which must stay under
-     `max_rel_error`. AWQ checkpoints fold per-channel scales into the weights; the plan saved
-     beside them (awq_plan.safetensors) says which, and the comparison undoes those folds.
+1. Structure, read straight from the shards (quantkit.check_structure): shapes against
+   config.json's hidden, intermediate and head sizes; dtypes; scales finite and > 0; zero
+   points in range (GPTQ v1's stored zero - 1 undone); g_idx consistent with the group size
+   (a permutation of the groups, in order unless desc_act); bits, group_size and sym as the
+   config says.
+2. The checkpoint is loaded and run on a few calibration-like windows of text. A hook on each
+   QuantLinear takes the activations it really receives (x: [rows, K], the model dtype) and its
+   output, and compares them with x @ W.T, W dequantized by `independent_dequantize` (code of
+   its own, not quantkit.format.packing):
+   - the model path: what the layer computed (the dense torch path on CPU, the kernel on CUDA);
+   - the Triton kernel: all rows (and one row, the decode path) on CUDA; in Triton's
+     interpreter on CPU, on a sample of rows and one block of output columns (it is slow);
+   both must agree to float tolerance (`KERNEL_TOLERANCE`, relative to the largest magnitude).
+3. With `original`, the relative error ||y_q - y_f||_F / ||y_f||_F against the original float
+   linear on the same input, which must stay under `max_rel_error`. AWQ checkpoints fold
+   per-channel scales into the weights; the plan saved beside them (awq_plan.safetensors) says
+   which, and the comparison undoes those folds.
 
-A kernel that disagrees with the reference, a non-finite output, or an error past the bound
-fails the check; `CheckReport.passed` says whether every layer passed.
+`CheckReport.passed` says whether every layer passed every check that ran.
 """
 
 from __future__ import annotations
@@ -22,23 +28,31 @@ from pathlib import Path
 
 import torch
 
+from quantkit.check_structure import LinearTensors, expected_shapes, independent_dequantize, structure_problems
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
+from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, load_plan, scale_key
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DEFAULT_MAX_REL_ERROR = 0.3  # INT4 g128 layers sit around 0.02-0.15; a corrupted tensor gives ~1 or more
-PLAN_FILE = "awq_plan.safetensors"
+INTERPRETER_ROWS = 2  # rows of x through the Triton interpreter on CPU
+INTERPRETER_COLS = 128  # output columns (one interpreter tile) through the Triton interpreter on CPU
 
 
 @dataclass
 class LayerCheck:
-    """The result for one packed linear."""
+    """The result for one packed linear (extend with fields; `problems` decides `passed`)."""
 
     name: str
     out_features: int
     in_features: int
-    rows: int
-    kernel_diff: float | None  # max |kernel - reference| / max |reference|; None: kernel not run
-    rel_error: float | None  # vs the original float linear; None without an original
+    rows: int = 0  # input rows compared on the model path
+    structure: list[str] = field(default_factory=list)  # structure problems ([]: sound)
+    model_diff: float | None = None  # max |model path - independent| / max |independent|; None: not run
+    kernel_diff: float | None = None  # the same for the Triton kernel; None: kernel not run
+    kernel_rows: int = 0
+    kernel_cols: int = 0
+    rel_error: float | None = None  # vs the original float linear; None without an original
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -50,8 +64,8 @@ class LayerCheck:
 class CheckReport:
     path: str
     original: str | None
-    backend: str  # the backend that ran ("triton" or "torch")
-    kernel_checked: bool  # False when the backend was the reference itself
+    backend: str  # the backend whose kernel was compared ("triton" or "torch")
+    kernel_checked: bool  # whether the Triton kernel ran
     layout: str
     bits: int
     group_size: int
@@ -122,10 +136,10 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
     """
-    prefix = f"layers.{layer_index}."
+    prefix = layer_prefix(layer_index)
     col = row = None
     for group in spec.groups:
-        scale = plan.get(f"{prefix}{group.name}.scale")
+        scale = plan.get(prefix + scale_key(group.name))
         if scale is None:
             continue
         if linear in group.linears:
@@ -141,59 +155,114 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
 class _Setup:
     """Everything a layer hook needs, resolved once."""
 
-    backend: str
     kernel_checked: bool
-    layout: str
-    bits: int
-    group_size: int
+    compiled: bool  # the kernel runs compiled (CUDA): all rows; else in the interpreter, a sample
     max_rel_error: float
     max_rows: int
     spec: object
-    layers_path: str
     original: object | None  # ShardReader of the original checkpoint
     plan: dict[str, torch.Tensor] | None
 
 
 def resolve_backend(backend: str, device: torch.device) -> tuple[str, bool]:
-    """(backend that runs, whether it is a kernel distinct from the reference)."""
+    """(backend whose kernel is compared, whether it is the Triton kernel)."""
     from quantkit.kernels import BACKENDS
     from quantkit.kernels.triton_w4a16 import triton_available
 
     if backend not in BACKENDS:
         raise QuantkitError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        backend = "triton" if device.type == "cuda" and triton_available() else "torch"
+        backend = "triton" if triton_available() else "torch"
     if backend == "triton" and not triton_available():
         raise QuantkitError("--backend triton needs triton: pip install triton")
     return backend, backend == "triton"
 
 
-def check_layer(name: str, module, x: torch.Tensor, setup: _Setup) -> LayerCheck:
-    """Run one packed linear's checks on its input x [T, K]."""
-    from quantkit.kernels import w4a16_matmul, w4a16_matmul_reference
+def check_structure(reader, config: dict, info, spec) -> dict[str, LayerCheck]:
+    """A LayerCheck per packed linear of the shards, holding its structure problems."""
+    shapes = expected_shapes(config)
+    results = {}
+    for key in sorted((k for k in reader.keys() if k.endswith(".qweight")), key=lambda k: _model_order(k, spec)):
+        name = key[: -len(".qweight")]
+        get = lambda suffix: reader.get(f"{name}.{suffix}") if f"{name}.{suffix}" in reader else None  # noqa: E731
+        t = LinearTensors(get("qweight"), get("qzeros"), get("scales"), get("g_idx"))
+        linear = name[len(spec.layers) + 1:].partition(".")[2] if name.startswith(spec.layers + ".") else name
+        problems = structure_problems(t, shapes.get(linear), layout=info.layout, bits=info.bits,
+                                      group_size=info.group_size, sym=info.sym, desc_act=info.desc_act)
+        n = t.scales.shape[-1]
+        results[name] = LayerCheck(name, n, t.qweight.numel() * (32 // info.bits) // max(n, 1),
+                                   structure=problems, problems=list(problems))
+    return results
 
-    x = x.reshape(-1, x.shape[-1])
-    if x.shape[0] > setup.max_rows:  # evenly spaced rows: every window and position represented
-        x = x[torch.linspace(0, x.shape[0] - 1, setup.max_rows).long()]
-    tensors = (module.qweight, module.qzeros, module.scales)
-    kw = dict(layout=module.layout, group_size=module.group_size, g_idx=module.g_idx, bias=module.bias)
-    ref32 = w4a16_matmul_reference(x.float(), *tensors, bits=module.bits, **kw)  # [T, N] fp32
-    check = LayerCheck(name, module.out_features, module.in_features, int(x.shape[0]), None, None)
+
+def _model_order(key: str, spec) -> tuple:
+    """Sort key putting linears in the order the model runs them: layer index, then spec order."""
+    index, _, linear = key[len(spec.layers) + 1: -len(".qweight")].partition(".")
+    if not key.startswith(spec.layers + ".") or not index.isdigit() or linear not in spec.linears:
+        return (1, 0, 0, key)
+    return (0, int(index), spec.linears.index(linear), key)
+
+
+def evenly_spaced(x: torch.Tensor, count: int) -> torch.Tensor:
+    """At most `count` rows of x, evenly spaced (every window and position represented)."""
+    return x if x.shape[0] <= count else x[torch.linspace(0, x.shape[0] - 1, count).long()]
+
+
+def check_layer(check: LayerCheck, module, x: torch.Tensor, y: torch.Tensor, setup: _Setup) -> None:
+    """Compare one packed linear's output y on its input x with the independent dequantization."""
+    x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+    picked = torch.linspace(0, x.shape[0] - 1, min(setup.max_rows, x.shape[0])).long()
+    x, y = x[picked], y[picked]
+    t = LinearTensors(module.qweight.cpu(), module.qzeros.cpu(), module.scales.cpu(),
+                      None if module.g_idx is None else module.g_idx.cpu())
+    w = independent_dequantize(t, layout=module.layout, bits=module.bits, group_size=module.group_size)
+    ref32 = x.float() @ w.to(x.device).T  # [T, N] fp32
+    if module.bias is not None:
+        ref32 = ref32 + module.bias.float()
+    check.rows = int(x.shape[0])
+    tolerance = KERNEL_TOLERANCE[x.dtype]
     if not torch.isfinite(ref32).all():
-        check.problems.append("reference output is not finite (corrupted scales or inputs)")
+        check.problems.append("independent dequantization gives non-finite outputs (corrupted scales or inputs)")
+    check.model_diff = relative_max_diff(y, ref32.to(y.dtype))
+    if not check.model_diff <= tolerance:
+        check.problems.append(f"model path disagrees with the independent dequantization "
+                              f"({check.model_diff:.2e} > {tolerance:.0e})")
     if setup.kernel_checked and module.bits == 4:
-        out = w4a16_matmul(x, *tensors, backend=setup.backend, **kw)
-        one = w4a16_matmul(x[:1], *tensors, backend=setup.backend, **kw)
-        ref = ref32.to(x.dtype)
-        check.kernel_diff = max(relative_max_diff(out, ref), relative_max_diff(one, ref[:1]))
-        if not check.kernel_diff <= KERNEL_TOLERANCE[x.dtype]:
-            check.problems.append(f"kernel disagrees with the reference ({check.kernel_diff:.2e} > "
-                                  f"{KERNEL_TOLERANCE[x.dtype]:.0e})")
+        check.kernel_diff = _kernel_diff(check, module, x, ref32, setup)
+        if not check.kernel_diff <= tolerance:
+            check.problems.append(f"kernel disagrees with the independent dequantization "
+                                  f"({check.kernel_diff:.2e} > {tolerance:.0e})")
     if setup.original is not None:
-        check.rel_error = _error_vs_original(name, x, ref32, setup)
+        check.rel_error = _error_vs_original(check.name, x, ref32, setup)
         if not check.rel_error <= setup.max_rel_error:
             check.problems.append(f"error vs the original {check.rel_error:.3f} > {setup.max_rel_error}")
-    return check
+
+
+def _kernel_diff(check: LayerCheck, module, x: torch.Tensor, ref32: torch.Tensor, setup: _Setup) -> float:
+    """The Triton kernel against ref32: compiled, every row and one row (the decode path); in the
+    interpreter, INTERPRETER_ROWS rows by one block of INTERPRETER_COLS output columns."""
+    from quantkit.kernels import w4a16_matmul
+
+    qweight, qzeros, scales, bias = module.qweight, module.qzeros, module.scales, module.bias
+    n = module.out_features
+    cols = slice(0, n)
+    if not setup.compiled and n > INTERPRETER_COLS:
+        start = (n - INTERPRETER_COLS) // 2 // 8 * 8  # the middle block, whole packed words
+        cols = slice(start, start + INTERPRETER_COLS)
+        words = slice(start // 8, (start + INTERPRETER_COLS) // 8)
+        qweight = qweight[:, words] if module.layout == "awq" else qweight[:, cols]
+        qzeros, scales = qzeros[:, words], scales[:, cols]
+        bias = None if bias is None else bias[cols]
+    if not setup.compiled:
+        x = evenly_spaced(x, INTERPRETER_ROWS)
+        ref32 = evenly_spaced(ref32, INTERPRETER_ROWS)
+    kw = dict(layout=module.layout, group_size=module.group_size, g_idx=module.g_idx, bias=bias, backend="triton")
+    ref = ref32[:, cols].to(x.dtype)
+    diff = relative_max_diff(w4a16_matmul(x, qweight, qzeros, scales, **kw), ref)
+    if setup.compiled:
+        diff = max(diff, relative_max_diff(w4a16_matmul(x[:1], qweight, qzeros, scales, **kw), ref[:1]))
+    check.kernel_rows, check.kernel_cols = int(x.shape[0]), cols.stop - cols.start
+    return diff
 
 
 def _error_vs_original(name: str, x: torch.Tensor, y_q: torch.Tensor, setup: _Setup) -> float:
@@ -205,7 +274,7 @@ def _error_vs_original(name: str, x: torch.Tensor, y_q: torch.Tensor, setup: _Se
     bias = reader.get(f"{name}.bias").to(x.device) if f"{name}.bias" in reader else None
     col = row = None
     if setup.plan:
-        index, _, linear = name[len(setup.layers_path) + 1:].partition(".")
+        index, _, linear = name[len(setup.spec.layers) + 1:].partition(".")
         col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear)
         col = None if col is None else col.to(x.device)
         row = None if row is None else row.to(x.device)
@@ -216,61 +285,86 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
                      max_rel_error: float = DEFAULT_MAX_REL_ERROR, *, calib: str | None = None,
                      nsamples: int = 4, seqlen: int = 128, max_rows: int = 256, seed: int = 0,
                      device: str = "auto", show_progress: bool = True) -> CheckReport:
-    """Run every packed linear of `qdir` through the kernel on calibration-like inputs.
+    """Check the structure of every packed linear of `qdir`, then run it on calibration-like inputs.
 
     calib: a .txt/.jsonl file, folder or recipe (as `quantkit quantize --calib`); None uses the
-    project's synthetic stories. At most `max_rows` rows of each layer's input are checked.
+    project's synthetic stories. At most `max_rows` rows of each layer's input are compared.
     """
-    from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
-    from quantkit.model.loader import load_model
-    from quantkit.model.quant_linear import QuantLinear
-    from quantkit.progress import progress_bar
     from quantkit.format.arch import spec_for
+    from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+    from quantkit.model.loader import read_quant_info
 
     path = resolve_model_path(str(qdir))
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    dev = resolve_device(device)
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
     ran, kernel_checked = resolve_backend(backend, dev)
-    model, info = load_model(path, dtype=dtype, device=str(dev), backend="auto")
+    config = read_config(path)
+    info = read_quant_info(config)
     if info is None:
         raise QuantkitError(f"{path}: not a quantized checkpoint (config.json has no quantization_config)")
-    config = read_config(path)
     spec = spec_for(config)
-    notes: list[str] = []
-    setup = _Setup(ran, kernel_checked, info.layout, info.bits, info.group_size, max_rel_error, max_rows,
-                   spec, spec.layers, None, None)
+    checks = check_structure(ShardReader(path), config, info, spec)
+    if not checks:
+        raise QuantkitError(f"{path}: no packed linears found")
+    notes = _backend_notes(ran, kernel_checked, dev)
+    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None)
     if original is not None:
         setup.original = ShardReader(resolve_model_path(str(original)))
         setup.plan = _awq_plan(path, info, notes)
         if setup.plan is None and info.layout == "awq":
             setup.original = None
+    sound = {name for name, c in checks.items() if not c.structure}
+    if len(sound) < len(checks):
+        notes.append(f"{len(checks) - len(sound)} layers failed the structure check: their outputs were not compared")
+    if sound:
+        _run_inputs(path, checks, sound, setup, dtype, dev, "torch" if ran == "torch" else "auto",
+                    (calib, nsamples, seqlen, seed), notes, show_progress)
+    if kernel_checked and any(c.kernel_diff is None and c.model_diff is not None for c in checks.values()):
+        notes.append("layers that are not 4-bit have no W4A16 kernel: the model path and the error against "
+                     "the original are checked")
+    return CheckReport(str(path), None if original is None else str(original), ran, kernel_checked, info.layout,
+                       info.bits, info.group_size, str(dtype).removeprefix("torch."), str(dev), max_rel_error,
+                       list(checks.values()), notes)
+
+
+def _backend_notes(ran: str, kernel_checked: bool, dev: torch.device) -> list[str]:
+    from quantkit.kernels.triton_w4a16 import triton_available
+
+    if kernel_checked and dev.type != "cuda":
+        return [f"the Triton kernel ran in its interpreter (no GPU) on {INTERPRETER_ROWS} rows x "
+                f"{INTERPRETER_COLS} output columns of each layer"]
     if not kernel_checked:
-        notes.append(f"backend {ran}: the kernel was not run (no GPU; --backend triton runs it in Triton's "
-                     f"interpreter, slowly)")
-    ids = calibration_ids(path, calib, nsamples, seqlen, seed, notes)
-    quant_linears = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
-    if not quant_linears:
-        raise QuantkitError(f"{path}: no packed linears found")
-    results: list[LayerCheck] = []
-    with progress_bar("check layers", len(quant_linears), show_progress) as advance:
+        why = "--backend torch" if triton_available() else "triton is not installed"
+        return [f"the Triton kernel was not run ({why}): the model's {ran} path was compared with an "
+                f"independent dequantization"]
+    return []
+
+
+def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setup: _Setup, dtype: torch.dtype,
+                dev: torch.device, model_backend: str, inputs: tuple, notes: list[str], show_progress: bool) -> None:
+    """Load the checkpoint and compare every layer in `names` on its real inputs (hooks)."""
+    from quantkit.check_inputs import calibration_ids
+    from quantkit.model.loader import load_model
+    from quantkit.model.quant_linear import QuantLinear
+    from quantkit.progress import progress_bar
+
+    model, _ = load_model(path, dtype=dtype, device=str(dev), backend=model_backend)
+    ids = calibration_ids(path, *inputs, notes)
+    hooked = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear) and n in names]
+    with progress_bar("check layers", len(hooked), show_progress) as advance:
         def hook(name):
-            def run(module, args):
-                results.append(check_layer(name, module, args[0].detach(), setup))
+            def run(module, args, output):
+                check_layer(checks[name], module, args[0].detach(), output.detach(), setup)
                 advance()
             return run
 
-        handles = [m.register_forward_pre_hook(hook(n)) for n, m in quant_linears]
+        handles = [m.register_forward_hook(hook(n)) for n, m in hooked]
         try:
             with torch.no_grad():
                 model(ids.to(dev))
         finally:
             for h in handles:
                 h.remove()
-    if kernel_checked and any(layer.kernel_diff is None for layer in results):
-        notes.append("layers that are not 4-bit have no W4A16 kernel: only their error against the original is checked")
-    return CheckReport(str(path), None if original is None else str(original), ran, kernel_checked, info.layout,
-                       info.bits, info.group_size, str(dtype).removeprefix("torch."), str(dev), max_rel_error,
-                       results, notes)
 
 
 def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | None:
@@ -282,43 +376,4 @@ def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | N
         notes.append(f"AWQ checkpoint without {PLAN_FILE}: the scales folded into its weights are unknown, "
                      f"so errors against the original are not reported")
         return None
-    from safetensors.torch import load_file
-
-    return load_file(str(file))
-
-
-def calibration_ids(path: Path, calib: str | None, nsamples: int, seqlen: int, seed: int,
-                    notes: list[str]) -> torch.Tensor:
-    """[nsamples, seqlen] token ids: windows of `calib` text, or of the synthetic stories."""
-    from quantkit.model.checkpoint import read_config
-    from quantkit.model.loader import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(path)
-    except (OSError, ValueError) as exc:
-        if calib is not None:
-            raise QuantkitError(f"{path}: no usable tokenizer for --calib ({exc})") from exc
-        notes.append("no tokenizer in the checkpoint: random token ids used as inputs")
-        vocab = int(read_vocab_size(path))
-        return torch.randint(0, vocab, (nsamples, seqlen), generator=torch.Generator().manual_seed(seed))
-    if calib is not None:
-        from quantkit.calibration.data import load_calibration
-
-        calib_set = load_calibration(calib, tokenizer, nsamples, seqlen, seed)
-        notes.extend(calib_set.notes)
-        return calib_set.input_ids
-    from quantkit.calibration.synthetic import make_corpus
-
-    docs = make_corpus(8 * nsamples, seed=seed)  # tokenized one story at a time, then joined
-    ids = torch.tensor([t for d in docs for t in tokenizer(d + "\n\n", add_special_tokens=False)["input_ids"]],
-                       dtype=torch.int64)
-    seqlen = min(seqlen, ids.numel(), int(read_config(path).get("max_position_embeddings") or seqlen))
-    starts = torch.linspace(0, ids.numel() - seqlen, nsamples).long()
-    return torch.stack([ids[s:s + seqlen] for s in starts.tolist()])
-
-
-def read_vocab_size(path: Path) -> int:
-    from quantkit.model.checkpoint import read_config
-
-    config = read_config(path)
-    return config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 32000)
+    return load_plan(file)

@@ -1,20 +1,18 @@
-"""The `quantkit` command line. Each command lives in quantkit/commands/<name>.py."""
+"""The `quantkit` command line. Each command lives in quantkit/commands/<name>.py.
+
+A command module imports only typer and quantkit.commands.common at its top; the library it
+calls (torch, transformers, the engine) is imported inside the command, so `quantkit --help`
+stays fast.
+"""
 
 from __future__ import annotations
 
-import importlib
-
 import typer
 
-COMMAND_MODULES = (
-    "quantkit.commands.quantize",
-    "quantkit.commands.generate",
-    "quantkit.commands.check",
-    "quantkit.commands.demo",
-    "quantkit.commands.eval",
-    "quantkit.commands.serve",
-    "quantkit.commands.bench",
-)
+from quantkit.commands import bench, check, demo, generate, quantize, serve
+from quantkit.commands import eval as eval_command
+
+COMMANDS = (quantize, generate, check, demo, eval_command, serve, bench)  # the order of `quantkit --help`
 
 
 def build_app() -> typer.Typer:
@@ -26,8 +24,8 @@ def build_app() -> typer.Typer:
         add_completion=False,
     )
     app.callback()(_root)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(app)
+    for command in COMMANDS:
+        command.register(app)
     return app
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from quantkit.devices import check_device_name
 from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
-METHODS = ("rtn", "gptq", "awq")
+METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.methods.make_method
 FORMATS = ("gptq", "awq")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)
@@ -26,6 +27,20 @@ class CalibConfig:
             raise QuantkitError(f"--nsamples must be at least 1 (got {self.nsamples})")
         if self.seqlen < 8:
             raise QuantkitError(f"--seqlen must be at least 8 (got {self.seqlen})")
+
+
+def refuse_out_over_source(model: str, out: Path) -> None:
+    """--out must not be the source folder, lie inside it, or hold it (symlinks resolved): writing
+    there, with or without --force, would replace the float weights it is made from."""
+    source = Path(model).expanduser()
+    if not source.exists():
+        return  # a hub id: downloaded into the hub cache, which --out cannot replace
+    source, target = source.resolve(), Path(out).expanduser().resolve()
+    where = ("is" if target == source else "is inside" if source in target.parents
+             else "holds" if target in source.parents else None)
+    if where is not None:
+        raise QuantkitError(f"--out {out} {where} the source model folder {model}; "
+                            f"write the quantized checkpoint elsewhere")
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,8 @@ class QuantizeConfig:
             raise QuantkitError("--desc-act applies to --method gptq only")
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
+        check_device_name(self.device)
+        refuse_out_over_source(self.model, self.out)
 
     @property
     def layout_format(self) -> str:

@@ -70,3 +70,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def gpu_device():
+    """The device of the `gpu`-marked tests (`pytest -m gpu`): CUDA. Under `bash kernels/gpu_check.sh
+    --dry-run` (QUANTKIT_GPU_DRY_RUN=1, TRITON_INTERPRET=1) the same tests run at toy sizes on CPU
+    tensors, the kernels in Triton's interpreter, so they are known to run before a GPU is lent."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("QUANTKIT_GPU_DRY_RUN") == "1":
+        pytest.importorskip("triton")
+        return torch.device("cpu")
+    pytest.skip("needs a CUDA device (or QUANTKIT_GPU_DRY_RUN=1 for the interpreter dry run)")

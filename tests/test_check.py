@@ -21,6 +21,7 @@ from quantkit.check import (
 )
 from quantkit.cli import build_app
 from quantkit.format.arch import spec_for
+from quantkit.kernels.triton_w4a16 import triton_available
 
 CORRUPT_LAYER = "model.layers.1.mlp.up_proj"
 
@@ -117,11 +118,45 @@ def test_check_fails_when_the_kernel_disagrees(rtn_ckpt, monkeypatch):
     assert all("kernel disagrees" in layer.problems[0] for layer in report.failures)
 
 
-def test_check_without_a_gpu_says_the_kernel_did_not_run(rtn_ckpt):
+def test_check_on_cpu_compares_both_paths_with_an_independent_dequantization(rtn_ckpt):
     report = check_checkpoint(rtn_ckpt, nsamples=1, seqlen=16, show_progress=False)
-    assert report.passed and not report.kernel_checked and report.backend == "torch"
-    assert all(layer.kernel_diff is None and layer.rel_error is None for layer in report.layers)
-    assert any("kernel was not run" in note for note in report.notes)
+    assert report.passed and len(report.layers) == 14
+    for layer in report.layers:
+        assert layer.structure == [] and layer.model_diff is not None and layer.model_diff <= 1e-5, layer
+    if triton_available():  # the interpreter on a sample of rows and output columns
+        assert report.kernel_checked and report.backend == "triton"
+        assert all(layer.kernel_diff <= 1e-4 and layer.kernel_rows > 0 and layer.kernel_cols > 0
+                   for layer in report.layers)
+        assert any("interpreter" in note for note in report.notes)
+
+
+def test_check_without_original_fails_on_zeroed_scales(rtn_ckpt, tmp_path):
+    bad = corrupt(rtn_ckpt, tmp_path / "bad", f"{CORRUPT_LAYER}.scales", torch.zeros_like)
+    report_file = tmp_path / "report.json"
+    done = run_cli("check", bad, "--nsamples", "1", "--seqlen", "16", "--output", report_file)
+    assert done.exit_code == 1, done.output
+    report = json.loads(report_file.read_text())
+    failed = [layer for layer in report["layers"] if not layer["passed"]]
+    assert [layer["name"] for layer in failed] == [CORRUPT_LAYER]
+    assert "scales are not > 0" in failed[0]["problems"][0]
+    assert "structure" in done.output  # the table names what it compared
+
+
+def test_check_fails_when_the_torch_path_disagrees(rtn_ckpt, monkeypatch):
+    import quantkit.model.quant_linear as quant_linear
+
+    real = quant_linear.dequantize
+    monkeypatch.setattr(quant_linear, "dequantize", lambda p, dtype: real(p, dtype) * 1.01)
+    report = check_checkpoint(rtn_ckpt, backend="torch", nsamples=1, seqlen=16, show_progress=False)
+    assert not report.passed and len(report.failures) == 14
+    assert all("model path disagrees" in layer.problems[0] for layer in report.failures)
+
+
+def test_check_with_backend_torch_says_the_kernel_did_not_run(rtn_ckpt):
+    report = check_checkpoint(rtn_ckpt, backend="torch", nsamples=1, seqlen=16, show_progress=False)
+    assert report.passed and not report.kernel_checked
+    assert all(layer.kernel_diff is None and layer.model_diff is not None for layer in report.layers)
+    assert any("Triton kernel was not run" in note for note in report.notes)
 
 
 def test_check_of_a_float_checkpoint_is_a_one_line_error(tiny_llama):

@@ -12,11 +12,17 @@ ignored so every system produces the same number of tokens):
   * KV utilization (tokens held / pool capacity) over the steps where requests are waiting for room:
     the same 64 requests on a 64-block pool (~8 fit), and 64 longer requests (prompts 256-448
     tokens, 64 new) on a 512-block pool (~20 fit).
+
+  python -m quantkit.bench.engine --async-front [--models stories] [--threads 1]
+
+measures only the async front: the same requests streamed through AsyncLLM (one engine thread,
+every request's outputs consumed by its own task) against LLM.generate, in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import tempfile
 import time
@@ -58,6 +64,51 @@ def engine_throughput(llm, prompts, max_tokens: int) -> tuple[float, int]:
     elapsed = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     return n / elapsed, n
+
+
+async def _async_front_run(llm, prompts, max_tokens: int) -> tuple[float, int]:
+    from quantkit.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+    async def one(i, p):
+        async for out in llm.generate(p, params, f"b{time.perf_counter_ns()}-{i}"):
+            pass
+        return len(out.outputs[0].token_ids)
+
+    t = time.perf_counter()
+    n = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+    return n / (time.perf_counter() - t), n
+
+
+def async_front(name: str, path: Path, args) -> None:
+    """Generated tokens/s streamed through AsyncLLM vs LLM.generate on the same engine settings."""
+    from quantkit.engine import LLM, EngineConfig, SamplingParams
+    from quantkit.engine.async_llm import AsyncLLM
+
+    prompts = make_prompts(args.requests, 512, 16, 160)
+    kw = dict(max_num_seqs=len(prompts), max_model_len=512)
+    offline = LLM(str(path), **kw)
+    offline.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+
+    async def main():
+        llm = AsyncLLM(EngineConfig(model=str(path), **kw))
+        await llm.start()
+        await _async_front_run(llm, prompts[:2], 2)  # warm-up
+        rates = []
+        for _ in range(args.repeats):  # interleaved with the offline runs
+            rates.append((await _async_front_run(llm, prompts, args.max_tokens))[0])
+            offline_rates.append(engine_throughput(offline, prompts, args.max_tokens)[0])
+        await llm.shutdown(5)
+        return max(rates)
+
+    offline_rates: list[float] = []
+    ours = asyncio.run(main())
+    base = max(offline_rates)
+    print(f"\n== {name}: {args.requests} requests, {args.max_tokens} new tokens each, "
+          f"{torch.get_num_threads()} thread(s), best of {args.repeats} interleaved runs")
+    print(f"LLM.generate      {base:9.1f} tok/s")
+    print(f"AsyncLLM streams  {ours:9.1f} tok/s   AsyncLLM / LLM.generate = {ours / base:5.2f}x")
 
 
 def hf_serial(model, prompts, max_tokens: int) -> float:
@@ -168,14 +219,16 @@ def main() -> None:
     ap.add_argument("--serial-sample", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved runs of each system; the best counts")
+    ap.add_argument("--async-front", action="store_true", help="only AsyncLLM streaming vs LLM.generate")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.models.split(","):
         if name == "stories":
-            bench_model("stories260K-hf", STORIES, args)
+            (async_front if args.async_front else bench_model)("stories260K-hf", STORIES, args)
         elif name == "random100m":
             with tempfile.TemporaryDirectory() as tmp:
-                bench_model("random Llama ~100M (hidden 768, 12 layers)", make_random_model(Path(tmp)), args)
+                (async_front if args.async_front else bench_model)(
+                    "random Llama ~100M (hidden 768, 12 layers)", make_random_model(Path(tmp)), args)
         else:
             raise SystemExit(f"unknown model {name!r}; expected stories or random100m")
 

@@ -217,10 +217,11 @@ def main(argv=None) -> int:
     for name, (k, n) in shapes.items():
         rows += bench_shape(name, k, n, batches, args.group_size, device, dtype, measure)
         print(f"done {name} ({k} x {n})", flush=True)
-    table = markdown(rows, peak, describe(device, dtype, args.group_size, peak, not args.no_cuda_graph), device.type == "cuda")
+        table = markdown(rows, peak, describe(device, dtype, args.group_size, peak, not args.no_cuda_graph),
+                         device.type == "cuda")
+        if args.out:  # after every shape: a run stopped by a time limit keeps the shapes it finished
+            args.out.write_text(table)
     print(table)
-    if args.out:
-        args.out.write_text(table)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""`quantkit check QDIR`: every packed layer through the W4A16 kernel, against the reference
-dequant-matmul and (with --original) the original float weights. Exit 1 when a layer fails."""
+"""`quantkit check QDIR`: the structure of every packed layer against its config, then its outputs
+(the model path and the Triton kernel) against an independent dequantization and (with --original)
+the original float weights. Exit 1 when a layer fails."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def check(
     qdir: str = typer.Argument(..., help="Quantized checkpoint folder (GPTQ v1/v2 or AWQ GEMM layout)."),
     original: str = typer.Option(None, "--original", help="The float model it came from (folder or hub id): "
                                  "also report each layer's relative output error against it."),
-    backend: str = typer.Option("auto", "--backend", help="triton, torch, or auto (Triton on a GPU; on the CPU "
-                                "--backend triton runs the kernels in Triton's interpreter)."),
+    backend: str = typer.Option("auto", "--backend", help="triton, torch, or auto (the Triton kernel when triton is "
+                                "installed: compiled on a GPU, in its interpreter on a sample of each layer on "
+                                "the CPU; torch: the model path only)."),
     max_rel_error: float = typer.Option(None, "--max-rel-error", help="Fail a layer whose relative output error "
                                         "against --original exceeds this (default 0.3).", min=0.0),
     calib: str = typer.Option(None, "--calib", help="Input text: a .txt/.jsonl file, folder or recipe "
@@ -33,7 +35,7 @@ def check(
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
     output: Path = typer.Option(None, "--output", help="Also write the full report as JSON here."),
 ) -> None:
-    """Check QDIR: the kernel must agree with the reference on every packed layer."""
+    """Check QDIR: every packed layer's structure, and its outputs against an independent dequantization."""
     from quantkit.check import DEFAULT_MAX_REL_ERROR, check_checkpoint
 
     report = check_checkpoint(qdir, original, backend,
@@ -58,13 +60,17 @@ def print_report(report) -> None:
                         f"{report.group_size}, {report.dtype} on {report.device}, backend {report.backend})")
     table.add_column("layer")
     table.add_column("N x K", justify="right")
-    table.add_column("rows", justify="right")
-    table.add_column("kernel vs ref", justify="right")
-    table.add_column("error vs original", justify="right")
+    table.add_column("structure\n(vs config)", justify="center")
+    table.add_column("model path vs\nindep. dequant", justify="right")
+    table.add_column("Triton kernel vs\nindep. dequant", justify="right")
+    table.add_column("rows\n(kernel rows x cols)", justify="right")
+    table.add_column("error vs\noriginal", justify="right")
     table.add_column("", justify="center")
     for layer in report.layers:
-        table.add_row(layer.name, f"{layer.out_features} x {layer.in_features}", str(layer.rows),
-                      "-" if layer.kernel_diff is None else f"{layer.kernel_diff:.1e}",
+        kernel_sample = f" ({layer.kernel_rows} x {layer.kernel_cols})" if layer.kernel_diff is not None else ""
+        table.add_row(layer.name, f"{layer.out_features} x {layer.in_features}",
+                      "ok" if not layer.structure else "[bold red]bad[/]",
+                      _diff(layer.model_diff), _diff(layer.kernel_diff), f"{layer.rows}{kernel_sample}",
                       "-" if layer.rel_error is None else f"{layer.rel_error:.4f}",
                       "[green]ok[/]" if layer.passed else "[bold red]FAIL[/]")
     (Console() if sys.stdout.isatty() else Console(width=160)).print(table)
@@ -74,6 +80,10 @@ def print_report(report) -> None:
     if errors:
         console.print(f"error vs original: mean {sum(errors) / len(errors):.4f}, max {max(errors):.4f} "
                       f"(limit {report.max_rel_error})")
+
+
+def _diff(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
 
 
 def write_json(data: dict, output: Path) -> None:

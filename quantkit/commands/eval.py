@@ -26,10 +26,11 @@ def eval_command(
     limit: int | None = typer.Option(None, "--limit", help="Questions per subject (default: all)."),
     ppl_text: str = typer.Option("wikitext2", "--ppl-text", help="Text file for perplexity, or 'wikitext2' "
                                  "(wikitext-2-raw-v1 test from the hub)."),
-    seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens)."),
+    seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens; clipped to "
+                                "the models' context, and the report says so)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (float16 on CUDA, float32 on CPU), float32, bfloat16."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
     output: Path | None = typer.Option(None, "--output", help="Write the report as JSON here."),
     max_drop: float | None = typer.Option(None, "--max-drop", help="Fail (exit 1) if MMLU drops more points."),
     max_ppl_ratio: float | None = typer.Option(None, "--max-ppl-ratio", help="Fail (exit 1) above this ppl ratio."),
@@ -37,8 +38,11 @@ def eval_command(
     no_cache: bool = typer.Option(False, "--no-cache", help="Evaluate the base even if a cached result exists."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's "
                                        "choice; 1 is fastest for tiny models on a busy machine)."),
+    allow_unquantized: bool = typer.Option(False, "--allow-unquantized", help="Evaluate QUANTIZED even when its "
+                                           "config.json has no quantization_config (two float models)."),
 ) -> None:
     """Evaluate QUANTIZED against --base: MMLU accuracy per category, perplexity, and the delta."""
+    from quantkit.devices import resolve_device
     from quantkit.eval.cache import default_cache_dir
     from quantkit.eval.settings import EvalSettings
 
@@ -47,15 +51,15 @@ def eval_command(
         import torch
 
         torch.set_num_threads(threads)
-    device = resolve_device(device)
+    device = str(resolve_device(device))
     settings = EvalSettings(
         tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), mmlu_dir=mmlu_dir,
         subjects=tuple(s.strip() for s in (subjects or "").split(",") if s.strip()), num_fewshot=num_fewshot,
         limit=limit, ppl_text=ppl_text, seqlen=seqlen, batch_size=batch_size,
-        dtype=("float16" if device == "cuda" else "float32") if dtype == "auto" else dtype, device=device,
+        dtype=("float16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype, device=device,
         cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
     )
-    report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio)
+    report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio, allow_unquantized)
     if output is not None:
         write_json(output, report.to_json())
         console.print(f"report written to {output}")
@@ -65,20 +69,21 @@ def eval_command(
         raise typer.Exit(1)
 
 
-def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
+def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unquantized: bool = False):
     from dataclasses import asdict
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from quantkit.eval.report import EvalReport, Gate, render_table
     from quantkit.eval.runner import Bars
-    from quantkit.eval.runner import check_context, evaluate_model, resolve_inputs, tokenizer_mismatch
+    from quantkit.eval.runner import clip_seqlen, evaluate_model, resolve_inputs, tokenizer_mismatch
 
+    what = quantized_kind(quantized, allow_unquantized)
     inputs = resolve_inputs(settings)
+    notes, requested = [], settings.seqlen
     if "ppl" in settings.tasks:
-        check_context(base, settings.seqlen)
-        check_context(quantized, settings.seqlen)
-    notes = []
+        settings, clipped = clip_seqlen(settings, (base, quantized))
+        notes += [clipped] if clipped else []
     if (mismatch := tokenizer_mismatch(base, quantized)) is not None:
         console.print(f"[yellow]warning:[/] {mismatch}; perplexity comparisons need the same tokenizer",
                       highlight=False, soft_wrap=True)
@@ -87,14 +92,26 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio):
     with Progress(*columns, console=console, transient=False) as bar:
         base_run = evaluate_model("base", base, settings, inputs, Bars(bar))
         quant_run = evaluate_model("quantized", quantized, settings, inputs, Bars(bar))
-    report = EvalReport(base_run, quant_run, settings_dict(asdict(settings), inputs), notes + run_notes(
-        settings, inputs, base_run, quant_run))
+    described = {"quantized_checkpoint": what, "seqlen_requested": requested}
+    report = EvalReport(base_run, quant_run, settings_dict(asdict(settings), inputs) | described,
+                        notes + run_notes(settings, inputs, base_run, quant_run))
     from rich.console import Console
 
     Console().print(render_table(report))
     for note in report.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     return report, Gate(max_drop, max_ppl_ratio).failures(report.to_json()["delta"])
+
+
+def quantized_kind(quantized: str, allow_unquantized: bool) -> str:
+    """What QUANTIZED is; a float folder is refused unless allowed (a gate on it would measure nothing)."""
+    from quantkit.eval.runner import NOT_QUANTIZED, checkpoint_quantization
+
+    what = checkpoint_quantization(quantized)
+    if what == NOT_QUANTIZED and not allow_unquantized:
+        raise QuantkitError(f"{quantized}: not quantized (config.json has no quantization_config), so the delta "
+                            f"would compare two float models; pass --allow-unquantized to do that anyway")
+    return what
 
 
 def run_notes(settings, inputs, base_run, quant_run) -> list[str]:
@@ -123,18 +140,6 @@ def settings_dict(raw: dict, inputs) -> dict:
     out["tasks"] = list(raw["tasks"])
     out["subjects"] = inputs.subjects
     return out
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise QuantkitError(f"unknown --device {device!r}; expected auto, cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise QuantkitError("--device cuda: no CUDA device available")
-    return device
 
 
 def quiet_third_party() -> None:

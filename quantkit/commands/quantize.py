@@ -9,6 +9,9 @@ import typer
 from quantkit.commands.common import console, one_line_errors, staged_output
 
 
+DEFAULT_CALIB = "wikitext2"
+
+
 def register(app: typer.Typer) -> None:
     app.command("quantize")(quantize)
 
@@ -26,7 +29,7 @@ def quantize(
     static_groups: bool = typer.Option(False, "--static-groups/--no-static-groups", help="GPTQ: group parameters fixed before act-order."),
     damp: float = typer.Option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal."),
     true_sequential: bool = typer.Option(True, "--true-sequential/--no-true-sequential"),
-    calib: str = typer.Option("wikitext2", "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2, c4, pileval."),
+    calib: str = typer.Option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none."),
     nsamples: int = typer.Option(128, "--nsamples", help="Calibration windows."),
     seqlen: int = typer.Option(2048, "--seqlen", help="Tokens per window (clipped to the model's context)."),
     seed: int = typer.Option(0, "--seed"),
@@ -51,6 +54,10 @@ def quantize(
         import torch
 
         torch.set_num_threads(threads)
+    if calib is not None and method == "rtn":
+        console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
+                      highlight=False, soft_wrap=True)
+    calib = DEFAULT_CALIB if calib is None else calib
     if low_memory and not dry_run:
         from quantkit.memory import bound_heap
 

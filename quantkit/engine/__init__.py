@@ -5,7 +5,8 @@ Imports are lazy so that `import quantkit.engine` stays cheap (no torch/transfor
 
 from __future__ import annotations
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput", "AsyncLLM"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+           "AsyncLLM"]
 
 
 def __getattr__(name: str):
@@ -25,7 +26,7 @@ def __getattr__(name: str):
         from quantkit.engine.async_llm import AsyncLLM
 
         return AsyncLLM
-    if name in ("RequestOutput", "CompletionOutput"):
+    if name in ("RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics"):
         from quantkit.engine import request
 
         return getattr(request, name)

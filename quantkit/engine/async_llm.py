@@ -2,8 +2,9 @@
 
 One engine thread owns the `LLMEngine`: it drains a thread-safe intake of adds and aborts between
 steps, steps while there is work, and sleeps on a condition when idle. Each request's outputs go
-back to its own `asyncio.Queue` through `loop.call_soon_threadsafe`; the event loop never touches
-the engine. An abort is a message to that thread, never a lock around engine state.
+back to its own stream through `loop.call_soon_threadsafe` (outputs are cumulative: a slow consumer
+gets the newest, intermediate ones coalesce); the event loop never touches the engine. An abort is
+a message to that thread, never a lock around engine state.
 
 Failures: a step whose forward or sampler raises fails the requests of that step (finish_reason
 "error") and the engine goes on; `MAX_CONSECUTIVE_FAILURES` failed steps in a row, or an error
@@ -22,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quantkit.engine.config import EngineConfig
 from quantkit.engine.request import RequestOutput
@@ -48,26 +49,48 @@ class EngineNotReadyError(QuantkitError):
 
 @dataclass
 class _Stream:
-    """Where one request's outputs go: its event loop and queue, and the future of its admission."""
+    """Where one request's outputs go: its event loop, the latest output (outputs are cumulative, so a
+    consumer slower than the engine skips to the newest one and memory per request stays bounded, as
+    in vLLM's RequestOutputCollector), and the future of its admission."""
 
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
     admitted: asyncio.Future
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    latest: RequestOutput | BaseException | None = None
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        self._call(self.queue.put_nowait, item)
+        self.call(self.loop, self.set, item)
+
+    def set(self, item: RequestOutput | BaseException) -> None:  # on the event loop
+        last = self.latest
+        if isinstance(last, BaseException) or (last is not None and last.finished):
+            return  # an error or a final output is never overwritten
+        self.latest = item
+        self.ready.set()
+
+    async def get(self) -> RequestOutput | BaseException:
+        await self.ready.wait()
+        self.ready.clear()
+        item, self.latest = self.latest, None
+        return item
 
     def admit(self, error: BaseException | None) -> None:
         def settle():
             if not self.admitted.done():
                 self.admitted.set_exception(error) if error is not None else self.admitted.set_result(None)
-        self._call(settle)
+        self.call(self.loop, settle)
 
-    def _call(self, fn, *args) -> None:
+    @staticmethod
+    def call(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         try:
-            self.loop.call_soon_threadsafe(fn, *args)
+            loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
             pass
+
+
+def _deliver(items: list[tuple[_Stream, RequestOutput]]) -> None:
+    for stream, out in items:
+        stream.set(out)
 
 
 class AsyncLLM:
@@ -99,6 +122,8 @@ class AsyncLLM:
             self.state, self.error = "dead", f"loading the model failed: {exc}"
             raise
         self._stats = self.engine.get_stats()
+        if self.state != "loading":  # shut down while loading: never start the loop
+            return
         self.state = "ready"
         self._thread = threading.Thread(target=self._run, name="quantkit-engine", daemon=True)
         self._thread.start()
@@ -113,7 +138,7 @@ class AsyncLLM:
         try:
             await stream.admitted  # a bad prompt raises QuantkitError here
             while True:
-                item = await stream.queue.get()
+                item = await stream.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -130,7 +155,7 @@ class AsyncLLM:
     def _open(self, prompt, params: SamplingParams, request_id: str) -> _Stream:
         self._check_accepting()
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue(), loop.create_future())
+        stream = _Stream(loop, loop.create_future())
         with self._cond:
             if self.max_queued_requests is not None and \
                     self._num_waiting + self._pending_adds >= self.max_queued_requests:
@@ -246,11 +271,15 @@ class AsyncLLM:
                 stream.admit(error)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """One wake-up per event loop per step (not one per request): the loop sets each stream's output."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestOutput]]] = {}
         with self._cond:
-            targets = [(self._streams.get(o.request_id), o) for o in outputs]
-        for stream, out in targets:
-            if stream is not None:
-                stream.put(out)
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((stream, out))
+        for loop, items in by_loop.items():
+            _Stream.call(loop, _deliver, items)
 
     def _snapshot(self) -> None:
         stats = self.engine.get_stats()

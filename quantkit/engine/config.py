@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quantkit.devices import check_device_name
 from quantkit.errors import QuantkitError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -45,8 +46,7 @@ class EngineConfig:
             raise QuantkitError(f"num_threads must be at least 1 (got {self.num_threads})")
         if self.dtype not in DTYPES:
             raise QuantkitError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise QuantkitError(f"unknown device {self.device!r}; expected auto, cpu or cuda")
+        check_device_name(self.device)
 
     @property
     def preemption_mode(self) -> str:

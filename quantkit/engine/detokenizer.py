@@ -15,16 +15,20 @@ PROMPT_CONTEXT = 5
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # honoured by slow (Python) tokenizers; fast ones accept and ignore it, as in vLLM
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         self.ids = list(prompt_ids[-PROMPT_CONTEXT:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     spaces_between_special_tokens=self.spaces_between_special_tokens)
 
     def add(self, token_id: int) -> str:
         """Append one token; return the new complete text (possibly empty)."""

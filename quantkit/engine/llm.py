@@ -41,9 +41,7 @@ class LLM:
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if not out.finished:
-                    continue
+            for out in self.engine.step(finished_only=True):
                 results[out.request_id] = out
                 if on_output is not None:
                     on_output(out)

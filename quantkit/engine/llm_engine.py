@@ -27,18 +27,11 @@ from quantkit.engine.scheduler import Scheduler, SchedulerOutput
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.swap import SwapSpace
 from quantkit.engine.weights import load_decoder
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
 
 log = logging.getLogger("quantkit.engine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise QuantkitError("device cuda asked for, but torch sees no CUDA device")
-    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -145,7 +138,8 @@ class LLMEngine:
                 child.error = error
                 self._finish(child, "error")
             else:
-                self._detoks[child.request_id] = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+                self._detoks[child.request_id] = IncrementalDetokenizer(
+                    self.tokenizer, ids, params.skip_special_tokens, params.spaces_between_special_tokens)
                 self.scheduler.add_request(child)
         return rid
 
@@ -167,10 +161,11 @@ class LLMEngine:
     def num_unfinished_requests(self) -> int:
         return len(self._groups)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
         """One engine step; returns an output for every request that changed (new token, finished,
-        aborted, failed). If the forward or the sampler raises, the requests of this step fail with
-        the error (finish_reason "error") and the engine goes on; `last_error` keeps the exception."""
+        aborted, failed), or with `finished_only` for those that finished (offline use: no outputs
+        built for running requests). If the forward or the sampler raises, the requests of this step
+        fail with the error (finish_reason "error") and the engine goes on; `last_error` keeps it."""
         out = self.scheduler.schedule()
         self.last_step = StepStats(out.num_tokens, len(self.scheduler.running), len(self.scheduler.waiting),
                                    sum(r.num_computed_tokens for r in self.scheduler.running) + out.num_tokens,
@@ -190,12 +185,13 @@ class LLMEngine:
                 log.exception("engine step failed")
                 self.last_error = exc
                 self._fail_step(out, f"engine step failed: {type(exc).__name__}: {exc}")
-        return self._take_outputs()
+        return self._take_outputs(finished_only)
 
-    def _take_outputs(self) -> list[RequestOutput]:
+    def _take_outputs(self, finished_only: bool) -> list[RequestOutput]:
         outs = []
         for group in self._changed.values():
-            outs.append(group.output())
+            if group.finished or not finished_only:
+                outs.append(group.output())
             if group.finished:
                 del self._groups[group.request_id]
                 for child in group.children:

@@ -10,13 +10,23 @@ import torch
 from quantkit.engine.request import Logprob
 
 
+ROWS_PER_PASS = 256  # bounds the [rows, vocab] temporaries of a long prompt's logprobs
+
+
 def logprob_dicts(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int],
                   decode: Callable[[int], str]) -> list[dict[int, Logprob]]:
     """logits [R, V] -> per row {token: Logprob, then the top num_top[r] alternatives}.
 
     A token's rank is 1 + the number of tokens with a strictly higher log-probability."""
-    if not token_ids:
-        return []
+    out: list[dict[int, Logprob]] = []
+    for i in range(0, len(token_ids), ROWS_PER_PASS):
+        j = i + ROWS_PER_PASS
+        out += _logprob_dicts(logits[i:j], token_ids[i:j], num_top[i:j], decode)
+    return out
+
+
+def _logprob_dicts(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int],
+                   decode: Callable[[int], str]) -> list[dict[int, Logprob]]:
     lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V] fp32
     chosen_ids = torch.tensor(list(token_ids), dtype=torch.int64, device=lp.device)
     chosen = lp.gather(1, chosen_ids[:, None])[:, 0]  # [R]

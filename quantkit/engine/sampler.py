@@ -36,10 +36,12 @@ def apply_presence_frequency(logits: torch.Tensor, output: Sequence[int], presen
 
 
 def mask_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
-    """Set the logits of `token_ids` to -inf (min_tokens: no EOS or stop token yet)."""
-    if not token_ids:
+    """Set the logits of `token_ids` to -inf (min_tokens: no EOS or stop token yet); ids outside the
+    vocabulary (a user's stop_token_ids) are ignored rather than failing the whole step."""
+    ids = sorted(t for t in token_ids if 0 <= t < logits.shape[-1])
+    if not ids:
         return logits
-    return logits.index_fill(0, torch.tensor(sorted(token_ids), dtype=torch.int64), float("-inf"))
+    return logits.index_fill(0, torch.tensor(ids, dtype=torch.int64), float("-inf"))
 
 
 def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -113,7 +113,8 @@ def render_table(report: EvalReport):
 
     data = report.to_json()
     base, quant, delta = data["base"], data["quantized"], data["delta"]
-    table = Table(title="quantkit eval: base vs quantized")
+    what = report.settings.get("quantized_checkpoint")
+    table = Table(title="quantkit eval: base vs quantized" + (f" ({what})" if what else ""))
     for column in ("metric", "base", "quantized", "delta"):
         table.add_column(column, justify="left" if column == "metric" else "right")
     for category in (None, *CATEGORIES):

@@ -37,7 +37,7 @@ class ModelRun:
     wall_s: float = 0.0  # load + evaluation, this run (0 when everything came from the cache)
     memory_bytes: int = 0  # weights (and dequantized caches) held in memory while evaluating
     cached: list[str] = field(default_factory=list)  # tasks served from the base-result cache
-    quantization: str = "none"
+    quantization: str = "not quantized"
 
 
 @dataclass
@@ -119,7 +119,7 @@ def evaluate_model(role: str, path: str, settings: EvalSettings, inputs: TaskInp
         return run
     start = time.perf_counter()
     lm = load_lm(path, settings)
-    run.quantization = getattr(lm, "quantization", "none")
+    run.quantization = getattr(lm, "quantization", NOT_QUANTIZED)
     if "ppl" in todo:
         run.ppl = run_ppl(lm, settings, inputs, progress, role)
     if "mmlu" in todo:
@@ -169,8 +169,27 @@ def load_lm(path: str, settings: EvalSettings):
     model, info = load_model(path, dtype=DTYPES[settings.dtype], device=settings.device)
     lm = QuantkitLM(model=model, tokenizer=load_tokenizer(path), batch_size=settings.batch_size,
                     device=settings.device)
-    lm.quantization = "none" if info is None else f"{info.method} {info.bits}-bit g{info.group_size} ({info.layout})"
+    lm.quantization = describe_quantization(info)
     return lm
+
+
+NOT_QUANTIZED = "not quantized"
+
+
+def describe_quantization(info) -> str:
+    """What a checkpoint's quantization_config says (a loader QuantInfo), in words."""
+    if info is None:
+        return NOT_QUANTIZED
+    group = "per channel" if info.group_size == -1 else f"group size {info.group_size}"
+    return f"{info.method} {info.bits}-bit, {group} ({info.layout} layout)"
+
+
+def checkpoint_quantization(path: str) -> str:
+    """describe_quantization for a checkpoint folder or hub id, from its config.json alone."""
+    from quantkit.model.checkpoint import read_config
+    from quantkit.model.loader import read_quant_info
+
+    return describe_quantization(read_quant_info(read_config(checkpoint_dir(path))))
 
 
 def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role: str) -> PplResult:
@@ -184,16 +203,24 @@ def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role
                       advance=lambda n: progress.advance(bar, n), device=settings.device)
 
 
-def check_context(path: str, seqlen: int) -> None:
-    """--seqlen above a model's window fails before anything loads."""
+def model_context(path: str) -> int:
+    """A checkpoint's context length (max_position_embeddings and kin), from its config.json."""
     from types import SimpleNamespace
 
     from quantkit.eval.lm_backend import model_context_length
     from quantkit.model.checkpoint import read_config
 
-    context = model_context_length(SimpleNamespace(**read_config(checkpoint_dir(path))))
-    if seqlen > context:
-        raise QuantkitError(f"--seqlen {seqlen} is above {path}'s context of {context} tokens")
+    return model_context_length(SimpleNamespace(**read_config(checkpoint_dir(path))))
+
+
+def clip_seqlen(settings: EvalSettings, paths: tuple[str, ...]) -> tuple[EvalSettings, str | None]:
+    """--seqlen clipped to the shortest context of `paths` (as quantize does), with a note saying so."""
+    from dataclasses import replace
+
+    context = min(model_context(p) for p in paths)
+    if settings.seqlen <= context:
+        return settings, None
+    return replace(settings, seqlen=context), f"--seqlen {settings.seqlen} clipped to the models' context of {context} tokens"
 
 
 def tokenizer_mismatch(base: str, quantized: str) -> str | None:

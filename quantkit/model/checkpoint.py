@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from quantkit.errors import QuantkitError
+from quantkit.format.awq_plan import PLAN_FILE
 
-NOT_WEIGHT_FILES = ("awq_plan.safetensors",)
+NOT_WEIGHT_FILES = (PLAN_FILE,)
 WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.tiktoken"]
 
 

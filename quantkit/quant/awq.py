@@ -23,7 +23,7 @@ from quantkit.config import QuantizeConfig
 from quantkit.format.arch import LinearGroup, get_submodule
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
 from quantkit.quant.awq_capture import Capture, capture, merge_calls
-from quantkit.quant.awq_plan import PlanFile, clip_key, scale_key
+from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
     CLIP_TOKENS, act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
 )
@@ -189,8 +189,4 @@ def _scale_stats(s: torch.Tensor) -> dict:
     return {"scale_min": float(s.min()), "scale_max": float(s.max()), "scale_mean": float(s.mean())}
 
 
-def make_method(config: QuantizeConfig) -> AWQMethod:
-    return AWQMethod(config)
-
-
-__all__ = ["AWQMethod", "Capture", "capture", "make_method", "merge_calls"]
+__all__ = ["AWQMethod", "Capture", "capture", "merge_calls"]

@@ -14,7 +14,6 @@ at a time through a `LayerContext` and returns a `LayerResult`:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,4 +63,22 @@ class LayerMethod(Protocol):
     def quantize_layer(self, ctx: LayerContext) -> LayerResult: ...
 
 
-MethodFactory = Callable[[QuantizeConfig], LayerMethod]
+def make_method(cfg: QuantizeConfig) -> LayerMethod:
+    """The method named by cfg.method (one of quantkit.config.METHODS, which the config checked).
+
+    Each method's module is imported only when it is asked for: AWQ's search and GPTQ's solver
+    stay unloaded for the runs that do not use them.
+    """
+    if cfg.method == "rtn":
+        from quantkit.quant.rtn import RTNMethod
+
+        return RTNMethod(cfg)
+    if cfg.method == "gptq":
+        from quantkit.quant.gptq_layer import GPTQMethod
+
+        return GPTQMethod(cfg)
+    if cfg.method == "awq":
+        from quantkit.quant.awq import AWQMethod
+
+        return AWQMethod(cfg)
+    raise ValueError(f"no quantization method {cfg.method!r}: add it here and to quantkit.config.METHODS")

@@ -14,7 +14,6 @@ streams each tensor to disk. `python -m quantkit.bench.memory` measures this.
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,22 +23,17 @@ from pathlib import Path
 import torch
 
 from quantkit.config import QuantizeConfig
+from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
-from quantkit.quant.methods import LayerContext
+from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
+from quantkit.quant.methods import LayerContext, make_method
 from quantkit.format.packing import pack, packable
 from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
-
-METHODS = {
-    "rtn": "quantkit.quant.rtn:RTNMethod",
-    "gptq": "quantkit.quant.gptq_layer:GPTQMethod",
-    "awq": "quantkit.quant.awq:AWQMethod",
-}
-
 
 # What vLLM 0.32 refuses (read from its source; see docs/BENCHMARKS.md "Interop"), said up front.
 VLLM_LIMITS = (
@@ -49,11 +43,6 @@ VLLM_LIMITS = (
      "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
     (lambda c: c.bits == 8, "8-bit GPTQ: vLLM 0.32's CPU kernel serves 4-bit only"),
 )
-
-
-def make_method(cfg: QuantizeConfig):
-    module, _, cls = METHODS[cfg.method].partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg)
 
 
 @dataclass
@@ -142,14 +131,6 @@ def skipped_fused_names(plan: QuantizePlan) -> list[str]:
     return out
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise QuantkitError(f"--device {name}: CUDA is not available on this machine")
-    return torch.device(name)
-
-
 def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
     for name, t in tensors.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
@@ -191,7 +172,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             report, tensors, layer_plan, inputs = _quantize_one_layer(
                 cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device)
             writer.add(tensors)
-            plan_tensors.update({f"layers.{i}.{k}": v for k, v in layer_plan.items()})
+            plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
             release_freed_memory()
             advance()
@@ -200,9 +181,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     writer.finish()
     reader.close()
     if plan_tensors:
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in plan_tensors.items()}, str(out_dir / "awq_plan.safetensors"))
+        save_plan(plan_tensors, out_dir / PLAN_FILE)
     report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
     qconfig = quantization_config(cfg, list(plan.skipped), skipped_fused_names(plan))
     write_metadata(out_dir, path, config_dict, qconfig, _meta(cfg, report))

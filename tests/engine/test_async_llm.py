@@ -1,6 +1,7 @@
-"""AsyncLLM on stories260K: streaming equals the offline engine, cancellation aborts and frees every
-block, the queue bound, failures that fail their requests or kill the engine (never a hang), and
-shutdown's drain. Plain tests around `asyncio.run`; every wait is bounded."""
+"""AsyncLLM on stories260K: streaming equals the offline engine (a slow consumer gets the newest
+output), cancellation aborts and frees every block, the queue bound, failures that fail their
+requests or kill the engine (never a hang), and shutdown's drain. Plain tests around `asyncio.run`;
+every wait is bounded."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ENDLESS = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
 
 def config(stories_dir, **kw) -> EngineConfig:
-    return EngineConfig(model=str(stories_dir), max_model_len=512, **{"max_num_seqs": 8, **kw})
+    return EngineConfig(model=str(stories_dir), **{"max_num_seqs": 8, "max_model_len": 512, "dtype": "float32", **kw})
 
 
 async def collect(llm: AsyncLLM, prompt, params, rid: str) -> list:
@@ -40,7 +41,8 @@ def all_blocks_free(llm: AsyncLLM) -> bool:
 
 
 def test_streams_equal_the_offline_engine_and_end_finished(stories_dir):
-    expected = [o.outputs[0] for o in LLM(str(stories_dir), max_model_len=512).generate(PROMPTS, GREEDY)]
+    offline = LLM(str(stories_dir), max_model_len=512, dtype="float32")
+    expected = [o.outputs[0] for o in offline.generate(PROMPTS, GREEDY)]
 
     async def main():
         llm = AsyncLLM(config(stories_dir))
@@ -55,7 +57,26 @@ def test_streams_equal_the_offline_engine_and_end_finished(stories_dir):
         assert [o.finished for o in stream] == [False] * (len(stream) - 1) + [True]
         last = stream[-1].outputs[0]
         assert (last.token_ids, last.text, last.finish_reason) == (want.token_ids, want.text, want.finish_reason)
-        assert [len(o.outputs[0].token_ids) for o in stream] == list(range(1, len(stream) + 1))
+        lengths = [len(o.outputs[0].token_ids) for o in stream]
+        assert lengths == sorted(set(lengths)) and lengths[0] >= 1  # cumulative, growing
+
+
+def test_a_slow_consumer_gets_the_newest_output_not_a_backlog(stories_dir):
+    async def main():
+        llm = AsyncLLM(config(stories_dir))
+        await llm.start()
+        seen = []
+        async for out in llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), "s"):
+            seen.append(out)
+            await asyncio.sleep(0.2)  # much slower than a stories260K step
+        await llm.shutdown(5)
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen[-1].finished and len(seen[-1].outputs[0].token_ids) == 40
+    assert len(seen) < 40  # intermediate outputs coalesced; each one cumulative
+    assert all(b.outputs[0].token_ids[:len(a.outputs[0].token_ids)] == a.outputs[0].token_ids
+               for a, b in zip(seen, seen[1:]))
 
 
 def test_cancelled_and_abandoned_consumers_abort_their_requests(stories_dir):
@@ -138,6 +159,30 @@ def test_a_failed_step_fails_its_requests_and_the_engine_recovers(stories_dir):
     assert ok.outputs[0].finish_reason == "length" and state == "ready"
 
 
+def test_failing_steps_in_a_row_mark_the_engine_dead(stories_dir):
+    from quantkit.engine.async_llm import MAX_CONSECUTIVE_FAILURES
+
+    async def main():
+        llm = AsyncLLM(config(stories_dir))
+        await llm.start()
+
+        def broken(out):
+            raise RuntimeError("device lost")
+
+        llm.engine.runner.execute = broken
+        lasts = []
+        for i in range(MAX_CONSECUTIVE_FAILURES):  # one request per step, each failed by its step
+            lasts.append((await asyncio.wait_for(collect(llm, PROMPTS[i], GREEDY, f"f{i}"), 30))[-1])
+        await wait_until(lambda: llm.state == "dead")
+        with pytest.raises(EngineDeadError, match="3 engine steps failed in a row"):
+            await collect(llm, PROMPTS[0], GREEDY, "after")
+        await llm.shutdown(1)
+        return lasts
+
+    lasts = asyncio.run(main())
+    assert all(o.finished and o.outputs[0].finish_reason == "error" and "device lost" in o.error for o in lasts)
+
+
 def test_a_dead_engine_ends_every_stream_with_an_error(stories_dir):
     async def main():
         llm = AsyncLLM(config(stories_dir))
@@ -184,3 +229,59 @@ def test_shutdown_drains_then_aborts_the_rest(stories_dir):
     drained, aborted, state = asyncio.run(main())
     assert drained.outputs[0].finish_reason == "length" and len(drained.outputs[0].token_ids) == 12
     assert aborted.finished and aborted.outputs[0].finish_reason == "abort" and state == "dead"
+
+
+@pytest.mark.slow
+def test_many_streams_with_random_disconnects_leak_nothing(stories_dir):
+    """40 concurrent streams (n=1 and n=2, under a small pool with swap), a quarter of them leaving at a
+    random point: every other stream ends finished, every sample is counted once, and every KV and
+    swap block comes back."""
+    import random
+
+    rng = random.Random(0)
+
+    async def main():
+        llm = AsyncLLM(config(stories_dir, max_num_seqs=16, max_model_len=128, num_kv_blocks=24,
+                              swap_space=0.001))
+        await llm.start()
+
+        async def client(i):
+            params = SamplingParams(temperature=0.7, seed=i, max_tokens=rng.randint(4, 40), n=1 + i % 2,
+                                    ignore_eos=True)
+            cut = rng.randint(1, 20) if i % 4 == 0 else None
+            async with contextlib.aclosing(llm.generate(PROMPTS[i % 4] * (1 + i % 3), params, f"c{i}")) as gen:
+                seen = 0
+                async for out in gen:
+                    seen += 1
+                    if seen == cut and not out.finished:
+                        return None  # the client leaves mid-stream
+            return out
+
+        results = await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(40))), 120)
+        await wait_until(lambda: all_blocks_free(llm))
+        st = llm.get_stats()
+        await llm.shutdown(5)
+        return results, st
+
+    results, st = asyncio.run(main())
+    done = [r for r in results if r is not None]
+    assert all(r.finished and all(c.finish_reason == "length" for c in r.outputs) for r in done)
+    assert 30 <= len(done) < 40 and st.finished_by_reason["abort"] >= 1
+    assert sum(st.finished_by_reason.values()) == sum(1 + i % 2 for i in range(40))  # every sample ended once
+    assert st.swap_blocks_used == 0 and st.kv_blocks_free == st.kv_blocks_total and st.num_preemptions_total > 0
+
+
+def test_shutdown_while_loading_never_starts_the_loop(stories_dir):
+    async def main():
+        llm = AsyncLLM(config(stories_dir))
+        starting = asyncio.create_task(llm.start())
+        await asyncio.sleep(0)  # the model is loading in its thread
+        assert llm.state == "loading"
+        with pytest.raises(EngineNotReadyError, match="loading"):
+            await collect(llm, PROMPTS[0], GREEDY, "early")
+        await llm.shutdown(1)
+        await asyncio.wait_for(starting, 60)
+        return llm.state, llm._thread
+
+    state, thread = asyncio.run(main())
+    assert state == "dead" and thread is None

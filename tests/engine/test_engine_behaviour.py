@@ -153,3 +153,13 @@ def test_eos_ids_follow_hf_generate_precedence(tmp_path):
     assert eos_token_ids(tmp_path, 2, tok) == {2}
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 1]}))
     assert eos_token_ids(tmp_path, 2, tok) == {1, 2}
+
+
+def test_detokenizer_keeps_special_tokens_when_asked(stories_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(stories_dir))
+    prompt = tok("Say").input_ids
+    eos = tok.eos_token_id
+    assert IncrementalDetokenizer(tok, prompt).add(eos) == ""
+    assert IncrementalDetokenizer(tok, prompt, skip_special_tokens=False).add(eos) == tok.eos_token

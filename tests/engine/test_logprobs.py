@@ -1,4 +1,4 @@
-"""Sampled and prompt logprobs against a direct log-softmax of transformers' logits (fp32), and the
+"""Sampled and prompt logprobs against a direct log-softmax of transformers' logits (both fp32), and the
 output-token penalties and min_tokens against a reference greedy loop over the same logits."""
 
 from __future__ import annotations
@@ -33,11 +33,15 @@ def test_logprob_dicts_rank_and_top():
     assert d[2].rank == 3 and d[2].logprob == pytest.approx(float(lp[2])) and d[2].decoded_token == "2"
     assert {d[1].rank, d[3].rank} == {1, 2}
     assert list(logprob_dicts(logits, [1], [0], str)[0]) == [1]
+    many = torch.randn(600, 4)  # more rows than one pass: the same dicts as row by row
+    toks = torch.randint(0, 4, (600,)).tolist()
+    assert logprob_dicts(many, toks, [2] * 600, str) == [logprob_dicts(many[r:r + 1], toks[r:r + 1], [2], str)[0]
+                                                         for r in range(600)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_sampled_logprobs_match_the_log_softmax(stories_dir, hf, temperature):
-    llm = LLM(str(stories_dir), max_model_len=128)
+    llm = LLM(str(stories_dir), max_model_len=128, dtype="float32")
     p = SamplingParams(temperature=temperature, seed=3, max_tokens=10, logprobs=5, ignore_eos=True)
     out = llm.generate(PROMPT, p)[0].outputs[0]
     ref = log_softmax_of(hf, PROMPT + out.token_ids)[len(PROMPT) - 1:-1]  # [10, V]
@@ -60,7 +64,7 @@ def test_sampled_logprobs_match_the_log_softmax(stories_dir, hf, temperature):
 
 
 def test_prompt_logprobs_with_chunked_prefill_and_a_warm_prefix_cache(stories_dir, hf):
-    llm = LLM(str(stories_dir), max_model_len=128, max_num_batched_tokens=16)
+    llm = LLM(str(stories_dir), max_model_len=128, max_num_batched_tokens=16, dtype="float32")
     llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=2))  # caches the prompt's blocks
     out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2, n=2))[0]
     ref = log_softmax_of(hf, PROMPT)
@@ -87,7 +91,7 @@ def reference_greedy(hf, prompt: list[int], n: int, presence: float, frequency: 
 
 
 def test_presence_and_frequency_penalties_match_a_reference_greedy(stories_dir, hf):
-    llm = LLM(str(stories_dir), max_model_len=128)
+    llm = LLM(str(stories_dir), max_model_len=128, dtype="float32")
     prompt = llm.tokenizer("Once upon a time").input_ids
     plain = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
     p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=1.5, frequency_penalty=1.0)
@@ -96,7 +100,7 @@ def test_presence_and_frequency_penalties_match_a_reference_greedy(stories_dir, 
 
 
 def test_min_tokens_holds_back_stop_ids_and_eos(stories_dir, hf):
-    llm = LLM(str(stories_dir), max_model_len=128)
+    llm = LLM(str(stories_dir), max_model_len=128, dtype="float32")
     prompt = llm.tokenizer("Once upon a time").input_ids
     free = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20))[0].outputs[0]
     stop = free.token_ids[3]

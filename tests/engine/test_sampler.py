@@ -49,6 +49,8 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached():
     logits = torch.tensor([[0.0, 5.0, 9.0, 1.0]])
     assert s.sample(logits, ["a"], [p], [[]], [[]]) == [3]  # EOS (2) and the stop id (1) masked
     assert s.sample(logits, ["a"], [p], [[5, 5]], [[5, 5]]) == [2]
+    huge = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[10**6])  # outside the vocabulary
+    assert s.sample(logits, ["a"], [huge], [[]], [[]]) == [1]  # EOS masked, the bad id ignored
 
 
 def test_top_k_keeps_the_k_largest():

@@ -79,13 +79,12 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file, mmlu_d
 
 @pytest.mark.parametrize("extra, message", [
     (["--tasks", "mmlu,hellaswag"], "unknown task hellaswag"),
-    (["--seqlen", 4096], "--seqlen 4096 is above"),
     (["--subjects", "astrology"], "astrology not available"),
     (["--dtype", "float16", "--device", "cpu"], "fp16 matmul"),
     (["--num-fewshot", "-1"], "--num-fewshot must be 0 or more"),
 ])
 def test_bad_input_is_one_line(tiny_llama, tmp_path, text_file, mmlu_dir, extra, message):
-    result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file, mmlu_dir), *extra)
+    result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--allow-unquantized", *extra)
     assert result.exit_code == 2
     assert message in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
@@ -95,7 +94,8 @@ def test_malformed_mmlu_names_file_and_row(tiny_llama, tmp_path, text_file):
     for split in ("test", "dev"):
         (tmp_path / "m" / split).mkdir(parents=True)
         (tmp_path / "m" / split / f"anatomy_{split}.csv").write_text("q,a,b,c,d,A\nq2,a,b,c,d,7\n")
-    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "mmlu", "--mmlu-dir", tmp_path / "m")
+    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "mmlu", "--mmlu-dir", tmp_path / "m",
+                    "--allow-unquantized")
     assert result.exit_code == 2
     assert "anatomy_dev.csv: row 2: answer '7' is not one of A, B, C, D" in result.stderr \
         or "anatomy_test.csv: row 2: answer '7'" in result.stderr
@@ -103,7 +103,7 @@ def test_malformed_mmlu_names_file_and_row(tiny_llama, tmp_path, text_file):
 
 def test_hub_mmlu_offline_is_one_line(tiny_llama, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "mmlu")
+    result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "mmlu", "--allow-unquantized")
     assert result.exit_code == 2 and "pass --mmlu-dir DIR" in result.stderr
 
 
@@ -111,12 +111,52 @@ def test_text_shorter_than_a_window(tiny_llama, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("a cat")
     result = invoke(tiny_llama, "--base", tiny_llama, "--tasks", "ppl", "--ppl-text", short, "--seqlen", 64,
-                    "--no-cache", "--threads", 1)
+                    "--no-cache", "--threads", 1, "--allow-unquantized")
     assert result.exit_code == 2 and "fewer than one window of --seqlen 64" in result.stderr
 
 
 def test_tokenizer_mismatch_warns(tiny_llama, stories_dir, tmp_path, text_file):
     result = invoke(tiny_llama, "--base", stories_dir, "--tasks", "ppl", "--ppl-text", text_file, "--seqlen", 64,
-                    "--no-cache", "--threads", 1)
+                    "--no-cache", "--threads", 1, "--allow-unquantized")
     assert result.exit_code == 0, result.output
     assert "warning:" in result.stderr and "perplexity comparisons need the same tokenizer" in result.stderr
+
+
+def ppl_args(base, text_file, *extra):
+    return ["--base", base, "--tasks", "ppl", "--ppl-text", text_file, "--no-cache", "--threads", 1, *extra]
+
+
+def test_a_float_quantized_folder_is_refused(tiny_llama, text_file):
+    result = invoke(tiny_llama, *ppl_args(tiny_llama, text_file, "--seqlen", 64))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "not quantized" in result.stderr and "--allow-unquantized" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_allow_unquantized_runs_and_the_report_says_so(tiny_llama, text_file, tmp_path):
+    out = tmp_path / "report.json"
+    result = invoke(tiny_llama, *ppl_args(tiny_llama, text_file, "--seqlen", 64, "--allow-unquantized",
+                                          "--output", out))
+    assert result.exit_code == 0, result.output
+    assert "not quantized" in result.stdout
+    assert json.loads(out.read_text())["settings"]["quantized_checkpoint"] == "not quantized"
+
+
+def test_the_report_says_what_the_quantized_checkpoint_is(tiny_llama, tiny_rtn, text_file, tmp_path):
+    out = tmp_path / "report.json"
+    result = invoke(tiny_rtn, *ppl_args(tiny_llama, text_file, "--seqlen", 64, "--output", out))
+    assert result.exit_code == 0, result.output
+    what = json.loads(out.read_text())["settings"]["quantized_checkpoint"]
+    assert "gptq" in what and "4-bit" in what and "group size 64" in what
+    assert "group size 64" in result.stdout
+
+
+def test_ppl_seqlen_is_clipped_to_the_context_and_the_report_says_so(tiny_llama, tiny_rtn, tmp_path):
+    long_text = tmp_path / "long.txt"
+    long_text.write_text(TEXT * 4)  # a few 512-token windows of the tiny model
+    out = tmp_path / "report.json"
+    result = invoke(tiny_rtn, *ppl_args(tiny_llama, long_text, "--output", out))  # default --seqlen 2048
+    assert result.exit_code == 0, result.output
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["seqlen"] == 512 and settings["seqlen_requested"] == 2048
+    assert "--seqlen 2048 clipped to the models' context of 512 tokens" in result.stderr

@@ -41,8 +41,8 @@ def test_gptq_stories_against_base(stories_dir, stories_gptq, wikitext_test, mml
                     "--seqlen", 256, "--no-cache", "--threads", 1, "--output", out)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert "gptq 4-bit g64" in data["runtime"]["quantized"]["quantization"]
-    assert data["runtime"]["base"]["quantization"] == "none"
+    assert "gptq 4-bit, group size 64" in data["runtime"]["quantized"]["quantization"]
+    assert data["runtime"]["base"]["quantization"] == "not quantized"
     # 4-bit g64 GPTQ of a 260K-parameter model costs some perplexity, but not a collapse
     assert 1.0 < data["delta"]["ppl_ratio"] < 1.5, data["delta"]
     assert 1 < data["base"]["ppl"] < 1000

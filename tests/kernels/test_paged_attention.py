@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from quantkit.kernels.paged_attention_reference import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
-    write_kv,
 )
+from tests_support.kernel_inputs import random_paged
 
 
 @pytest.fixture(scope="module")
@@ -41,26 +41,6 @@ def dense_attention(q, k, v, scale, causal_offset):
     mask = torch.arange(length)[None, :] <= torch.arange(n)[:, None] + causal_offset
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v).float()
-
-
-def random_paged(seq_lens, heads, kv_heads, d, block_size, num_blocks, seed=0):
-    """Random caches, a random permutation of blocks per sequence, and each sequence's dense k/v."""
-    g = torch.Generator().manual_seed(seed)
-    kc = torch.zeros(num_blocks, block_size, kv_heads, d)
-    vc = torch.zeros_like(kc)
-    perm = torch.randperm(num_blocks, generator=g).tolist()
-    width = max(-(-n // block_size) for n in seq_lens)
-    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
-    dense = []
-    for i, n in enumerate(seq_lens):
-        blocks = [perm.pop() for _ in range(-(-n // block_size))]
-        tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        k = torch.randn(n, kv_heads, d, generator=g)
-        v = torch.randn(n, kv_heads, d, generator=g)
-        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(n)])
-        write_kv(kc, vc, k, v, slots)
-        dense.append((k, v))
-    return kc, vc, tables, dense
 
 
 @pytest.mark.parametrize("heads,kv_heads,d,block_size", [(8, 4, 8, 16), (4, 4, 32, 8), (6, 2, 20, 4)])

@@ -17,8 +17,8 @@ pytest.importorskip("triton")
 from quantkit.kernels import w4a16_matmul  # noqa: E402
 from quantkit.kernels.reference import w4a16_matmul_reference  # noqa: E402
 from quantkit.kernels.triton_w4a16 import TileConfig, _effective_g_idx, w4a16_matmul_triton  # noqa: E402
-from quantkit.format.packing import PackedLinear, pack  # noqa: E402
-from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx  # noqa: E402
+from quantkit.format.packing import PackedLinear  # noqa: E402
+from tests_support.kernel_inputs import random_packed as _random_packed  # noqa: E402
 
 # K and N are not multiples of any tile size used below (BLOCK_K 32/64, BLOCK_N 32/64).
 N, K = 72, 200
@@ -26,18 +26,7 @@ AWQ_ORDER_DOC = (0, 2, 4, 6, 1, 3, 5, 7)  # column 8c + AWQ_ORDER[i] sits in bit
 
 
 def random_packed(layout: str, group: int, act_order: bool, n: int = N, k: int = K, seed: int = 0) -> PackedLinear:
-    """Random codes, zeros and fp16 scales packed in `layout` (v1 zeros kept >= 1: it stores zero - 1)."""
-    gen = torch.Generator().manual_seed(seed)
-    scheme = QuantScheme(bits=4, group_size=group, sym=False)
-    groups = scheme.num_groups(k)
-    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)  # [N, K]
-    zeros = torch.randint(1 if layout == "gptq" else 0, 16, (groups, n), generator=gen).float()  # [G, N]
-    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.002).half().float()  # [G, N]
-    g_idx = default_g_idx(k, scheme)
-    if act_order:
-        g_idx = g_idx[torch.randperm(k, generator=gen)].contiguous()  # groups no longer follow K
-    bias = torch.randn(n, generator=gen)
-    return pack(QuantizedWeight(codes, scales, zeros, g_idx, scheme), layout, bias=bias)
+    return _random_packed(layout, group, act_order, n, k, seed)
 
 
 def documented_dequant(p: PackedLinear, group: int) -> torch.Tensor:

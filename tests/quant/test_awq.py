@@ -13,7 +13,7 @@ from quantkit.errors import QuantkitError
 from quantkit.format.arch import get_submodule, spec_for
 from quantkit.quant.awq import AWQMethod
 from quantkit.quant.awq_apply import fold_reason, fold_scale
-from quantkit.quant.awq_plan import layer_prefix, save_plan
+from quantkit.format.awq_plan import layer_prefix, save_plan
 from quantkit.quant.methods import LayerContext
 from quantkit.format.packing import packable
 from quantkit.format.primitives import QuantScheme

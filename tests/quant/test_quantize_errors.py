@@ -127,3 +127,39 @@ def test_force_replaces_existing_output(tiny_llama, tmp_path):
     code, output = quantize(tiny_llama, out, "--calib", synthetic_calib(tmp_path / "c.txt"), "--force")
     assert code == 0, output
     assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
+
+
+def tree_digest(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "symlink", "parent"])
+@pytest.mark.parametrize("force", [False, True])
+def test_out_over_the_source_is_refused(model_copy, tmp_path, where, force):
+    # the source must survive: --out on it (or inside it, or holding it) would replace its float weights
+    before = tree_digest(model_copy)
+    if where == "symlink":
+        (tmp_path / "link").symlink_to(model_copy)
+    out = {"same": model_copy, "inside": model_copy / "q", "symlink": tmp_path / "link",
+           "parent": tmp_path}[where]
+    code, output = quantize(model_copy, out, "--method", "rtn", *(["--force"] if force else []))
+    assert code == 2 and "Traceback" not in output, output
+    assert "--out" in output and "source model" in output, output
+    assert tree_digest(model_copy) == before
+    assert not (model_copy / "q").exists()
+
+
+def test_rtn_says_it_uses_no_calibration(tiny_llama, tmp_path, monkeypatch):
+    import quantkit.calibration.data as data
+
+    def never(*args, **kwargs):
+        raise AssertionError("RTN loaded calibration data")
+
+    monkeypatch.setattr(data, "load_calibration", never)
+    calib = synthetic_calib(tmp_path / "c.txt")
+    code, output = quantize(tiny_llama, tmp_path / "q", "--method", "rtn", "--calib", calib)
+    assert code == 0, output
+    assert "warning: --method rtn uses no calibration data: --calib" in " ".join(output.split())
+    # without --calib, nothing to warn about
+    code, output = quantize(tiny_llama, tmp_path / "q2", "--method", "rtn")
+    assert code == 0 and "calibration" not in output, output

@@ -1,0 +1,47 @@
+"""quantkit.devices: one spelling of device names for quantize, check, eval and the engine."""
+
+import pytest
+import torch
+
+from quantkit.config import QuantizeConfig
+from quantkit.devices import check_device_name, resolve_device
+from quantkit.engine.config import EngineConfig
+from quantkit.errors import QuantkitError
+
+
+@pytest.mark.parametrize("name", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_accepted_names(name):
+    check_device_name(name)
+
+
+@pytest.mark.parametrize("name", ["tpu", "CUDA", "cuda:", "cuda:-1", "cuda:1x", "cpu:0", "", "mps"])
+def test_refused_names_are_one_line_errors(name):
+    with pytest.raises(QuantkitError, match=r"^unknown device .*; expected auto, cpu, cuda or cuda:N$"):
+        resolve_device(name)
+
+
+def test_cpu_and_auto_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(QuantkitError, match="device cuda:0: torch sees no CUDA device"):
+        resolve_device("cuda:0")
+
+
+def test_cuda_index_checked_against_device_count(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(QuantkitError, match=r"device cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+
+
+def test_configs_accept_the_same_names():
+    # quantize took cuda:1 while the engine refused it: both configs now validate through check_device_name
+    assert EngineConfig("m", device="cuda:1").device == "cuda:1"
+    assert QuantizeConfig(model="m", out="o", device="cuda:1").device == "cuda:1"
+    for build in (lambda: EngineConfig("m", device="gpu"), lambda: QuantizeConfig(model="m", out="o", device="gpu")):
+        with pytest.raises(QuantkitError, match="unknown device 'gpu'"):
+            build()
