@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -113,8 +114,11 @@ class ServerMetrics:
         self.request_prompt_tokens = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.request_generation_tokens = h(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
-        self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                  ITERATION_TOKENS_BUCKETS)
+        # Observed by the engine thread at every step: exported from the engine's own bounded histogram.
+        self.iteration_tokens = EngineHistogram("vllm:iteration_tokens_total",
+                                                "Histogram of number of tokens per engine_step.",
+                                                self._labels, ITERATION_TOKENS_BUCKETS)
+        self.registry.register(self.iteration_tokens)
         self.time_to_first_token = h("vllm:time_to_first_token_seconds",
                                      "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS)
         self.inter_token_latency = h("vllm:inter_token_latency_seconds",
@@ -177,10 +181,6 @@ class ServerMetrics:
         for a, b in zip(times, times[1:]):
             self.inter_token_latency.observe(_nonneg(b - a))
 
-    def observe_iteration_tokens(self, num_tokens: int) -> None:
-        """Tokens one engine step ran (prefill + decode)."""
-        self.iteration_tokens.observe(num_tokens)
-
     def update_from_stats(self, stats: Any) -> None:
         """Gauges from an EngineStats snapshot; counters advanced by the engine totals' growth since the
         last call."""
@@ -189,6 +189,7 @@ class ServerMetrics:
         self.kv_cache_usage.set(stats.kv_usage)
         self.num_requests_swapped.set(stats.num_swapped)
         self.swap_blocks_in_use.set(stats.swap_blocks_used)
+        self.iteration_tokens.snapshot = stats.iteration_tokens
         totals = {
             "prompt_tokens": (self.prompt_tokens, stats.prompt_tokens),
             "generation_tokens": (self.generation_tokens, stats.generation_tokens),
@@ -225,6 +226,28 @@ class ServerMetrics:
 def _nonneg(seconds: float) -> float:
     # Monotonic differences are never negative; a clock read out of order by a thread switch can be -1e-7.
     return max(0.0, seconds)
+
+
+class EngineHistogram(Collector):
+    """A histogram the engine keeps (bucket counts, sum; quantkit.engine.stats.Histogram), exported as a
+    Prometheus histogram as of the last `update_from_stats`."""
+
+    def __init__(self, name: str, doc: str, labels: dict[str, str], bounds: Sequence[float]):
+        self.name, self.doc, self.labels, self.bounds = name, doc, labels, tuple(bounds)
+        self.snapshot = None  # the engine's Histogram; None until the first stats arrive
+
+    def collect(self):
+        counts = self.snapshot.counts if self.snapshot is not None else [0] * (len(self.bounds) + 1)
+        if tuple(self.snapshot.bounds if self.snapshot is not None else self.bounds) != self.bounds:
+            raise ValueError(f"{self.name}: the engine's buckets differ from {self.bounds}")
+        cumulative, buckets = 0, []
+        for bound, n in zip((*map(float, self.bounds), float("inf")), counts):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+        family = HistogramMetricFamily(self.name, self.doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), buckets,
+                          sum_value=self.snapshot.sum if self.snapshot is not None else 0.0)
+        yield family
 
 
 class TokenClock:

@@ -58,6 +58,7 @@ def test_live_scrape_has_every_family(server):
     assert value(server.url, "vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count") >= 4 * 15
     assert value(server.url, "vllm:request_success", "vllm:request_success_total", finished_reason="length") >= 4
     assert value(server.url, "quantkit:model_weights_bytes") > 0
+    assert value(server.url, "vllm:iteration_tokens_total", "vllm:iteration_tokens_total_count") >= 16
     assert value(server.url, "quantkit:api_key_requests", "quantkit:api_key_requests_total", key_name="dashboards") >= 4
     assert value(server.url, "quantkit:api_key_tokens", "quantkit:api_key_tokens_total", key_name="dashboards") >= 4 * 16
     assert KEY not in httpx.get(server.url + "/metrics").text

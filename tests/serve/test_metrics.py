@@ -149,6 +149,23 @@ def test_counters_follow_engine_totals_by_delta():
     assert sample(fams, "quantkit:num_requests_swapped", "quantkit:num_requests_swapped") == 0
 
 
+def test_iteration_tokens_come_from_the_engines_histogram():
+    from quantkit.engine.stats import Histogram
+
+    m = ServerMetrics("m", max_model_len=64)
+    steps = Histogram(ITERATION_TOKENS_BUCKETS)
+    for n in (1, 7, 8, 300, 20000):
+        steps.observe(n)
+    m.update_from_stats(EngineStats(iteration_tokens=steps))
+    fams = scrape(m)
+    name = "vllm:iteration_tokens_total"
+    assert sample(fams, name, name + "_bucket", le="1.0") == 1
+    assert sample(fams, name, name + "_bucket", le="8.0") == 3
+    assert sample(fams, name, name + "_bucket", le="512.0") == 4
+    assert sample(fams, name, name + "_bucket", le="+Inf") == 5
+    assert sample(fams, name, name + "_count") == 5 and sample(fams, name, name + "_sum") == 20316
+
+
 def test_counter_delta_after_an_engine_restart():
     assert counter_delta(15, 10) == 5
     assert counter_delta(3, 10) == 3  # a fresh engine counts from 0 again: all 3 are new
