@@ -158,3 +158,11 @@ def test_missing_file_and_plain_keys(tmp_path):
     with pytest.raises(QuantkitError, match="given twice"):
         plain_keys(["x", "x"])
     assert not KeyRing([]).enabled
+
+
+def test_serve_with_an_unreadable_keys_file_is_a_one_line_error(tmp_path, stories_dir):
+    from tests_support.cli import run_cli
+
+    code, out = run_cli("serve", stories_dir, "--port", "0", "--api-keys-file", tmp_path / "missing.toml")
+    assert code != 0
+    assert "cannot read API keys file" in out and "Traceback" not in out
