@@ -75,7 +75,8 @@ def measure(name: str, cmd: list[str], env: dict, port: int, args) -> dict:
             results[conc] = asyncio.run(run(cfg))
             r = results[conc]
             print(f"{name} c={conc}: {r['successful_requests']}/{n} ok, {r['output_throughput']:.1f} tok/s, "
-                  f"TTFT p50 {r['ttft_ms']['p50']:.0f} ms", flush=True)
+                  f"TTFT p50/p99 {r['ttft_ms']['p50']:.0f}/{r['ttft_ms']['p99']:.0f} ms, "
+                  f"ITL p50/p99 {r['itl_ms']['p50']:.1f}/{r['itl_ms']['p99']:.1f} ms", flush=True)
         return results
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -11,7 +11,6 @@ from pathlib import Path
 import typer
 
 from quantkit.commands.common import console, one_line_errors
-from quantkit.commands.generate import read_prompts
 from quantkit.errors import QuantkitError
 
 bench_app = typer.Typer(name="bench", help="Benchmarks: `serve` measures a running OpenAI-compatible server.",
@@ -44,6 +43,7 @@ def bench_serve(
     import httpx
 
     from quantkit.bench.serve import BenchConfig, run, table
+    from quantkit.commands.generate import read_prompts
 
     cfg = BenchConfig(base_url.rstrip("/"), endpoint, model, num_prompts, request_rate, max_concurrency,
                       random_input_len, random_output_len,

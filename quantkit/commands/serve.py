@@ -9,7 +9,6 @@ from pathlib import Path
 import typer
 
 from quantkit.commands.common import console, one_line_errors
-from quantkit.commands.generate import parse_size
 from quantkit.errors import QuantkitError
 
 
@@ -57,6 +56,7 @@ def serve(
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, streaming) until SIGTERM."""
     import asyncio
 
+    from quantkit.commands.generate import parse_size
     from quantkit.engine.config import EngineConfig
     from quantkit.serve.runner import serve as run
     from quantkit.serve.settings import ServeSettings, read_chat_template

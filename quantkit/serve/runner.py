@@ -58,9 +58,10 @@ async def serve(settings: ServeSettings, say: Callable[[str], None] = print, app
         announcer.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        failure = state.error if state.engine_state == "dead" and not draining else None  # before our own stop
         if state.engine_state not in ("dead", "loading") and not draining:
             await state.llm.shutdown(0)
-    return state.error if state.engine_state == "dead" else None
+    return failure
 
 
 async def _drain(state: ServerState, server: uvicorn.Server, timeout: float) -> None:
