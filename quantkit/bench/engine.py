@@ -1,6 +1,7 @@
 """Engine benchmark: our paged-KV engine against transformers' generate, in one process.
 
   python -m quantkit.bench.engine [--models stories,random100m] [--threads 1] [--requests 64] [--repeats 3]
+  python -m quantkit.bench.engine --against-vllm VENV [--threads 2] [--rounds 3] [--gptq]   (engine_vs_vllm.py)
 
 For each model: 64 requests of mixed prompt lengths, each generating --max-tokens tokens (EOS
 ignored so every system produces the same number of tokens):
@@ -219,8 +220,19 @@ def main() -> None:
     ap.add_argument("--serial-sample", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved runs of each system; the best counts")
+    ap.add_argument("--against-vllm", metavar="VENV", help="compare with vLLM's CPU build in VENV (workloads a-c)")
+    ap.add_argument("--rounds", type=int, default=3, help="--against-vllm: alternating rounds; the median counts")
+    ap.add_argument("--dtype", default="auto", help="--against-vllm: both systems' dtype (auto: ours for this CPU)")
+    ap.add_argument("--workloads", default="a,b,c", help="--against-vllm: which of a, b, c")
+    ap.add_argument("--gptq", action="store_true", help="--against-vllm: also the model's 4-bit GPTQ checkpoint")
+    ap.add_argument("--gptq-only", action="store_true", help="--against-vllm: only the 4-bit GPTQ checkpoint")
+    ap.add_argument("--vllm-log", default="out/vllm-bench.log", help="--against-vllm: where vLLM's stderr goes")
     ap.add_argument("--async-front", action="store_true", help="only AsyncLLM streaming vs LLM.generate")
     args = ap.parse_args()
+    if args.against_vllm:
+        from quantkit.bench.engine_vs_vllm import run
+
+        return run(args)
     torch.set_num_threads(args.threads)
     for name in args.models.split(","):
         if name == "stories":

@@ -93,7 +93,8 @@ def generate(
     num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks"),
     swap_space: float = typer.Option(0.0, "--swap-space", help="GiB of CPU swap for preempted requests."),
     prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16 (GPU)."),
+    dtype: str = typer.Option("auto", "--dtype", help=("auto (float16 on GPU; on CPU bfloat16 where it computes "
+                                                       "natively, else float32), float32, bfloat16 or float16 (GPU).")),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""

@@ -11,6 +11,18 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 GiB = 1024**3
 
 
+def auto_cpu_dtype(capabilities: dict | None = None) -> tuple[str, str]:
+    """The CPU default dtype and why: bf16 where the CPU computes it natively (AVX-512 BF16 or AMX,
+    as torch's cpuinfo reports), fp32 elsewhere (bf16 matmuls are then emulated and slower)."""
+    import torch
+
+    caps = torch.cpu.get_capabilities() if capabilities is None else capabilities
+    native = [name for name in ("avx512_bf16", "amx_bf16") if caps.get(name)]
+    if native:
+        return "bfloat16", f"the CPU computes bf16 natively ({', '.join(native)})"
+    return "float32", "the CPU has neither AVX-512 BF16 nor AMX, so bf16 would be emulated"
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str
@@ -23,7 +35,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV pool on CPU (None: 1 GiB, capped at what is usable)
     gpu_memory_utilization: float = 0.9  # on GPU: fraction of total memory for weights + KV pool
     swap_space: float = 0.0  # GiB of CPU memory for preempted requests' blocks; 0: preempt by recompute
-    dtype: str = "auto"  # auto: float32 on CPU, float16 on GPU
+    dtype: str = "auto"  # auto: float16 on GPU; on CPU bfloat16 where it computes natively, else float32
     device: str = "auto"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch intra-op threads (None: leave torch's setting)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.engine.config import EngineConfig
+from quantkit.engine.config import EngineConfig, auto_cpu_dtype
 from quantkit.engine.detokenizer import IncrementalDetokenizer, find_stop
 from quantkit.engine.kv_cache_manager import KVCacheManager
 from quantkit.engine.kv_sizing import plan_kv
@@ -35,8 +35,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto" and device.type == "cpu":
+        name, why = auto_cpu_dtype()
+        log.info("dtype %s: %s", name, why)
     if name == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
+        return torch.float16
     if name == "float16" and device.type == "cpu":
         raise QuantkitError("float16 on CPU is too slow to serve; use float32 or bfloat16")
     return DTYPES[name]

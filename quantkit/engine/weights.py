@@ -2,11 +2,15 @@
 
 Float tensors load by name from the safetensors shards. A linear with `qweight` in the shards
 (GPTQ v1/v2 or AWQ GEMM layout, as `config.json["quantization_config"]` says) becomes a
-`QuantLinear`, exactly as quantkit's transformers loader does it.
+`QuantLinear`, exactly as quantkit's transformers loader does it; on CPU it is then repacked for
+torch's int4/int8 kernels and its checkpoint tensors dropped. The weight memory is logged at load.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +23,8 @@ from quantkit.model.loader import QuantInfo, hf_config, read_quant_info
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.format.arch import get_submodule, spec_for
 from quantkit.format.packing import PackedLinear
+
+log = logging.getLogger("quantkit.engine")
 
 
 def _quant_linear(reader: ShardReader, prefix: str, info: QuantInfo, dtype: torch.dtype) -> QuantLinear:
@@ -64,4 +70,70 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
         raise QuantkitError(f"{path}: tensors missing from the checkpoint: {', '.join(still_meta[:5])}")
     # RoPE frequencies are not in checkpoints: the meta buffer is rebuilt for real.
     model.inv_freq = inv_frequencies(shape.rope, shape.head_dim, shape.max_position_embeddings)
-    return model.to(device).eval(), info
+    model = model.to(device).eval()
+    if device.type == "cpu":
+        repack_quant_linears(model, dtype)
+        prepack_float_linears(model, dtype)
+    log.info(WeightMemory.of(model).describe())
+    return model, info
+
+
+def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype) -> Counter:
+    """Every QuantLinear into the CPU kernels' layout, checkpoint tensors dropped; counts of each path."""
+    paths = Counter(m.repack_for_cpu(dtype) for m in model.modules() if isinstance(m, QuantLinear))
+    for path, n in paths.items():
+        if path.startswith("dense"):
+            log.warning("%d quantized linears run dequantized to a dense copy on CPU: %s", n, path)
+    return paths
+
+
+def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Every float nn.Linear into a oneDNN-prepacked PrepackedLinear where this CPU supports it for `dtype`
+    (a tied lm_head stays: prepacking would copy the embedding). Returns how many were replaced."""
+    from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
+
+    if not prepack_supported(dtype):
+        log.info("linears: F.linear (oneDNN has no prepacked %s path on this CPU)", dtype)
+        return 0
+    embed = model.model.embed_tokens.weight
+    targets = [(name, m) for name, m in model.named_modules()
+               if type(m) is torch.nn.Linear and m.weight.data_ptr() != embed.data_ptr()]
+    for name, m in targets:
+        parent, _, attr = name.rpartition(".")
+        setattr(get_submodule(model, parent) if parent else model, attr, PrepackedLinear(m))
+    log.info("linears: %d prepacked for oneDNN (%s)", len(targets), dtype)
+    return len(targets)
+
+
+@dataclass(frozen=True)
+class WeightMemory:
+    """Resident weight bytes, against the same model held densely in bf16."""
+
+    resident: int
+    bf16_equivalent: int
+    paths: dict[str, int]  # how the quantized linears run on CPU (empty for a float model)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> WeightMemory:
+        resident = dense = 0
+        seen: set[int] = set()
+        quant = [m for m in model.modules() if isinstance(m, QuantLinear)]
+        for m in quant:
+            resident += m.weight_bytes()
+            dense += 2 * (m.in_features * m.out_features + (m.out_features if m.bias is not None else 0))
+            seen.update(id(t) for t in m.buffers())
+        for t in list(model.parameters()) + list(model.buffers()):
+            if id(t) in seen:  # (parameters() already lists a tied embedding once)
+                continue
+            seen.add(id(t))
+            resident += t.numel() * t.element_size()
+            dense += 2 * t.numel()
+        return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)))
+
+    def describe(self) -> str:
+        mib = 1024**2
+        text = (f"weights: {self.resident / mib:.1f} MiB resident, {self.resident / self.bf16_equivalent:.2f}x "
+                f"of the model in bf16 ({self.bf16_equivalent / mib:.1f} MiB)")
+        if self.paths:
+            text += "; quantized linears: " + ", ".join(f"{n} {p}" for p, n in sorted(self.paths.items()))
+        return text

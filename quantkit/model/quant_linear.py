@@ -11,9 +11,14 @@ from quantkit.format.packing import PackedLinear, dequantize
 class QuantLinear(nn.Module):
     """Holds qweight/qzeros/scales(/g_idx, bias) as buffers under the names the checkpoint uses.
 
-    On CUDA the forward runs the W4A16 kernel on the packed weights. Elsewhere the weight is
-    dequantized once, on first use, to the activation dtype (fp32 or bf16: fp16 matmul on CPU
-    is too slow to serve) and cached.
+    On CUDA the forward runs the W4A16 kernel on the packed weights. On CPU the weight stays
+    quantized: repacked once into torch's CPU int4 layout (or int8, per channel), run by torch's
+    kernels for small M and dequantized per call for large M (`quantkit.kernels.cpu_int`). Weights
+    those kernels cannot take (grouped 8-bit, other bit widths, odd shapes) fall back to a dense copy
+    in the activation dtype; `cpu_path` says which path runs and why.
+
+    `repack_for_cpu` repacks eagerly and drops the checkpoint tensors (the engine's load); without
+    it the first CPU forward repacks and keeps them (the checker reads them).
     """
 
     def __init__(self, packed: PackedLinear, backend: str = "auto"):
@@ -29,20 +34,40 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", packed.scales)
         self.register_buffer("g_idx", packed.g_idx)
         self.register_buffer("bias", packed.bias)
-        self._dense: torch.Tensor | None = None
+        self._cpu = None  # Int4Weight | Int8Weight | dense torch.Tensor [N, K], once repacked
+        self.cpu_path = "not repacked"
 
     def packed(self) -> PackedLinear:
         return PackedLinear(self.layout, self.bits, self.group_size, self.qweight, self.qzeros, self.scales,
                             self.g_idx, self.bias)
 
-    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """W_hat [N, K] in `dtype` (cached for the last dtype asked)."""
-        if self._dense is None or self._dense.dtype != dtype or self._dense.device != self.qweight.device:
-            p = self.packed()
-            cpu = PackedLinear(p.layout, p.bits, p.group_size, p.qweight.cpu(), p.qzeros.cpu(), p.scales.cpu(),
-                               None if p.g_idx is None else p.g_idx.cpu())
-            self._dense = dequantize(cpu, dtype).to(self.qweight.device)
-        return self._dense
+    def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True) -> str:
+        """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`."""
+        from quantkit.kernels.cpu_int import int4_unsupported, repack_int4, repack_int8
+
+        p = self.packed()
+        reason = int4_unsupported(p)
+        if reason is None:
+            self._cpu, self.cpu_path = repack_int4(p, dtype), "int4"
+        elif p.bits == 8:
+            try:
+                self._cpu, self.cpu_path = repack_int8(p, dtype), "int8"
+            except ValueError as e:
+                self._cpu, self.cpu_path = dequantize(p, dtype), f"dense ({e})"
+        else:
+            self._cpu, self.cpu_path = dequantize(p, dtype), f"dense ({reason})"
+        if drop_checkpoint_tensors:
+            for name in ("qweight", "qzeros", "scales", "g_idx"):
+                setattr(self, name, None)
+        return self.cpu_path
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as the forward reads it (CPU repacked form, else the checkpoint tensors)."""
+        tensors = [t for t in (self.qweight, self.qzeros, self.scales, self.g_idx, self.bias) if t is not None]
+        if self._cpu is not None:
+            tensors += [self._cpu] if isinstance(self._cpu, torch.Tensor) else [
+                t for t in vars(self._cpu).values() if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self.backend != "torch" and self.bits == 4:
@@ -53,10 +78,26 @@ class QuantLinear(nn.Module):
                                layout=self.layout, group_size=self.group_size, g_idx=self.g_idx,
                                bias=self.bias, backend=self.backend)
             return out.reshape(*shape[:-1], self.out_features)
-        w = self.dense_weight(x.dtype)
+        return self._cpu_forward(x)
+
+    def _cpu_forward(self, x: torch.Tensor) -> torch.Tensor:
+        from quantkit.kernels.cpu_int import Int4Weight, int4_kernel_max_m, int4_linear, int8_linear
+
+        if self._cpu is None:
+            self.repack_for_cpu(x.dtype, drop_checkpoint_tensors=False)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return nn.functional.linear(x, w, bias)
+        w = self._cpu
+        if isinstance(w, Int4Weight):
+            max_m = int4_kernel_max_m(self.out_features, self.in_features, w.group_size, x.dtype)
+            out = int4_linear(x2, w, bias, max_m)
+        elif isinstance(w, torch.Tensor):
+            out = nn.functional.linear(x2, w if w.dtype == x.dtype else w.to(x.dtype), bias)
+        else:
+            out = int8_linear(x2, w, bias)
+        return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"group_size={self.group_size}, layout={self.layout}")
+                f"group_size={self.group_size}, layout={self.layout}, cpu_path={self.cpu_path}")

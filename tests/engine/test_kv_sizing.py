@@ -48,3 +48,12 @@ def test_refuses_a_pool_smaller_than_one_max_length_request():
 def test_engine_config_validation(kwargs, match):
     with pytest.raises(QuantkitError, match=match):
         EngineConfig("m", **kwargs)
+
+
+def test_auto_cpu_dtype_is_bf16_only_where_the_cpu_computes_it():
+    from quantkit.engine.config import auto_cpu_dtype
+
+    assert auto_cpu_dtype({"avx512_bf16": True, "avx2": True})[0] == "bfloat16"
+    assert auto_cpu_dtype({"amx_bf16": True})[0] == "bfloat16"
+    name, why = auto_cpu_dtype({"avx2": True, "avx512_f": True})
+    assert name == "float32" and "neither" in why

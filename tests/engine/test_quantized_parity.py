@@ -50,6 +50,7 @@ def test_awq_layout_checkpoint_greedy_matches_quantlinear_in_transformers(awq_la
 
 def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
     from quantkit.model.loader import load_model
+    from quantkit.engine.weights import WeightMemory
     from quantkit.model.quant_linear import QuantLinear
 
     hf, info = load_model(gptq_dir, torch.float32)
@@ -63,8 +64,11 @@ def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
             ids = torch.tensor([p])
             want.append(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
                                     do_sample=False)[0, len(p):].tolist())
-    llm = LLM(str(gptq_dir), max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128)
+    llm = LLM(str(gptq_dir), dtype="float32", max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128)
     assert llm.engine.quant_info.layout == layout
     assert sum(isinstance(m, QuantLinear) for m in llm.engine.model.modules()) == 2 * 7
+    memory = WeightMemory.of(llm.engine.model)  # repacked for the CPU int4 kernel, checkpoint tensors dropped
+    assert memory.paths == {"int4": 2 * 7} and memory.resident < memory.bf16_equivalent * 2  # fp32 float parts
+    assert all(m.qweight is None for m in llm.engine.model.modules() if isinstance(m, QuantLinear))
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))]
     assert got == want
