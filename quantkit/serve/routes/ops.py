@@ -28,12 +28,10 @@ async def metrics(request: Request):
 
 def module_bytes(module) -> int:
     """Bytes of a torch module's parameters and buffers (quantized weights are buffers); tied tensors once."""
-    seen, total = set(), 0
-    for t in module.state_dict(keep_vars=True).values():
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
+    # By object identity: a tied weight is one Parameter under two names. (data_ptr() would fail on the
+    # CPU kernels' packed tensors, which have no storage.)
+    unique = {id(t): t for t in module.state_dict(keep_vars=True).values()}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def not_ready_reason(state) -> str | None:
