@@ -53,7 +53,13 @@ def make_corpus(num_stories: int, seed: int = 0) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 512, num_stories: int = 2000, seed: int = 0):
-    """A byte-level BPE tokenizer (pad=0, bos=1, eos=2, BOS prepended) as a PreTrainedTokenizerFast."""
+    """A byte-level BPE tokenizer (pad=0, bos=1, eos=2, BOS prepended) trained on the synthetic corpus."""
+    return train_bpe_tokenizer(make_corpus(num_stories, seed), vocab_size)
+
+
+def train_bpe_tokenizer(texts, vocab_size: int):
+    """A byte-level BPE tokenizer (pad=0, bos=1, eos=2, BOS prepended) trained on `texts` (an
+    iterable of documents), as a PreTrainedTokenizerFast. Deterministic for the same texts."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -64,7 +70,7 @@ def build_tokenizer(vocab_size: int = 512, num_stories: int = 2000, seed: int = 
         vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tok.train_from_iterator(make_corpus(num_stories, seed), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token=None, model_max_length=4096)

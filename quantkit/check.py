@@ -31,6 +31,7 @@ import torch
 from quantkit.check_structure import LinearTensors, expected_shapes, independent_dequantize, structure_problems
 from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
+from quantkit.format.arch import kv_part
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, load_plan, scale_key
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -129,12 +130,13 @@ def original_output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y
 
 
-def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str,
+                    heads: tuple[int, int] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(col_scale [K], row_scale [N]) folded into `linear` (relative to its decoder layer) by AWQ.
 
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
+    heads: (num_attention_heads, num_key_value_heads), for a v -> o scale tied over query heads (GQA).
     """
     prefix = layer_prefix(layer_index)
     col = row = None
@@ -145,7 +147,7 @@ def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linea
         if linear in group.linears:
             col = scale
         if not group.feeder_is_norm and group.feeder == linear:
-            row = scale
+            row = kv_part(scale, *heads) if group.feeder_repeats_kv and heads else scale
     return col, row
 
 
@@ -162,6 +164,7 @@ class _Setup:
     spec: object
     original: object | None  # ShardReader of the original checkpoint
     plan: dict[str, torch.Tensor] | None
+    heads: tuple[int, int] | None = None  # (attention heads, KV heads)
 
 
 def resolve_backend(backend: str, device: torch.device) -> tuple[str, bool]:
@@ -179,28 +182,49 @@ def resolve_backend(backend: str, device: torch.device) -> tuple[str, bool]:
 
 
 def check_structure(reader, config: dict, info, spec) -> dict[str, LayerCheck]:
-    """A LayerCheck per packed linear of the shards, holding its structure problems."""
+    """A LayerCheck per packed linear of the shards, holding its structure problems. Each linear is
+    checked against its own scheme (GPTQModel `dynamic` rules, compressed-tensors config groups)."""
+    from quantkit.model.quant_format import packed_prefixes
+
     shapes = expected_shapes(config)
     results = {}
-    for key in sorted((k for k in reader.keys() if k.endswith(".qweight")), key=lambda k: _model_order(k, spec)):
-        name = key[: -len(".qweight")]
-        get = lambda suffix: reader.get(f"{name}.{suffix}") if f"{name}.{suffix}" in reader else None  # noqa: E731
-        t = LinearTensors(get("qweight"), get("qzeros"), get("scales"), get("g_idx"))
+    for name in sorted(packed_prefixes(reader.keys()), key=lambda n: _model_order(n, spec)):
+        scheme = info.scheme_for(name)
+        t, layout, problems = _stored_tensors(reader, name, info, scheme)
         linear = name[len(spec.layers) + 1:].partition(".")[2] if name.startswith(spec.layers + ".") else name
-        problems = structure_problems(t, shapes.get(linear), layout=info.layout, bits=info.bits,
-                                      group_size=info.group_size, sym=info.sym, desc_act=info.desc_act)
-        n = t.scales.shape[-1]
-        results[name] = LayerCheck(name, n, t.qweight.numel() * (32 // info.bits) // max(n, 1),
-                                   structure=problems, problems=list(problems))
+        if not problems:
+            problems = structure_problems(t, shapes.get(linear), layout=layout, bits=scheme.bits,
+                                          group_size=scheme.group_size, sym=scheme.sym, desc_act=info.desc_act)
+        n = t.scales.shape[-1] if t is not None else 0
+        k = t.qweight.numel() * (32 // scheme.bits) // max(n, 1) if t is not None else 0
+        results[name] = LayerCheck(name, n, k, structure=problems, problems=list(problems))
     return results
 
 
-def _model_order(key: str, spec) -> tuple:
+def _stored_tensors(reader, name: str, info, scheme) -> tuple[LinearTensors | None, str, list[str]]:
+    """(tensors, their layout, problems) of one packed linear. compressed-tensors pack-quantized is
+    first repacked into gptq_v2, as every quantkit reader does (a shape it cannot repack is a problem)."""
+    from quantkit.format import compressed_tensors as ct
+
+    def get(suffix):
+        return reader.get(f"{name}.{suffix}") if f"{name}.{suffix}" in reader else None
+
+    if info.layout != ct.FORMAT:
+        return LinearTensors(get("qweight"), get("qzeros"), get("scales"), get("g_idx")), info.layout, []
+    try:
+        tensors = {s: t for s in ct.TENSOR_SUFFIXES if (t := get(s)) is not None}
+        p = ct.ct_to_packed(tensors, scheme.bits, scheme.group_size, scheme.sym)
+    except (ValueError, KeyError) as exc:
+        return None, "gptq_v2", [f"compressed-tensors tensors disagree with the config: {exc}"]
+    return LinearTensors(p.qweight, p.qzeros, p.scales, p.g_idx), "gptq_v2", []
+
+
+def _model_order(name: str, spec) -> tuple:
     """Sort key putting linears in the order the model runs them: layer index, then spec order."""
-    index, _, linear = key[len(spec.layers) + 1: -len(".qweight")].partition(".")
-    if not key.startswith(spec.layers + ".") or not index.isdigit() or linear not in spec.linears:
-        return (1, 0, 0, key)
-    return (0, int(index), spec.linears.index(linear), key)
+    index, _, linear = name[len(spec.layers) + 1:].partition(".")
+    if not name.startswith(spec.layers + ".") or not index.isdigit() or linear not in spec.linears:
+        return (1, 0, 0, name)
+    return (0, int(index), spec.linears.index(linear), name)
 
 
 def evenly_spaced(x: torch.Tensor, count: int) -> torch.Tensor:
@@ -275,7 +299,7 @@ def _error_vs_original(name: str, x: torch.Tensor, y_q: torch.Tensor, setup: _Se
     col = row = None
     if setup.plan:
         index, _, linear = name[len(setup.spec.layers) + 1:].partition(".")
-        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear)
+        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear, setup.heads)
         col = None if col is None else col.to(x.device)
         row = None if row is None else row.to(x.device)
     return relative_output_error(y_q, original_output(x, weight, bias, col, row))
@@ -290,16 +314,16 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     calib: a .txt/.jsonl file, folder or recipe (as `quantkit quantize --calib`); None uses the
     project's synthetic stories. At most `max_rows` rows of each layer's input are compared.
     """
-    from quantkit.format.arch import spec_for
+    from quantkit.format.arch import head_counts, spec_for
     from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
-    from quantkit.model.loader import read_quant_info
+    from quantkit.model.quant_format import checkpoint_quant_info
 
     path = resolve_model_path(str(qdir))
     dev = resolve_device(device)
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
     ran, kernel_checked = resolve_backend(backend, dev)
     config = read_config(path)
-    info = read_quant_info(config)
+    info = checkpoint_quant_info(path, config)
     if info is None:
         raise QuantkitError(f"{path}: not a quantized checkpoint (config.json has no quantization_config)")
     spec = spec_for(config)
@@ -307,7 +331,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     if not checks:
         raise QuantkitError(f"{path}: no packed linears found")
     notes = _backend_notes(ran, kernel_checked, dev)
-    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None)
+    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None, head_counts(config))
     if original is not None:
         setup.original = ShardReader(resolve_model_path(str(original)))
         setup.plan = _awq_plan(path, info, notes)
@@ -368,10 +392,11 @@ def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setu
 
 
 def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | None:
-    """The AWQ plan saved with the checkpoint ({} for GPTQ layouts: nothing folded)."""
-    if info.layout != "awq":
-        return {}
+    """The AWQ plan saved with the checkpoint, whatever its layout ({} when there is none and the layout
+    is not AWQ's: nothing folded)."""
     file = path / PLAN_FILE
+    if not file.is_file() and info.layout != "awq":
+        return {}
     if not file.is_file():
         notes.append(f"AWQ checkpoint without {PLAN_FILE}: the scales folded into its weights are unknown, "
                      f"so errors against the original are not reported")

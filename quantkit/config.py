@@ -10,7 +10,7 @@ from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
 METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.methods.make_method
-FORMATS = ("gptq", "awq")
+FORMATS = ("gptq", "awq", "compressed-tensors")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)
 
@@ -65,6 +65,7 @@ class QuantizeConfig:
     awq_duo_scaling: bool = False
     awq_grid: int = 20
     load_plan: Path | None = None
+    recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -105,9 +106,10 @@ class QuantizeConfig:
 
     @property
     def layout(self) -> str:
-        """On-disk layout: awq, gptq (v1, symmetric) or gptq_v2 (asymmetric, since v1 stores zero - 1)."""
-        if self.layout_format == "awq":
-            return "awq"
+        """On-disk layout: awq, compressed-tensors (pack-quantized), gptq (v1, symmetric) or gptq_v2
+        (asymmetric, since v1 stores zero - 1)."""
+        if self.layout_format in ("awq", "compressed-tensors"):
+            return self.layout_format
         return "gptq" if self.is_sym else "gptq_v2"
 
     def to_dict(self) -> dict:

@@ -31,6 +31,48 @@ class DemoSpec:
     heldout_stories: int = 600
 
 
+@dataclass(frozen=True)
+class TrainSchedule:
+    """AdamW on random windows of a token stream: linear warm-up over `warmup` steps, then a
+    linear decay to 10% of `lr`; gradients clipped to norm 1."""
+
+    steps: int
+    batch: int
+    seqlen: int
+    lr: float
+    seed: int
+    warmup: int = 30
+    bf16: bool = False  # torch.autocast(bfloat16) for the forward pass
+
+
+def train_steps(model, ids: torch.Tensor, sched: TrainSchedule, label: str, show_progress: bool = True,
+                on_step=None) -> float:
+    """Train `model` (a CausalLM) in place on windows of `ids` [T]; returns the last training loss.
+    A fixed step count and a seeded generator: the result does not depend on the machine's load."""
+    opt = torch.optim.AdamW(model.parameters(), lr=sched.lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(sched.seed)
+    loss = float("nan")
+    model.train()
+    with progress_bar(label, sched.steps, show_progress) as advance:
+        for step in range(sched.steps):
+            offs = torch.randint(0, ids.numel() - sched.seqlen - 1, (sched.batch,), generator=gen)
+            batch = torch.stack([ids[o : o + sched.seqlen] for o in offs.tolist()])
+            for group in opt.param_groups:
+                group["lr"] = sched.lr * min(1.0, (step + 1) / sched.warmup) * (1 - 0.9 * step / sched.steps)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sched.bf16):
+                result = model(input_ids=batch, labels=batch)
+            opt.zero_grad(set_to_none=True)
+            result.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss = result.loss.item()
+            if on_step is not None:
+                on_step(step, loss)
+            advance()
+    model.eval()
+    return loss
+
+
 def corpus_text(num_stories: int, seed: int) -> str:
     from quantkit.calibration.synthetic import make_corpus
 
@@ -53,23 +95,9 @@ def train_demo_model(out: Path, spec: DemoSpec = DemoSpec(), show_progress: bool
                          num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(spec.seed)
-    start, loss = time.perf_counter(), float("nan")
-    model.train()
-    with progress_bar("train demo model", spec.train_steps, show_progress) as advance:
-        for step in range(spec.train_steps):
-            offs = torch.randint(0, ids.numel() - spec.seqlen - 1, (spec.batch,), generator=gen)
-            batch = torch.stack([ids[o : o + spec.seqlen] for o in offs.tolist()])
-            for group in opt.param_groups:  # linear warm-up, then linear decay to 10%
-                group["lr"] = spec.lr * min(1.0, (step + 1) / 30) * (1 - 0.9 * step / spec.train_steps)
-            result = model(input_ids=batch, labels=batch)
-            opt.zero_grad(set_to_none=True)
-            result.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss = result.loss.item()
-            advance()
+    start = time.perf_counter()
+    loss = train_steps(model, ids, TrainSchedule(spec.train_steps, spec.batch, spec.seqlen, spec.lr, spec.seed),
+                       "train demo model", show_progress)
     model.eval()
     model.save_pretrained(out)
     tok.save_pretrained(out)

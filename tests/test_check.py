@@ -20,7 +20,7 @@ from quantkit.check import (
     relative_output_error,
 )
 from quantkit.cli import build_app
-from quantkit.format.arch import spec_for
+from quantkit.format.arch import spec_for, tie_over_query_heads
 from quantkit.kernels.triton_w4a16 import triton_available
 
 CORRUPT_LAYER = "model.layers.1.mlp.up_proj"
@@ -194,15 +194,16 @@ def test_comparisons_treat_non_finite_outputs_as_failures():
 
 
 def tiny_llama_awq_plan(groups: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A plan for the tiny llama (hidden 128, intermediate 256, GQA: v -> o not scaled) with
-    random scales in [0.5, 2) and clips too large to clip anything."""
+    """A plan for the tiny llama (hidden 128, intermediate 256, 4 heads / 2 KV heads: the v -> o scale
+    is tied over the query heads of a KV head) with random scales in [0.5, 2) and clips too large to
+    clip anything (q/k have none: AWQ does not clip them)."""
     gen = torch.Generator().manual_seed(seed)
     plan = {}
     for i in range(2):
-        for group, k in (("qkv", 128), ("gate_up", 128), ("down", 256)):
+        for group, k in (("qkv", 128), ("o", 128), ("gate_up", 128), ("down", 256)):
             plan[f"layers.{i}.{group}.scale"] = torch.rand(k, generator=gen) * 1.5 + 0.5
-        for linear, n, k in (("self_attn.q_proj", 128, 128), ("self_attn.k_proj", 64, 128),
-                             ("self_attn.v_proj", 64, 128), ("self_attn.o_proj", 128, 128),
+        plan[f"layers.{i}.o.scale"] = tie_over_query_heads(plan[f"layers.{i}.o.scale"], 4, 2)
+        for linear, n, k in (("self_attn.v_proj", 64, 128), ("self_attn.o_proj", 128, 128),
                              ("mlp.gate_proj", 256, 128), ("mlp.up_proj", 256, 128), ("mlp.down_proj", 128, 256)):
             plan[f"layers.{i}.{linear}.clip"] = torch.full((n, k // groups), 1e4)
     return plan
@@ -229,5 +230,5 @@ def test_awq_checkpoint_passes_only_with_its_folds_undone(tiny_llama, calib_file
     bad = check_checkpoint(wrong, original=tiny_llama, backend="torch", nsamples=2, seqlen=32, show_progress=False)
     assert not bad.passed
     failed = {layer.name.split(".", 3)[3] for layer in bad.failures}
-    assert failed == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj",
-                      "mlp.down_proj"}  # o_proj: not scaled under GQA
+    assert failed == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}

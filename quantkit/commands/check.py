@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
 
 @one_line_errors
 def check(
-    qdir: str = typer.Argument(..., help="Quantized checkpoint folder (GPTQ v1/v2 or AWQ GEMM layout)."),
+    qdir: str = typer.Argument(..., help="Quantized checkpoint folder (GPTQ v1/v2, AWQ GEMM or compressed-tensors pack-quantized)."),
     original: str = typer.Option(None, "--original", help="The float model it came from (folder or hub id): "
                                  "also report each layer's relative output error against it."),
     backend: str = typer.Option("auto", "--backend", help="triton, torch, or auto (the Triton kernel when triton is "
@@ -34,6 +34,7 @@ def check(
     max_rows: int = typer.Option(256, "--max-rows", min=1, help="Rows of each layer's input that are checked."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
     output: Path = typer.Option(None, "--output", help="Also write the full report as JSON here."),
+    tp: str = typer.Option("2,4,8", "--tp", help="Tensor-parallel degrees to check the vLLM splits at."),
 ) -> None:
     """Check QDIR: every packed layer's structure, and its outputs against an independent dequantization."""
     from quantkit.check import DEFAULT_MAX_REL_ERROR, check_checkpoint
@@ -42,8 +43,12 @@ def check(
                               DEFAULT_MAX_REL_ERROR if max_rel_error is None else max_rel_error,
                               calib=calib, nsamples=nsamples, seqlen=seqlen, max_rows=max_rows, device=device)
     print_report(report)
+    from quantkit.commands.fast_path import fast_path_for, parse_tps, print_fast_paths
+
+    fast = fast_path_for(qdir, parse_tps(tp))
+    print_fast_paths(fast)
     if output is not None:
-        write_json(report.to_dict(), output)
+        write_json({**report.to_dict(), "vllm": fast.to_dict()}, output)
     if not report.passed:
         console.print(f"[bold red]check failed[/]: {len(report.failures)} of {len(report.layers)} layers "
                       f"({report.failures[0].name}: {report.failures[0].problems[0]})", highlight=False)

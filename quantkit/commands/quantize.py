@@ -18,11 +18,14 @@ def register(app: typer.Typer) -> None:
 
 @one_line_errors
 def quantize(
-    model: str = typer.Argument(..., help="Local Hugging Face checkpoint folder, or a hub id (downloaded when online)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output folder (written to a temporary folder, then renamed)."),
+    ctx: typer.Context,
+    model: str = typer.Argument(None, help="Local Hugging Face checkpoint folder, or a hub id (downloaded when online)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Output folder (written to a temporary folder, then renamed)."),
+    config: Path = typer.Option(None, "--config", help="A recipe (TOML, e.g. configs/gptq-w4g128.toml); flags given here win."),
+    list_configs: bool = typer.Option(False, "--list-configs", help="List the recipes in configs/ and exit."),
     method: str = typer.Option("gptq", "--method", help="gptq, awq or rtn."),
-    format: str = typer.Option(None, "--format", help="Checkpoint layout: gptq or awq (default: awq for AWQ, else gptq)."),
-    bits: int = typer.Option(4, "--bits", help="4 (8 allowed in the GPTQ layout)."),
+    format: str = typer.Option(None, "--format", help="Checkpoint layout: gptq, awq or compressed-tensors (pack-quantized; default: awq for AWQ, else gptq)."),
+    bits: int = typer.Option(4, "--bits", help="4 (8 allowed in the GPTQ and compressed-tensors layouts)."),
     group_size: int = typer.Option(128, "--group-size", help="32, 64, 128, or -1 for per channel."),
     sym: bool = typer.Option(None, "--sym/--no-sym", help="Symmetric quantization (default: sym for GPTQ/RTN, asym for AWQ)."),
     desc_act: bool = typer.Option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal."),
@@ -48,7 +51,19 @@ def quantize(
 ) -> None:
     """Quantize MODEL layer by layer and write a packed INT4 checkpoint."""
     from quantkit.config import CalibConfig, QuantizeConfig
+    from quantkit.errors import QuantkitError
     from quantkit.quant.pipeline import quantize_model
+
+    if list_configs:
+        _print_recipes()
+        return
+    if model is None or out is None:
+        raise QuantkitError("quantize needs MODEL and --out (or --list-configs)")
+    recipe, o = _options(ctx, config)
+    method, format, bits, group_size, sym = o["method"], o["format"], o["bits"], o["group_size"], o["sym"]
+    desc_act, static_groups, damp, true_sequential = o["desc_act"], o["static_groups"], o["damp"], o["true_sequential"]
+    calib, nsamples, seqlen, seed = o["calib"], o["nsamples"], o["seqlen"], o["seed"]
+    awq_duo_scaling, max_shard_size_gb = o["awq_duo_scaling"], o["max_shard_size_gb"]
 
     if threads:
         import torch
@@ -68,7 +83,7 @@ def quantize(
         desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
         calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
         force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
-        awq_duo_scaling=awq_duo_scaling, load_plan=load_plan,
+        awq_duo_scaling=awq_duo_scaling, load_plan=load_plan, recipe=None if recipe is None else recipe.to_dict(),
     )
     if dry_run:
         report = quantize_model(cfg, None)
@@ -78,8 +93,36 @@ def quantize(
         report = quantize_model(cfg, tmp)
     report.out = out
     _print_summary(report, cfg)
+    from quantkit.commands.fast_path import fast_path_for, print_fast_paths
+
+    print_fast_paths(fast_path_for(out, (2, 4, 8)))
     if check or (check is None and _cuda_available()):
         _run_check(out, model, calib if Path(calib).exists() else None)
+
+
+def _options(ctx: typer.Context, config: Path | None):
+    """(recipe, option values): the command line's, else the recipe's, else the defaults."""
+    from quantkit.recipes import RECIPE_KEYS, load_recipe, merge
+
+    recipe = None if config is None else load_recipe(config)
+    given = {k: ctx.params[k] for k in RECIPE_KEYS if ctx.get_parameter_source(k).name != "DEFAULT"}
+    return recipe, merge(recipe, given, {k: ctx.params[k] for k in RECIPE_KEYS})
+
+
+def _print_recipes() -> None:
+    from rich.table import Table
+
+    from quantkit.recipes import default_config_dir, list_recipes
+
+    folder = default_config_dir()
+    table = Table(title=f"recipes in {folder} (quantkit quantize MODEL --config {folder}/NAME.toml)")
+    for col in ("name", "method", "format", "bits", "group", "description"):
+        table.add_column(col, no_wrap=col != "description")
+    for r in list_recipes(folder):
+        v = r.values
+        table.add_row(r.name, v["method"], str(v.get("format", "")), str(v.get("bits", 4)), str(v.get("group_size", 128)),
+                      r.description)
+    console.print(table)
 
 
 def _cuda_available() -> bool:

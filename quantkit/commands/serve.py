@@ -25,7 +25,7 @@ def api_keys(given: list[str] | None) -> tuple[str, ...]:
 
 @one_line_errors
 def serve(
-    model: str = typer.Argument(..., help="Checkpoint folder (float, GPTQ or AWQ) or hub id."),
+    model: str = typer.Argument(..., help="Checkpoint folder (float, GPTQ, AWQ or compressed-tensors) or hub id."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     served_model_name: list[str] | None = typer.Option(None, "--served-model-name",
@@ -52,6 +52,11 @@ def serve(
                                            help="Seconds requests in flight may take to finish on SIGTERM."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
+                                    "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs per model copy (--engine vllm)."),
+    pipeline_parallel_size: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages (--engine vllm)."),
+    vllm_executable: str | None = typer.Option(None, "--vllm-executable", help="The `vllm` to run (default: on PATH, or this Python's)."),
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, streaming) until SIGTERM."""
     import asyncio
@@ -72,7 +77,26 @@ def serve(
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
                              log_level=log_level)
+    if engine_name == "vllm":
+        _hand_to_vllm(settings, tensor_parallel_size, pipeline_parallel_size, chat_template, vllm_executable)
+        return
+    if engine_name != "quantkit":
+        raise QuantkitError(f"--engine {engine_name!r}: expected quantkit or vllm")
+    if tensor_parallel_size > 1 or pipeline_parallel_size > 1:
+        raise QuantkitError("quantkit's engine runs on one device: use --engine vllm for --tensor-parallel-size "
+                            "or --pipeline-parallel-size above 1")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     failure = asyncio.run(run(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True)))
     if failure:
         raise QuantkitError(f"the model failed to load: {failure}")
+
+
+def _hand_to_vllm(settings, tp: int, pp: int, chat_template: Path | None, executable: str | None) -> None:
+    from quantkit.serve.vllm_handoff import exec_vllm, vllm_command, vllm_serve_args
+
+    command = vllm_command(executable)
+    handoff = vllm_serve_args(settings, tp, pp, chat_template)
+    for note in handoff.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    console.print(f"handing over to: {' '.join([*command, *handoff.argv[:2]])} ...", highlight=False, soft_wrap=True)
+    exec_vllm(command, handoff)

@@ -1,9 +1,9 @@
 """Build the engine's decoder and load a float or quantized checkpoint into it.
 
-Float tensors load by name from the safetensors shards. A linear with `qweight` in the shards
-(GPTQ v1/v2 or AWQ GEMM layout, as `config.json["quantization_config"]` says) becomes a
-`QuantLinear`, exactly as quantkit's transformers loader does it; on CPU it is then repacked for
-torch's int4/int8 kernels and its checkpoint tensors dropped. The weight memory is logged at load.
+Float tensors load by name from the safetensors shards. A linear with packed weights in the shards
+(GPTQ v1/v2, AWQ GEMM or compressed-tensors pack-quantized, as `config.json["quantization_config"]`
+says) becomes a `QuantLinear`, exactly as quantkit's transformers loader does it; on CPU it is then
+repacked for torch's int4/int8 kernels and its checkpoint tensors dropped. The weight memory is logged at load.
 """
 
 from __future__ import annotations
@@ -19,40 +19,24 @@ from quantkit.engine.decoder import Decoder, DecoderShape
 from quantkit.engine.rope import inv_frequencies
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config
-from quantkit.model.loader import QuantInfo, hf_config, read_quant_info
+from quantkit.model.loader import QuantInfo, hf_config, replace_packed_linears
+from quantkit.model.quant_format import checkpoint_quant_info
 from quantkit.model.quant_linear import QuantLinear
-from quantkit.format.arch import get_submodule, spec_for
-from quantkit.format.packing import PackedLinear
+from quantkit.format.arch import spec_for
 
 log = logging.getLogger("quantkit.engine")
-
-
-def _quant_linear(reader: ShardReader, prefix: str, info: QuantInfo, dtype: torch.dtype) -> QuantLinear:
-    def get(suffix: str) -> torch.Tensor | None:
-        key = f"{prefix}.{suffix}"
-        return reader.get(key) if key in reader else None
-
-    bias = get("bias")
-    packed = PackedLinear(info.layout, info.bits, info.group_size, get("qweight"), get("qzeros"), get("scales"),
-                          get("g_idx"), None if bias is None else bias.to(dtype))
-    return QuantLinear(packed)
 
 
 def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Decoder, QuantInfo | None]:
     """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`."""
     config_dict = read_config(path)
     spec_for(config_dict)  # unsupported architectures fail here, with the supported list
-    info = read_quant_info(config_dict)
+    info = checkpoint_quant_info(path, config_dict)
     shape = DecoderShape.from_config(hf_config(path))
     reader = ShardReader(path)
     with torch.device("meta"):
         model = Decoder(shape)
-    quantized = {k[: -len(".qweight")] for k in reader.keys() if k.endswith(".qweight")}
-    if quantized and info is None:
-        raise QuantkitError(f"{path}: packed weights found but config.json has no quantization_config")
-    for prefix in sorted(quantized):
-        parent, _, attr = prefix.rpartition(".")
-        setattr(get_submodule(model, parent), attr, _quant_linear(reader, prefix, info, dtype))
+    quantized = replace_packed_linears(model, reader, info, dtype)
     state = {}
     for key in reader.keys():
         if key.rpartition(".")[0] in quantized or "rotary_emb" in key:

@@ -185,11 +185,13 @@ def describe_quantization(info) -> str:
 
 
 def checkpoint_quantization(path: str) -> str:
-    """describe_quantization for a checkpoint folder or hub id, from its config.json alone."""
+    """describe_quantization for a checkpoint folder or hub id, from its config.json (or an old AutoGPTQ
+    quantize_config.json)."""
     from quantkit.model.checkpoint import read_config
-    from quantkit.model.loader import read_quant_info
+    from quantkit.model.quant_format import checkpoint_quant_info
 
-    return describe_quantization(read_quant_info(read_config(checkpoint_dir(path))))
+    folder = checkpoint_dir(path)
+    return describe_quantization(checkpoint_quant_info(folder, read_config(folder)))
 
 
 def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role: str) -> PplResult:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from quantkit.errors import QuantkitError
 
 
@@ -24,7 +26,9 @@ class LinearGroup:
     feeder: str  # the op whose output is the group's input, relative to the layer
     feeder_is_norm: bool  # True: an RMSNorm weight [K]; False: a linear whose output rows feed K
     inspect: str  # module whose output AWQ compares before/after scaling (relative to the layer)
-    requires_full_heads: bool = False  # feeder v_proj -> o_proj only folds when kv heads == heads (no GQA)
+    # v_proj -> o_proj: under GQA each feeder row (a KV-head channel) is read by heads / kv_heads query
+    # heads, so the group's scale [heads * head_dim] is tied over those heads (kv_part gives the feeder's share)
+    feeder_repeats_kv: bool = False
     fused: str | None = None  # the one linear serving engines (vLLM) fuse the group into: all packed or none
 
 
@@ -39,6 +43,9 @@ class ArchSpec:
     groups: tuple[LinearGroup, ...]
     qkv_bias: bool = False
     qk_norm: bool = False
+    # linears AWQ does not clip: q/k feed the attention scores, whose softmax amplifies a clipped
+    # outlier (llm-awq and AutoAWQ skip them too); measured in docs/BENCHMARKS.md
+    awq_no_clip: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj")
 
     @property
     def linears(self) -> tuple[str, ...]:
@@ -49,7 +56,7 @@ _LLAMA_GROUPS = (
     LinearGroup("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                 feeder="input_layernorm", feeder_is_norm=True, inspect="self_attn", fused="self_attn.qkv_proj"),
     LinearGroup("o", ("self_attn.o_proj",), feeder="self_attn.v_proj", feeder_is_norm=False,
-                inspect="self_attn.o_proj", requires_full_heads=True),
+                inspect="self_attn.o_proj", feeder_repeats_kv=True),
     LinearGroup("gate_up", ("mlp.gate_proj", "mlp.up_proj"),
                 feeder="post_attention_layernorm", feeder_is_norm=True, inspect="mlp", fused="mlp.gate_up_proj"),
     LinearGroup("down", ("mlp.down_proj",), feeder="mlp.up_proj", feeder_is_norm=False, inspect="mlp.down_proj"),
@@ -83,6 +90,25 @@ def spec_for(config) -> ArchSpec:
     raise QuantkitError(
         f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
+
+
+def tie_over_query_heads(s: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """Average a per-channel statistic s [heads * head_dim] (an o_proj input) over the query heads
+    sharing a KV head, and repeat it back: the result is constant over each such set. [same shape]."""
+    grouped = s.reshape(kv_heads, heads // kv_heads, -1)  # [kv, rep, head_dim]: query head h reads kv head h // rep
+    return grouped.mean(dim=1, keepdim=True).expand_as(grouped).reshape(s.shape)
+
+
+def kv_part(s: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """The KV-head channels [kv_heads * head_dim] of a scale tied over query heads [heads * head_dim]."""
+    return s.reshape(kv_heads, heads // kv_heads, -1)[:, 0].reshape(-1)
+
+
+def head_counts(model_config) -> tuple[int, int]:
+    """(num_attention_heads, num_key_value_heads) of a transformers config or a config dict."""
+    get = model_config.get if isinstance(model_config, dict) else (lambda k: getattr(model_config, k, None))
+    heads = int(get("num_attention_heads"))
+    return heads, int(get("num_key_value_heads") or heads)
 
 
 def get_submodule(root, path: str):

@@ -194,3 +194,22 @@ def to_quantized_weight(p: PackedLinear) -> QuantizedWeight:
     codes, zeros, scales, g_idx = unpack(p)
     scheme = QuantScheme(bits=p.bits, group_size=p.group_size, sym=False)
     return QuantizedWeight(codes.T.contiguous(), scales.float(), zeros.float(), g_idx.to(torch.int32), scheme)
+
+
+def check_shapes(p: PackedLinear, out_features: int, in_features: int) -> None:
+    """ValueError naming the tensor when `p` does not hold a [out_features, in_features] weight in its
+    layout, bits and group size (a config that disagrees with the tensors)."""
+    n, k, pf = out_features, in_features, pack_factor(p.bits)
+    g = k if p.group_size == -1 else p.group_size
+    groups = -(-k // g)
+    qweight = (k, n // pf) if p.layout == "awq" else (k // pf, n)
+    expect = {"qweight": qweight, "scales": (groups, n), "qzeros": (groups, n // pf)}
+    for name, shape in expect.items():
+        t = getattr(p, name)
+        if t is None:
+            raise ValueError(f"{name} is missing")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} is {list(t.shape)}, but a {p.bits}-bit [{n}, {k}] weight at group size "
+                             f"{p.group_size} in the {p.layout} layout has {list(shape)}")
+    if p.g_idx is not None and (p.g_idx.numel() != k or int(p.g_idx.min()) < 0 or int(p.g_idx.max()) >= groups):
+        raise ValueError(f"g_idx has {p.g_idx.numel()} entries up to {int(p.g_idx.max())}; expected {k} below {groups}")

@@ -37,11 +37,7 @@ def resolve_model_path(name: str) -> Path:
         if not (path / "config.json").is_file():
             raise QuantkitError(f"{name}: no config.json in this folder; is it a Hugging Face checkpoint?")
         return path
-    looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
-    if not looks_like_hub_id:
-        raise QuantkitError(f"{name}: no such folder")
-    if hub_offline():
-        raise QuantkitError(f"{name}: not a local folder, and the Hugging Face hub is offline (HF_HUB_OFFLINE=1)")
+    _require_hub_id(name)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -49,6 +45,15 @@ def resolve_model_path(name: str) -> Path:
         return Path(snapshot_download(name, allow_patterns=WEIGHT_PATTERNS))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
         raise QuantkitError(f"{name}: could not download from the Hugging Face hub ({type(exc).__name__})") from exc
+
+
+def _require_hub_id(name: str) -> None:
+    """`name` is not a local path: it must look like a hub id, and the hub must be online."""
+    looks_like_hub_id = name.count("/") == 1 and not name.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise QuantkitError(f"{name}: no such folder")
+    if hub_offline():
+        raise QuantkitError(f"{name}: not a local folder, and the Hugging Face hub is offline (HF_HUB_OFFLINE=1)")
 
 
 def read_config(path: Path) -> dict:
@@ -207,3 +212,20 @@ def _release(mm: mmap.mmap, start: int, end: int) -> None:
         return
     first = start // PAGE * PAGE
     mm.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
+def resolve_config(name: str) -> dict:
+    """config.json of a local folder, or of a hub id (config.json alone is downloaded)."""
+    path = Path(name).expanduser()
+    if path.exists() or path.name == "config.json":
+        folder = path.parent if path.name == "config.json" else resolve_model_path(name)
+        return read_config(folder)
+    _require_hub_id(name)
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return read_config(Path(hf_hub_download(name, "config.json")).parent)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+        raise QuantkitError(f"{name}: could not download config.json from the Hugging Face hub "
+                            f"({type(exc).__name__})") from exc

@@ -1,14 +1,13 @@
 """Load float or quantized checkpoints into transformers models.
 
-A quantized checkpoint (GPTQ v1/v2 or AWQ layout, recognised from
-`config.json["quantization_config"]`) is built as a skeleton on the meta device; every
-linear that has a `qweight` in the shards becomes a `QuantLinear`, and all other tensors
+A quantized checkpoint (GPTQ v1/v2, AWQ GEMM or compressed-tensors pack-quantized, recognised from
+`config.json["quantization_config"]`, see quant_format.py) is built as a skeleton on the meta device;
+every linear that has packed weights in the shards becomes a `QuantLinear`, and all other tensors
 load as they are. No transformers quantizer is involved: this is quantkit's own path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,41 +17,10 @@ from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.format.arch import get_submodule, spec_for
-from quantkit.format.packing import PackedLinear
+from quantkit.model.quant_format import QuantInfo, checkpoint_quant_info, packed_prefixes, read_packed, read_quant_info
 
-
-@dataclass(frozen=True)
-class QuantInfo:
-    """What a checkpoint's quantization_config says, normalised."""
-
-    method: str  # "gptq" or "awq"
-    layout: str  # "gptq", "gptq_v2" or "awq"
-    bits: int
-    group_size: int
-    desc_act: bool = False
-    sym: bool = True
-    modules_to_not_convert: tuple[str, ...] = field(default_factory=tuple)
-
-
-def read_quant_info(config: dict) -> QuantInfo | None:
-    qc = config.get("quantization_config")
-    if not qc:
-        return None
-    method = qc.get("quant_method")
-    if method == "gptq":
-        fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
-        if fmt not in ("gptq", "gptq_v2"):
-            raise QuantkitError(f"unsupported GPTQ checkpoint_format {fmt!r}")
-        return QuantInfo("gptq", fmt, int(qc["bits"]), int(qc["group_size"]), bool(qc.get("desc_act", False)),
-                         bool(qc.get("sym", True)), tuple(qc.get("modules_to_not_convert") or ()))
-    if method == "awq":
-        version = str(qc.get("version", "gemm")).lower()
-        if version != "gemm":
-            raise QuantkitError(f"unsupported AWQ version {version!r} (quantkit reads the GEMM layout)")
-        return QuantInfo("awq", "awq", int(qc.get("bits", qc.get("w_bit", 4))),
-                         int(qc.get("group_size", qc.get("q_group_size", 128))), False,
-                         not bool(qc.get("zero_point", True)), tuple(qc.get("modules_to_not_convert") or ()))
-    raise QuantkitError(f"unsupported quant_method {method!r} (quantkit reads gptq and awq)")
+__all__ = ["QuantInfo", "build_skeleton", "hf_config", "load_model", "load_tokenizer", "read_quant_info",
+           "replace_packed_linears"]
 
 
 def hf_config(path: Path):
@@ -84,6 +52,20 @@ def _rebuild_meta_buffers(model: nn.Module, config) -> None:
         setattr(parent, attr, type(module)(config=config))
 
 
+def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInfo | None, dtype: torch.dtype,
+                           backend: str = "auto") -> set[str]:
+    """Every linear with packed weights in `reader` becomes a QuantLinear; returns their names."""
+    quantized = packed_prefixes(reader.keys())
+    if quantized and info is None:
+        raise QuantkitError(f"{reader.path}: packed weights found but config.json has no quantization_config")
+    for prefix in sorted(quantized):
+        parent_name, _, attr = prefix.rpartition(".")
+        parent = get_submodule(model, parent_name)
+        packed = read_packed(reader, prefix, info, getattr(parent, attr, None), dtype)
+        setattr(parent, attr, QuantLinear(packed, backend=backend))
+    return quantized
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
@@ -96,21 +78,12 @@ def load_model(name: str | Path, dtype: torch.dtype = torch.float32, device: str
     path = resolve_model_path(str(name))
     config_dict = read_config(path)
     spec_for(config_dict)  # unsupported architectures fail here, with the list
-    info = read_quant_info(config_dict)
+    info = checkpoint_quant_info(path, config_dict)
     reader = ShardReader(path)
     config = hf_config(path)
     model = build_skeleton(config, dtype)
     state: dict[str, torch.Tensor] = {}
-    quantized = {k[: -len(".qweight")] for k in reader.keys() if k.endswith(".qweight")}
-    if quantized and info is None:
-        raise QuantkitError(f"{path}: packed weights found but config.json has no quantization_config")
-    for prefix in sorted(quantized):
-        get = lambda suffix: reader.get(f"{prefix}.{suffix}") if f"{prefix}.{suffix}" in reader else None  # noqa: E731
-        bias = get("bias")
-        packed = PackedLinear(info.layout, info.bits, info.group_size, get("qweight"), get("qzeros"),
-                              get("scales"), get("g_idx"), None if bias is None else bias.to(dtype))
-        parent_name, _, attr = prefix.rpartition(".")
-        setattr(get_submodule(model, parent_name), attr, QuantLinear(packed, backend=backend))
+    quantized = replace_packed_linears(model, reader, info, dtype, backend)
     for key in reader.keys():
         if key.rpartition(".")[0] in quantized:
             continue

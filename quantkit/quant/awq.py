@@ -5,10 +5,11 @@ For a layer, on the cached calibration inputs, as in the paper and llm-awq:
   2. search a scale per group (the spec's AWQ mappings): s = mean|x|**ratio over a grid of
      ratios, keeping the one whose inspected output is closest to float with the group's
      weights set to Q(W * s) / s (search, on the float weights, for every group first);
-  3. fold every scale into its feeder (norm weight or feeding linear's rows), skipping groups
-     the spec marks as needing full heads under GQA (v -> o), and say so in the stats;
+  3. fold every scale into its feeder (norm weight or feeding linear's rows); under GQA the
+     v -> o scale is tied over the query heads sharing a KV head, and v_proj's rows take its
+     KV-head part (arch.tie_over_query_heads);
   4. re-capture the (now scaled) inputs and search a clip threshold per (row, group) of each
-     quantized linear on a 512-token sample; clamp;
+     quantized linear on a 512-token sample, except the spec's awq_no_clip (q/k); clamp;
   5. quantize with RTN (asymmetric by default: ctx.scheme), leave the dequantized weights in
      the layer, and return the plan (scales and clips) for `awq_plan.safetensors`.
 With `--load-plan`, steps 2 and 4 read the saved tensors instead of searching.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.config import QuantizeConfig
-from quantkit.format.arch import LinearGroup, get_submodule
+from quantkit.format.arch import LinearGroup, get_submodule, head_counts, tie_over_query_heads
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
 from quantkit.quant.awq_capture import Capture, capture, merge_calls
 from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
@@ -69,7 +70,7 @@ class AWQMethod:
                 stats["groups"][g.name] = _scale_stats(s)
             plan[key] = s.detach().float().cpu()
         for g in groups:
-            fold_scale(ctx.layer, g, plan[scale_key(g.name)])
+            fold_scale(ctx.layer, g, plan[scale_key(g.name)], ctx.model_config)
         weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan)
         stats["clip"] = clip_stats
         stats["loss_rtn"] = loss_rtn
@@ -95,7 +96,7 @@ class AWQMethod:
     def _expected_plan(self, ctx: LayerContext, groups: list[LinearGroup],
                        quantized: list[str]) -> dict[str, tuple[int, ...]]:
         shapes = {scale_key(g.name): (get_submodule(ctx.layer, g.linears[0]).weight.shape[1],) for g in groups}
-        for name in quantized:
+        for name in _clipped(ctx, quantized):
             n, k = get_submodule(ctx.layer, name).weight.shape
             shapes[clip_key(name)] = (n, ctx.scheme.num_groups(k))
         return shapes
@@ -134,6 +135,10 @@ class AWQMethod:
 
         x_mean = act_mean(cap.inputs[g.name]).to(originals[0].device)
         w_mean = weight_mean(originals, ctx.scheme) if self.config.awq_duo_scaling else None
+        if g.feeder_repeats_kv:  # GQA v -> o: one scale per KV-head channel, shared by its query heads
+            heads, kv_heads = head_counts(ctx.model_config)
+            x_mean = tie_over_query_heads(x_mean, heads, kv_heads)
+            w_mean = None if w_mean is None else tie_over_query_heads(w_mean, heads, kv_heads)
         s, ratio, loss, history = search_scale(x_mean, w_mean, self.config.awq_grid, loss_of)
         unscaled = history[0] if w_mean is None else loss_of(torch.ones_like(x_mean))
         return s, {**_scale_stats(s), "ratio": ratio, "loss_unscaled": unscaled, "loss_scaled": loss}
@@ -149,21 +154,23 @@ class AWQMethod:
         strided = capture(ctx, needed, inspect=False, keep=lambda x: x.reshape(-1, x.shape[-1])[::step])
         samples = {name: clip_sample(xs) for name, xs in strided.inputs.items()}  # [<= CLIP_TOKENS, K]
         weights, losses, clip_stats = {}, {}, {}
+        clipped = set(_clipped(ctx, quantized))
         for name in quantized:
             lin = get_submodule(ctx.layer, name)
             x = samples[by_linear[name].name].to(lin.weight.device)
             w = lin.weight.data.float()
-            key = clip_key(name)
-            max_val = loaded[key] if loaded is not None else search_clip(w, x, ctx.scheme, self.config.awq_grid)
-            plan[key] = max_val.detach().float().cpu()
-            apply_clip(lin, plan[key])
+            if name in clipped:
+                key = clip_key(name)
+                max_val = loaded[key] if loaded is not None else search_clip(w, x, ctx.scheme, self.config.awq_grid)
+                plan[key] = max_val.detach().float().cpu()
+                apply_clip(lin, plan[key])
+                org_max = _group_abs_max(w, max_val.shape[1])
+                clip_stats[name] = float((max_val.to(w.device) / org_max.clamp(min=1e-12)).mean())
             qw = rtn_quantize(lin.weight.data, ctx.scheme)
             w_hat = qw.dequantize().to(lin.weight.device)
             lin.weight.data = w_hat.to(lin.weight.dtype)
             weights[name] = qw
             losses[name] = float((x @ w_hat.T - x @ w.T).pow(2).mean())
-            org_max = _group_abs_max(w, max_val.shape[1])
-            clip_stats[name] = float((max_val.to(w.device) / org_max.clamp(min=1e-12)).mean())
         return weights, losses, clip_stats
 
     def _rtn_block_loss(self, ctx: LayerContext, quantized: list[str], refs: list[torch.Tensor]) -> float:
@@ -177,6 +184,11 @@ class AWQMethod:
         finally:
             for lin, w in zip(linears, originals):
                 lin.weight.data = w
+
+
+def _clipped(ctx: LayerContext, quantized: list[str]) -> list[str]:
+    """The quantized linears whose clip is searched (the spec's awq_no_clip are quantized unclipped)."""
+    return [n for n in quantized if n not in ctx.spec.awq_no_clip]
 
 
 def _group_abs_max(w: torch.Tensor, num_groups: int) -> torch.Tensor:

@@ -11,19 +11,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quantkit.format.arch import LinearGroup, get_submodule
+from quantkit.format.arch import LinearGroup, get_submodule, head_counts, kv_part
 from quantkit.quant.awq_search import clip_weight
 
 
 def fold_reason(layer: nn.Module, group: LinearGroup, model_config) -> str | None:
-    """None when the group's scale can be folded into its feeder, else why not (e.g. GQA v -> o)."""
-    heads = getattr(model_config, "num_attention_heads", None)
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    if group.requires_full_heads and heads != kv_heads:
-        return (f"{group.feeder} -> {', '.join(group.linears)} not scaled: grouped-query attention "
-                f"({heads} heads, {kv_heads} kv heads) repeats each {group.feeder} row across heads")
+    """None when the group's scale can be folded into its feeder, else why not."""
     feeder = get_submodule(layer, group.feeder)
     out_channels = feeder.weight.shape[0]
+    if group.feeder_repeats_kv:
+        heads, kv_heads = head_counts(model_config)
+        out_channels *= heads // kv_heads  # GQA: o_proj reads each v_proj row once per query head of its group
     for name in group.linears:
         k = get_submodule(layer, name).weight.shape[1]
         if k != out_channels:
@@ -31,17 +29,24 @@ def fold_reason(layer: nn.Module, group: LinearGroup, model_config) -> str | Non
     return None
 
 
+def feeder_scale(group: LinearGroup, s: torch.Tensor, model_config) -> torch.Tensor:
+    """The feeder's share of a group's scale s [K]: s itself, or its KV-head channels under GQA
+    (s is then tied over the query heads sharing a KV head: arch.tie_over_query_heads)."""
+    return kv_part(s, *head_counts(model_config)) if group.feeder_repeats_kv else s
+
+
 @torch.no_grad()
-def fold_scale(layer: nn.Module, group: LinearGroup, s: torch.Tensor) -> None:
+def fold_scale(layer: nn.Module, group: LinearGroup, s: torch.Tensor, model_config) -> None:
     """Divide the feeder's output channels by s [K] and multiply the group's input columns by s."""
     feeder = get_submodule(layer, group.feeder)
     s = s.to(feeder.weight.device)
+    f = feeder_scale(group, s, model_config)
     if group.feeder_is_norm:
-        _scale_param(feeder, "weight", 1 / s)  # norm weight: [K]
-        _scale_param(feeder, "bias", 1 / s)  # LayerNorm-style feeders only
+        _scale_param(feeder, "weight", 1 / f)  # norm weight: [K]
+        _scale_param(feeder, "bias", 1 / f)  # LayerNorm-style feeders only
     else:
-        _scale_param(feeder, "weight", (1 / s).unsqueeze(1))  # feeding linear: rows [K, K_prev]
-        _scale_param(feeder, "bias", 1 / s)
+        _scale_param(feeder, "weight", (1 / f).unsqueeze(1))  # feeding linear: rows [K_f, K_prev]
+        _scale_param(feeder, "bias", 1 / f)
     for name in group.linears:
         _scale_param(get_submodule(layer, name), "weight", s.unsqueeze(0))  # [N, K] columns
 

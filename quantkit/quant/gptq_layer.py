@@ -13,6 +13,10 @@ from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, 
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
+class _HaveInputs(Exception):
+    """Raised by the last Hessian hook to stop the layer's forward pass early."""
+
+
 class GPTQMethod:
     name = "gptq"
     needs_calibration = True
@@ -49,14 +53,19 @@ class GPTQMethod:
         return result
 
     def _collect_hessians(self, ctx: LayerContext, names: list[str]) -> dict[str, torch.Tensor]:
-        """Run the layer on the calibration inputs; one Hessian per distinct input tensor."""
+        """Run the layer on the calibration inputs; one Hessian per distinct input tensor.
+
+        Each run stops as soon as the last hooked linear has its input: the rest of the layer
+        (e.g. attention and MLP after q/k/v's input) would not change these Hessians."""
         state: dict[str, list] = {}
 
-        def hook_for(name):
+        def hook_for(name, last):
             def hook(_module, args, _output):
                 x = args[0]
                 h, n = state.get(name) or (empty_hessian(x.shape[-1], x.device), 0)
                 state[name] = list(accumulate_hessian(h, n, x))
+                if last:
+                    raise _HaveInputs
             return hook
 
         # Linears in one spec group read the same tensor: hook the first, share its Hessian.
@@ -65,9 +74,15 @@ class GPTQMethod:
             members = [n for n in g.linears if n in names]
             for n in members:
                 shared[n] = members[0]
-        handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n)) for n in set(shared.values())]
+        hooked = [n for n in ctx.spec.linears if n in set(shared.values())]  # in the order the layer calls them
+        handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
         try:
-            ctx.run_layer()
+            with torch.no_grad():
+                for x in ctx.inputs:
+                    try:
+                        ctx.layer(x, **ctx.layer_kwargs)
+                    except _HaveInputs:
+                        pass
         finally:
             for h in handles:
                 h.remove()

@@ -32,16 +32,16 @@ from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.methods import LayerContext, make_method
-from quantkit.format.packing import pack, packable
-from quantkit.quant.writer import ShardWriter, quantization_config, write_metadata
+from quantkit.format.packing import packable
+from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
 
 # What vLLM 0.32 refuses (read from its source; see docs/BENCHMARKS.md "Interop"), said up front.
 VLLM_LIMITS = (
     (lambda c: c.layout == "gptq_v2",
      "asymmetric GPTQ (gptq_v2): vLLM 0.32 refuses sym=false; use --format awq for asymmetric weights it serves"),
-    (lambda c: c.layout != "awq" and c.desc_act and c.group_size != -1,
+    (lambda c: c.layout in ("gptq", "gptq_v2") and c.desc_act and c.group_size != -1,
      "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
-    (lambda c: c.bits == 8, "8-bit GPTQ: vLLM 0.32's CPU kernel serves 4-bit only"),
+    (lambda c: c.bits == 8, "8-bit weights: vLLM 0.32's CPU kernel serves 4-bit only"),
 )
 
 
@@ -241,7 +241,7 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
             continue
         tensors[f"{prefix}.{name}"] = t.to(dtypes[name])
     for name, qw in result.weights.items():
-        tensors.update(pack(qw, cfg.layout).tensors(f"{prefix}.{name}"))
+        tensors.update(packed_tensors(qw, cfg.layout, f"{prefix}.{name}"))
     layers[i] = layer.to("meta")
     report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
     return report, tensors, result.plan, outputs

@@ -16,6 +16,9 @@ from pathlib import Path
 import torch
 
 from quantkit.config import QuantizeConfig
+from quantkit.format import compressed_tensors
+from quantkit.format.packing import pack
+from quantkit.format.primitives import QuantizedWeight
 from quantkit.model.checkpoint import SAFETENSORS_DTYPES
 
 SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
@@ -141,10 +144,27 @@ def awq_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
     }
 
 
+def ct_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
+    """compressed-tensors pack-quantized, as llm-compressor writes it (lm_head and the float linears ignored).
+    Act-order is recorded as actorder "group" (a stored weight_g_idx) when groups are used."""
+    act_order = cfg.desc_act and cfg.group_size != -1
+    return compressed_tensors.quantization_config(cfg.bits, cfg.group_size, cfg.is_sym, act_order,
+                                                  ["lm_head", *skipped])
+
+
 def quantization_config(cfg: QuantizeConfig, skipped: list[str], fused: list[str] = ()) -> dict:
     if cfg.layout == "awq":
         return awq_quantization_config(cfg, skipped)
+    if cfg.layout == "compressed-tensors":
+        return ct_quantization_config(cfg, skipped)
     return gptq_quantization_config(cfg, skipped, fused)
+
+
+def packed_tensors(qw: QuantizedWeight, layout: str, prefix: str) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of one quantized linear under `prefix`, in `layout`."""
+    if layout == "compressed-tensors":
+        return compressed_tensors.ct_tensors(qw, prefix)
+    return pack(qw, layout).tensors(prefix)
 
 
 def _version() -> str:

