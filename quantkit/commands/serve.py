@@ -32,6 +32,9 @@ def serve(
                                                        help="Name(s) clients use in `model` (default: MODEL)."),
     api_key: list[str] | None = typer.Option(None, "--api-key",
                                              help="Accepted Bearer key(s); also QUANTKIT_API_KEY. Default: open."),
+    api_keys_file: Path | None = typer.Option(
+        None, "--api-keys-file", help="TOML of named keys with per-key limits (requests/tokens per minute, "
+                                      "concurrent requests); see the README."),
     max_model_len: int | None = typer.Option(None, "--max-model-len"),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens"),
@@ -71,7 +74,7 @@ def serve(
                           kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
                           swap_space=swap_space, dtype=dtype, device=device, num_threads=threads)
     settings = ServeSettings(engine, host=host, port=port, served_model_names=tuple(served_model_name or ()),
-                             api_keys=api_keys(api_key), chat_template=read_chat_template(chat_template),
+                             api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
                              log_level=log_level)
     if engine_name == "vllm":

@@ -178,6 +178,7 @@ class LLMEngine:
                                    len(out.preempted))
         self.last_error = None
         if out.chunks:
+            self.collector.iteration_tokens.observe(out.num_tokens)
             now = time.monotonic()
             for chunk in out.chunks:
                 if chunk.request.metrics.first_scheduled_time is None:
@@ -303,4 +304,5 @@ class LLMEngine:
             prompt_tokens=c.prompt_tokens, generation_tokens=c.generation_tokens, num_finished=c.num_finished,
             finished_by_reason=dict(c.finished_by_reason),
             time_to_first_token=c.ttft.copy(), inter_token_latency=c.itl.copy(), e2e_latency=c.e2e.copy(),
+            iteration_tokens=c.iteration_tokens.copy(),
         )

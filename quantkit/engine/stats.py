@@ -12,6 +12,8 @@ from quantkit.engine.request import Request
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# tokens per engine step: vLLM's `vllm:iteration_tokens_total` buckets
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class EngineStats:
     time_to_first_token: Histogram = field(default_factory=Histogram)  # seconds, one per sample
     inter_token_latency: Histogram = field(default_factory=Histogram)  # seconds, between consecutive tokens
     e2e_latency: Histogram = field(default_factory=Histogram)  # seconds, arrival to finish
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))  # per step
 
     @property
     def kv_token_utilization(self) -> float:
@@ -96,6 +99,7 @@ class StatsCollector:
         self.ttft = Histogram()
         self.itl = Histogram()
         self.e2e = Histogram()
+        self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
 
     @property
     def num_finished(self) -> int:

@@ -19,13 +19,17 @@ from fastapi import APIRouter, FastAPI
 
 from quantkit.serve.auth import APIKeyMiddleware
 from quantkit.serve.errors import install_error_handlers
-from quantkit.serve.routes import chat, completions, health, tokenize
+from quantkit.serve.http_metrics import HTTPMetricsMiddleware
+from quantkit.serve.metered import MeteredLLM
+from quantkit.serve.metrics import ServerMetrics
+from quantkit.serve.routes import chat, completions, health, ops, tokenize
 from quantkit.serve.settings import ServeSettings
 from quantkit.serve.state import ServerState
 
 log = logging.getLogger("quantkit.serve")
-ROUTERS: tuple[APIRouter, ...] = (health.router, completions.router, chat.router, tokenize.router)
-PUBLIC_PATHS = ("/health", "/version")
+ROUTERS: tuple[APIRouter, ...] = (health.router, completions.router, chat.router, tokenize.router, ops.router)
+PUBLIC_PATHS = ("/health", "/version", "/openapi.json", *ops.PUBLIC_PATHS)
+TOKEN_BUCKETS_UP_TO = 1_000_000  # request token histograms' last bucket when --max-model-len is not given
 Hook = Callable[[ServerState], Awaitable[None]]
 
 
@@ -45,14 +49,29 @@ def build_app(state: ServerState, settings: ServeSettings, extra_routers: Sequen
             if not loading.done():
                 loading.cancel()
 
-    app = FastAPI(title="quantkit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="quantkit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.server = state
     app.state.public_paths = set(PUBLIC_PATHS)
+    _meter(state, settings)
     install_error_handlers(app)
     for router in (*ROUTERS, *extra_routers):
         app.include_router(router)
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, public_paths=app.state.public_paths)
+    ring = settings.key_ring()
+    state.metrics.register(ring)
+    app.add_middleware(APIKeyMiddleware, ring=ring, public_paths=app.state.public_paths,
+                       on_reject=state.metrics.observe_rejected)
+    app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 401s and 429s too
     return app
+
+
+def _meter(state: ServerState, settings: ServeSettings) -> None:
+    """Attach the server's metrics, and observe every request through the engine front."""
+    state.metrics = ServerMetrics(settings.model_name, settings.engine.max_model_len or TOKEN_BUCKETS_UP_TO)
+    if state.llm is not None:
+        state.llm = MeteredLLM(state.llm, state.metrics)
+    if state.make_llm is not None:
+        make = state.make_llm
+        state.make_llm = lambda: MeteredLLM(make(), state.metrics)
 
 
 async def _start(state: ServerState) -> None:

@@ -46,8 +46,11 @@ def num_logprobs(req: SamplingFields) -> int | None:
     return n
 
 
-def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
-    """Validated SamplingParams; a bad value is a 400 naming the field."""
+def sampling_params(req: SamplingFields, max_tokens: int, max_n: int | None = None) -> SamplingParams:
+    """Validated SamplingParams; a bad value is a 400 naming the field. `max_n`: the most parallel samples
+    one request may ask for (the engine's batch, --max-num-seqs): `n` is otherwise unbounded work."""
+    if max_n is not None and req.n > max_n:
+        raise APIError(400, f"n must be at most {max_n} (--max-num-seqs), got {req.n}", param="n")
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     kwargs = dict(
         temperature=1.0 if req.temperature is None else req.temperature,

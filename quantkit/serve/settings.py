@@ -16,6 +16,7 @@ class ServeSettings:
     port: int = 8000
     served_model_names: tuple[str, ...] = ()  # empty: the model argument as given
     api_keys: tuple[str, ...] = ()  # empty: no authentication
+    api_keys_file: Path | None = None  # named keys with per-key limits (TOML; see quantkit.serve.keyring)
     chat_template: str | None = None  # the template's text (read from --chat-template FILE)
     max_queued_requests: int | None = None  # None: unbounded, as vLLM
     shutdown_timeout: float = 30.0  # seconds requests in flight may take to finish on SIGTERM
@@ -32,6 +33,15 @@ class ServeSettings:
             raise QuantkitError("--api-key must not be empty")
         if not self.served_model_names:
             self.served_model_names = (self.engine.model,)
+
+    def key_ring(self):
+        """The keys of --api-key and --api-keys-file (read now: a bad file is a one-line error at start-up)."""
+        from quantkit.serve.keyring import KeyRing, load_keys_file, plain_keys
+
+        keys = plain_keys(self.api_keys)
+        if self.api_keys_file is not None:
+            keys += load_keys_file(self.api_keys_file)
+        return KeyRing(keys)
 
     @property
     def model_name(self) -> str:

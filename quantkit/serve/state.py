@@ -19,6 +19,7 @@ class ServerState:
     settings: ServeSettings
     make_llm: Callable[[], object] | None = None
     failure: str | None = None  # why make_llm itself failed
+    metrics: object | None = None  # the ServerMetrics build_app attaches
     started: float = field(default_factory=time.time)
 
     @property
@@ -56,5 +57,7 @@ class ServerState:
     def check_queue(self) -> None:
         limit = self.settings.max_queued_requests
         if limit is not None and self.llm.num_waiting() >= limit:
+            if self.metrics is not None:
+                self.metrics.observe_rejected("queue_full")
             raise APIError(429, f"server overloaded: {limit} requests already queued; retry later",
                            headers={"Retry-After": "1"})

@@ -23,7 +23,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                        body.continue_final_message, body.chat_template_kwargs)
     ids = encode(engine, text, add_special_tokens=False)  # the template writes its own special tokens
     max_tokens = check_context(len(ids), requested_max_tokens(body), engine.max_model_len)
-    params = sampling_params(body, max_tokens)
+    params = sampling_params(body, max_tokens, max_n=state.settings.engine.max_num_seqs)
     state.check_queue()
     fmt = Format(chat=True, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body),
                  tokens_as_ids=body.return_tokens_as_token_ids)

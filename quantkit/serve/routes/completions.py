@@ -22,7 +22,7 @@ async def completions(body: CompletionRequest, request: Request):
     max_tokens = requested_max_tokens(body)
     for ids in prompts:
         check_context(len(ids), max_tokens, engine.max_model_len)
-    params = sampling_params(body, max_tokens)
+    params = sampling_params(body, max_tokens, max_n=state.settings.engine.max_num_seqs)
     state.check_queue()
     echo = None
     if body.echo:
