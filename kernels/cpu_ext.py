@@ -1,0 +1,63 @@
+"""Building quantkit's C++ CPU kernels (kernels/csrc/*.cpp) with torch's extension builder, once per
+machine, cached.
+
+`load_cpu_extension(name, sources)` compiles with this machine's compiler (`-O3 -march=native
+-fopenmp`) through `torch.utils.cpp_extension.load` into ~/.cache/quantkit/torch_extensions (or
+$QUANTKIT_EXT_DIR) and returns the module; torch's builder rebuilds only when a source changes and
+serialises concurrent builds with a file lock. Where no compiler or ninja is found, or the build
+fails, it returns None and `cpu_extension_unavailable(name)` says why: callers then keep their
+pure-torch path, so a machine without a toolchain loses speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+LDFLAGS = ["-fopenmp"]
+
+_failures: dict[str, str] = {}
+
+
+def build_dir() -> Path:
+    env = os.environ.get("QUANTKIT_EXT_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "quantkit" / "torch_extensions"
+
+
+def toolchain_missing() -> str | None:
+    """None when a C++ compiler and ninja are on this machine, else what is missing."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler (c++) on PATH"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+@functools.cache
+def load_cpu_extension(name: str, sources: tuple[str, ...]):
+    """The compiled module `name` built from `sources` (file names under kernels/csrc), or None."""
+    missing = toolchain_missing()
+    if missing is not None:
+        _failures[name] = missing
+        return None
+    from torch.utils.cpp_extension import load
+
+    out = build_dir() / name
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(name=name, sources=[str(CSRC / s) for s in sources], extra_cflags=CFLAGS,
+                    extra_ldflags=LDFLAGS, build_directory=str(out), verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:  # a compile or link error: keep the torch path
+        _failures[name] = f"build failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
+        return None
+
+
+def cpu_extension_unavailable(name: str) -> str | None:
+    """Why `load_cpu_extension(name, ...)` returned None (None if it was not tried or succeeded)."""
+    return _failures.get(name)

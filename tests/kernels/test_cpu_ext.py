@@ -1,0 +1,30 @@
+"""The C++ extension builder: a real compile of a one-line kernel, and a clear reason when a build fails."""
+
+import pytest
+import torch
+
+from quantkit.kernels import cpu_ext
+
+
+@pytest.mark.slow
+def test_builds_and_runs_a_kernel(tmp_path, monkeypatch):
+    if (missing := cpu_ext.toolchain_missing()) is not None:
+        pytest.skip(missing)
+    mod = cpu_ext.load_cpu_extension("quantkit_smoke", ("smoke.cpp",))
+    assert mod is not None, cpu_ext.cpu_extension_unavailable("quantkit_smoke")
+    torch.testing.assert_close(mod.affine(torch.arange(4.0)), torch.arange(4.0) * 2 + 1)
+
+
+def test_a_failed_build_returns_none_with_the_reason(tmp_path, monkeypatch):
+    if (missing := cpu_ext.toolchain_missing()) is not None:
+        pytest.skip(missing)
+    monkeypatch.setattr(cpu_ext, "CSRC", tmp_path)
+    monkeypatch.setenv("QUANTKIT_EXT_DIR", str(tmp_path / "build"))
+    (tmp_path / "broken.cpp").write_text("this is not C++\n")
+    assert cpu_ext.load_cpu_extension("quantkit_broken_test", ("broken.cpp",)) is None
+    assert cpu_ext.cpu_extension_unavailable("quantkit_broken_test").startswith("build failed")
+
+
+def test_no_compiler_is_said(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+    assert "no C++ compiler" in cpu_ext.toolchain_missing()
