@@ -64,6 +64,7 @@ class QuantizeConfig:
     max_shard_size: int = 2 * 1024**3
     awq_duo_scaling: bool = False
     awq_grid: int = 20
+    awq_search_tokens: int = 0  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
     load_plan: Path | None = None
     recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
 

@@ -23,7 +23,7 @@ import torch
 from quantkit.config import QuantizeConfig
 from quantkit.format.arch import LinearGroup, get_submodule, head_counts, tie_over_query_heads
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
-from quantkit.quant.awq_capture import Capture, capture, merge_calls
+from quantkit.quant.awq_capture import Capture, capture, merge_calls, strided_samples
 from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
     CLIP_TOKENS, act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
@@ -57,7 +57,11 @@ class AWQMethod:
         groups, skipped_groups = self._scaled_groups(ctx, quantized)
         expected = self._expected_plan(ctx, groups, quantized)
         loaded = self._load_layer_plan(ctx, expected)
-        cap = capture(ctx, groups, inspect=loaded is None)
+        search_inputs = strided_samples(ctx.inputs, self.config.awq_search_tokens)
+        cap = capture(ctx, groups, inspect=loaded is None and search_inputs is ctx.inputs)
+        if loaded is None and search_inputs is not ctx.inputs:  # the candidates are judged on a subset
+            sub = capture(ctx, groups, inspect=True, inputs=search_inputs)
+            cap.calls = sub.calls
         loss_rtn = self._rtn_block_loss(ctx, quantized, cap.outputs)
         stats: dict = {"skipped_groups": skipped_groups, "groups": {}}
         plan: dict[str, torch.Tensor] = {}
@@ -74,8 +78,9 @@ class AWQMethod:
         weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan)
         stats["clip"] = clip_stats
         stats["loss_rtn"] = loss_rtn
-        stats["loss_awq"] = _mse(ctx.run_layer(), cap.outputs)
-        return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan)
+        outputs = ctx.run_layer()
+        stats["loss_awq"] = _mse(outputs, cap.outputs)
+        return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan, outputs=outputs)
 
     # ---- which groups are scaled, and what a plan must hold -------------------------------------
 

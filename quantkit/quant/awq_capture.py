@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quantkit.format.arch import LinearGroup, get_submodule
+from quantkit.quant.capture import batch_samples
 from quantkit.quant.methods import LayerContext
 
 MERGE_TOKENS = 4096  # tokens per merged call of an inspected module during the scale search
@@ -21,12 +22,13 @@ MERGE_TOKENS = 4096  # tokens per merged call of an inspected module during the 
 class Capture:
     """What one run of the float layer shows: its outputs, each group's input, each inspected call."""
 
-    outputs: list[torch.Tensor]  # per sample, [1, seq, hidden]
-    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # group -> per sample [1, seq, K]
+    outputs: list[torch.Tensor]  # per batch of samples, [batch, seq, hidden]
+    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # group -> per batch [batch, seq, K]
     calls: dict[str, list[tuple[tuple, dict]]] = field(default_factory=dict)  # inspect path -> (args, kwargs)
 
 
-def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool, keep=None) -> Capture:
+def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool, keep=None,
+            inputs: list[torch.Tensor] | None = None) -> Capture:
     """Run the layer once with pre-hooks on each group's first linear (and inspected modules).
 
     `keep` maps each captured group input before it is stored (the clip search keeps a strided
@@ -44,7 +46,7 @@ def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool, keep=No
             hooks.append(get_submodule(ctx.layer, g.inspect).register_forward_pre_hook(
                 lambda _m, args, kwargs, calls=calls: calls.append((args, dict(kwargs))), with_kwargs=True))
     try:
-        cap.outputs = ctx.run_layer()
+        cap.outputs = ctx.run_layer(inputs)
     finally:
         for h in hooks:
             h.remove()
@@ -106,3 +108,15 @@ def _concat(run):
     kwargs = {k: torch.cat([kw[k] for _, kw in run]) if any(kw[k] is not kw0[k] for _, kw in run) else kw0[k]
               for k in kw0}
     return args, kwargs
+
+
+def strided_samples(batches: list[torch.Tensor], max_tokens: int) -> list[torch.Tensor]:
+    """Every k-th calibration sample of `batches` ([batch, seq, hidden] each), k chosen so that at
+    most `max_tokens` tokens remain (all of them for max_tokens <= 0), re-batched as the pipeline
+    batches them."""
+    samples = [x[i : i + 1] for x in batches for i in range(x.shape[0])]
+    tokens = sum(x.shape[1] for x in samples)
+    if max_tokens <= 0 or tokens <= max_tokens:
+        return batches
+    step = -(-tokens // max_tokens)
+    return batch_samples(samples[::step])

@@ -7,6 +7,9 @@ import torch
 from torch import nn
 
 
+BATCH_TOKENS = 4096  # tokens per call of a decoder layer: samples are run together up to this many
+
+
 class _Captured(Exception):
     """Raised by the pre-hook to stop the forward pass at layer 0 (the other layers are not loaded)."""
 
@@ -42,3 +45,18 @@ def capture_layer_inputs(base_model: nn.Module, first_layer: nn.Module, input_id
     layer_kwargs.pop("cache", None)
     layer_kwargs.pop("past_key_values", None)
     return inputs, layer_kwargs
+
+
+def batch_samples(xs: list[torch.Tensor], max_tokens: int = BATCH_TOKENS) -> list[torch.Tensor]:
+    """Consecutive samples [1, seq, hidden] concatenated along dim 0 into batches of at most
+    `max_tokens` tokens (at least one sample each): one call of a layer per batch instead of per
+    sample. Samples share seqlen, so the captured RoPE and mask broadcast over the batch."""
+    batches, run = [], []
+    for x in xs:
+        if run and (len(run) + 1) * x.shape[1] > max_tokens:
+            batches.append(torch.cat(run) if len(run) > 1 else run[0])
+            run = []
+        run.append(x)
+    if run:
+        batches.append(torch.cat(run) if len(run) > 1 else run[0])
+    return batches

@@ -1,7 +1,9 @@
 """GPTQ (Frantar et al., 2022) as small pure functions, after the IST-DASLab reference.
 
 The Hessian of the layer-wise objective ||W X - W_hat X||^2 is H = 2 X X^T / n, accumulated
-batch by batch in fp32. Quantization walks the columns of W (optionally in act-order, largest
+batch by batch in float64 and rounded to fp32 once: an fp32 sum over thousands of tokens
+depends on how the BLAS splits it across threads, and GPTQ's rounding decisions amplify those
+last-bit differences (the same windows gave different perplexities at 1 and 2 threads). Quantization walks the columns of W (optionally in act-order, largest
 diag(H) first), quantizes one column, and spreads its error over the columns not yet quantized
 through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time.
 """
@@ -18,13 +20,16 @@ from quantkit.format.primitives import QuantizedWeight, QuantScheme, minmax_para
 log = logging.getLogger(__name__)
 
 
+HESSIAN_DTYPE = torch.float64
+
+
 def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+    return torch.zeros(in_features, in_features, dtype=HESSIAN_DTYPE, device=device)
 
 
 def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Running H = 2/n * sum x x^T. x: [..., K] (any float dtype); returns (H, new n)."""
-    x = x.reshape(-1, x.shape[-1]).float()
+    """Running H = 2/n * sum x x^T in h's dtype. x: [..., K] (any float dtype); returns (H, new n)."""
+    x = x.reshape(-1, x.shape[-1]).to(h.dtype)
     m = x.shape[0]
     h *= n / (n + m)
     x = x * (2.0 / (n + m)) ** 0.5
@@ -44,8 +49,23 @@ class GPTQOptions:
 @dataclass
 class GPTQResult:
     weight: QuantizedWeight
-    loss: float  # sum over rows of GPTQ's objective, ||(W - Q) / diag(U)||^2 / 2
+    row_losses: torch.Tensor  # [N] fp32: GPTQ's objective per output row, ||(W - Q) / diag(U)||^2 / 2
     damp: float  # the damping fraction finally used
+
+    @property
+    def loss(self) -> float:
+        return float(self.row_losses.sum())
+
+
+def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
+    """The row blocks of sizes[0], sizes[1], ... of a weight quantized as one (linears sharing an
+    input are quantized stacked: GPTQ treats rows independently given H)."""
+    out, start = [], 0
+    for n in sizes:
+        rows = slice(start, start + n)
+        out.append(QuantizedWeight(qw.qweight[rows], qw.scales[:, rows], qw.zeros[:, rows], qw.g_idx, qw.scheme))
+        start += n
+    return out
 
 
 def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> tuple[torch.Tensor, float]:
@@ -103,16 +123,16 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     # per-column quantize and the rank-1 updates several times faster than strided columns.
     wt = w.T.contiguous()
     del w
-    codes, loss = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros)
-    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, static is not None), loss, damp)
+    codes, row_losses = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros)
+    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, static is not None), row_losses, damp)
 
 
 def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, block_size: int,
                       static: list | None, perm: torch.Tensor, scales: torch.Tensor,
-                      zeros: torch.Tensor) -> tuple[torch.Tensor, float]:
+                      zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ's lazy-batch loop over W^T [K, N] (updated in place), permuted column order; U [K, K]
     is the upper Cholesky factor of H^-1. Fills `scales`/`zeros` [groups, N] for groups found on
-    the way (static groups come filled). Returns the codes [K, N] and the summed objective."""
+    the way (static groups come filled). Returns the codes [K, N] and the objective per row [N]."""
     k, n = wt.shape
     gsize = scheme.group_len(k)
     codes = torch.zeros_like(wt)
@@ -139,7 +159,7 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
             w1[i:] -= u1[i, i:].unsqueeze(1) * e.unsqueeze(0)  # rank-1: [B - i, 1] x [1, N]
             err1[i] = e
         wt[i2:] -= u[i1:i2, i2:].T @ err1  # [K - i2, B] @ [B, N]
-    return codes, float(losses.sum())
+    return codes, losses
 
 
 def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor,

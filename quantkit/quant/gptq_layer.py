@@ -9,7 +9,7 @@ import torch
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import get_submodule
-from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize
+from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize, split_rows
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
@@ -37,20 +37,30 @@ class GPTQMethod:
         result = LayerResult(weights={})
         for names in self.sequential_groups(ctx):
             hessians = self._collect_hessians(ctx, names)
-            for name in names:
-                linear = get_submodule(ctx.layer, name)
-                start = time.perf_counter()
-                try:
-                    r = gptq_quantize(linear.weight.data, hessians[name], ctx.scheme, self.opts)
-                except ArithmeticError as exc:
-                    raise QuantkitError(f"layer {ctx.index} {name}: {exc}") from exc
-                linear.weight.data = r.weight.dequantize().to(linear.weight.dtype)
-                result.weights[name] = r.weight
-                result.losses[name] = r.loss
-                result.stats.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 4)
-                if r.damp != self.opts.damp:
-                    result.stats.setdefault("damp_raised", {})[name] = r.damp
+            for stack in _shared_input_stacks(ctx, names):
+                self._quantize_stack(ctx, stack, hessians[stack[0]], result)
         return result
+
+    def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult) -> None:
+        """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
+        in one pass (rows are independent given H), so the column loop and the Cholesky run once."""
+        linears = [get_submodule(ctx.layer, n) for n in names]
+        start = time.perf_counter()
+        w = torch.cat([lin.weight.data for lin in linears]) if len(linears) > 1 else linears[0].weight.data
+        try:
+            r = gptq_quantize(w, h, ctx.scheme, self.opts)
+        except ArithmeticError as exc:
+            raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
+        sizes = [lin.weight.shape[0] for lin in linears]
+        row_losses = r.row_losses.split(sizes)
+        seconds = round(time.perf_counter() - start, 4)
+        for name, lin, qw, loss in zip(names, linears, split_rows(r.weight, sizes), row_losses):
+            lin.weight.data = qw.dequantize().to(lin.weight.dtype)
+            result.weights[name] = qw
+            result.losses[name] = float(loss.sum())
+            result.stats.setdefault("seconds", {})[name] = seconds
+            if r.damp != self.opts.damp:
+                result.stats.setdefault("damp_raised", {})[name] = r.damp
 
     def _collect_hessians(self, ctx: LayerContext, names: list[str]) -> dict[str, torch.Tensor]:
         """Run the layer on the calibration inputs; one Hessian per distinct input tensor.
@@ -86,4 +96,11 @@ class GPTQMethod:
         finally:
             for h in handles:
                 h.remove()
-        return {n: state[shared[n]][0] for n in names}
+        final = {name: h.float() for name, (h, _n) in state.items()}  # float64 sums -> fp32 for the solver
+        return {n: final[shared[n]] for n in names}
+
+
+def _shared_input_stacks(ctx: LayerContext, names: list[str]) -> list[list[str]]:
+    """`names` split by the spec group (shared input) each belongs to, in the layer's order."""
+    stacks = [[n for n in g.linears if n in names] for g in ctx.spec.groups]
+    return [stack for stack in stacks if stack]

@@ -31,7 +31,7 @@ class LayerContext:
     layer: nn.Module  # the decoder layer, real weights in the compute dtype (fp32), on ctx.device
     spec: ArchSpec
     model_config: object  # the transformers config (num_attention_heads, num_key_value_heads, ...)
-    inputs: list[torch.Tensor]  # one hidden-state tensor per calibration sample, [1, seq, hidden]
+    inputs: list[torch.Tensor]  # calibration hidden states in batches of samples, each [batch, seq, hidden]
     layer_kwargs: dict  # what the decoder layer's forward takes besides hidden states (RoPE, mask, ...)
     scheme: QuantScheme
     config: QuantizeConfig
@@ -55,6 +55,9 @@ class LayerResult:
     losses: dict[str, float] = field(default_factory=dict)  # per-linear error (GPTQ: its objective)
     stats: dict = field(default_factory=dict)  # method-specific numbers for quantkit_meta.json
     plan: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors saved with the checkpoint (AWQ)
+    # the layer's outputs on ctx.inputs with the quantized weights, when the method ran them anyway
+    # (the pipeline then feeds these to the next layer instead of running the layer again)
+    outputs: list[torch.Tensor] | None = None
 
 
 class LayerMethod(Protocol):

@@ -31,6 +31,7 @@ from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
+from quantkit.quant.capture import batch_samples, capture_layer_inputs
 from quantkit.quant.methods import LayerContext, make_method
 from quantkit.format.packing import packable
 from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
@@ -163,6 +164,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         plan.notes.extend(calib.notes)
         _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
         inputs, layer_kwargs = capture_layer_inputs_on(base, layers[0], calib.input_ids, device)
+        inputs = batch_samples(inputs)
         get_submodule(model, spec.embed).to("meta")  # the fp32 embeddings are not needed past layer 0
 
     writer = ShardWriter(out_dir, cfg.max_shard_size)
@@ -190,7 +192,6 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
 
 
 def capture_layer_inputs_on(base, first_layer, input_ids, device):
-    from quantkit.quant.capture import capture_layer_inputs
 
     with progress_bar("capture layer 0 inputs", None, False):
         return capture_layer_inputs(base, first_layer, input_ids, device)
@@ -235,7 +236,7 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     missing = set(linears) - set(result.weights)
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
-    outputs = ctx.run_layer() if inputs else inputs
+    outputs = inputs if not inputs else result.outputs if result.outputs is not None else ctx.run_layer()
     tensors = {}
     for name, t in layer.state_dict().items():
         lin = name.rpartition(".")[0]
