@@ -58,10 +58,11 @@ class AWQMethod:
         expected = self._expected_plan(ctx, groups, quantized)
         loaded = self._load_layer_plan(ctx, expected)
         search_inputs = strided_samples(ctx.inputs, self.config.awq_search_tokens)
-        cap = capture(ctx, groups, inspect=loaded is None and search_inputs is ctx.inputs)
+        # one float run gives each group's input (scale statistics, clip samples) and, unless the
+        # search runs on a subset, the inspected modules' calls
+        cap = capture(ctx, _input_groups(ctx, quantized), inspect=loaded is None and search_inputs is ctx.inputs)
         if loaded is None and search_inputs is not ctx.inputs:  # the candidates are judged on a subset
-            sub = capture(ctx, groups, inspect=True, inputs=search_inputs)
-            cap.calls = sub.calls
+            cap.calls = capture(ctx, groups, inspect=True, keep=lambda x: None, inputs=search_inputs).calls
         loss_rtn = self._rtn_block_loss(ctx, quantized, cap.outputs)
         stats: dict = {"skipped_groups": skipped_groups, "groups": {}}
         plan: dict[str, torch.Tensor] = {}
@@ -75,7 +76,7 @@ class AWQMethod:
             plan[key] = s.detach().float().cpu()
         for g in groups:
             fold_scale(ctx.layer, g, plan[scale_key(g.name)], ctx.model_config)
-        weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan)
+        weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan, cap)
         stats["clip"] = clip_stats
         stats["loss_rtn"] = loss_rtn
         outputs = ctx.run_layer()
@@ -150,14 +151,20 @@ class AWQMethod:
 
     # ---- clip and quantize --------------------------------------------------------------------
 
-    def _clip_and_quantize(self, ctx: LayerContext, quantized: list[str], loaded, plan: dict):
-        """Clip (searched or loaded) then RTN-quantize each linear; per-linear output losses."""
+    def _clip_and_quantize(self, ctx: LayerContext, quantized: list[str], loaded, plan: dict, cap: Capture):
+        """Clip (searched or loaded) then RTN-quantize each linear; per-linear output losses.
+
+        The clip sample of a group is its captured float input divided by the group's scale: once
+        the scales are folded, the float layer feeds each group exactly x / s (every fold keeps
+        the layer's function), so no second run of the layer is needed."""
         by_linear = {n: g for g in ctx.spec.groups for n in g.linears}
-        needed = list({by_linear[n].name: by_linear[n] for n in quantized}.values())
         tokens = sum(x.shape[:-1].numel() for x in ctx.inputs)
         step = max(1, tokens // CLIP_TOKENS)
-        strided = capture(ctx, needed, inspect=False, keep=lambda x: x.reshape(-1, x.shape[-1])[::step])
-        samples = {name: clip_sample(xs) for name, xs in strided.inputs.items()}  # [<= CLIP_TOKENS, K]
+        samples = {}  # group -> [<= CLIP_TOKENS, K]
+        for name, xs in cap.inputs.items():
+            x = clip_sample([t.reshape(-1, t.shape[-1])[::step] for t in xs])
+            s = plan.get(scale_key(name))
+            samples[name] = x if s is None else x / s.to(x.device)
         weights, losses, clip_stats = {}, {}, {}
         clipped = set(_clipped(ctx, quantized))
         for name in quantized:
@@ -207,3 +214,8 @@ def _scale_stats(s: torch.Tensor) -> dict:
 
 
 __all__ = ["AWQMethod", "Capture", "capture", "merge_calls"]
+
+
+def _input_groups(ctx: LayerContext, quantized: list[str]) -> list[LinearGroup]:
+    """The spec groups with a linear to quantize (each needs its input captured), in layer order."""
+    return [g for g in ctx.spec.groups if any(n in quantized for n in g.linears)]
