@@ -1,7 +1,8 @@
 """quantkit against llm-compressor: perplexity ratio to float and quantization wall time, same windows.
 
   python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo]
-      [--threads 2] [--llmc-python PATH]
+      [--threads 2] [--tools ours,peer] [--llmc-python PATH]
+  python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
 Models: `tiny` is the project's GQA Llama (quantkit.bench.train_tiny: hidden 256, 6 layers, 8 heads /
 4 KV heads, every linear packed, group 128); `stories` is stories260K (only attention packs, group 64).
@@ -13,6 +14,8 @@ pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` 
 (tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), both with the same
 OMP/torch thread count. The two calibration token hashes are compared (the run stops if they
 differ). Each tool's perplexity ratio is to the float model scored by the same code.
+`--tools ours` or `--tools peer` runs one tool (to split a long run under the machine's heavy-job
+lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order);
 awq / awq-duo = asymmetric AWQ without / with duo scaling.
 """
@@ -33,7 +36,7 @@ from quantkit.bench.runs import quantize_in_child
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
 PEER_SCRIPT = ROOT / "tests" / "interop" / "llmcompressor_gptq.py"
-DEFAULT_LLMC = ROOT / ".venvs" / "llmcompressor" / "bin" / "python"  # PEERS.md: a venv of its own, git-ignored
+DEFAULT_LLMC = ROOT.parent / ".venvs" / "llmcompressor" / "bin" / "python"  # PEERS.md: ../.venvs/llmcompressor, a venv of its own
 CALIB = SHARED / "wikitext2" / "valid.txt"
 PPL_TEXT = SHARED / "wikitext2" / "test.txt"
 NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
@@ -93,29 +96,46 @@ def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targ
             "hash": r["calib_token_sha256"]}
 
 
-def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path) -> list[dict]:
-    from quantkit.model.loader import load_model, load_tokenizer
-    from quantkit.eval.perplexity import perplexity, tokenize_once
-
+def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str]) -> list[dict]:
     group, targets = MODELS[name]
     model = model_path(name)
-    fmodel, _ = load_model(model)
-    ids, note = tokenize_once(load_tokenizer(model), PPL_TEXT.read_text(encoding="utf-8"))
-    float_ours = perplexity(fmodel.eval(), ids[:PPL_TOKENS], PPL_SEQLEN, "wikitext2/test.txt", note).ppl
-    del fmodel
-    print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours:.3f}", flush=True)
+    float_ours = ppl_ratio_ours(model, None)[0] if "ours" in tools else None
+    print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
     for method in methods:
-        ours = run_ours(model, root / f"{name}-{method}-qk", method, group, threads, float_ours)
-        peer = run_peer(python, model, root / f"{name}-{method}-llmc", method, group, targets, threads,
-                        skip_float=float_peer is not None)
-        float_peer = float_peer or peer["float_ppl"]
-        row = {"model": name, "method": method, "ours": ours, "peer": {**peer, "ratio": peer["ppl"] / float_peer}}
-        print(json.dumps(row), flush=True)
-        if ours["hash"] is not None and ours["hash"] != peer["hash"]:  # RTN reads no calibration: no hash
-            raise SystemExit(f"{name} {method}: calibration windows differ ({ours['hash'][:12]} vs {peer['hash'][:12]})")
+        row = {"model": name, "method": method, "threads": threads, "load_avg": round(os.getloadavg()[0], 2)}
+        if "ours" in tools:
+            row["ours"] = run_ours(model, root / f"{name}-{method}-qk", method, group, threads, float_ours)
+        if "peer" in tools:
+            peer = run_peer(python, model, root / f"{name}-{method}-llmc", method, group, targets, threads,
+                            skip_float=float_peer is not None)
+            float_peer = float_peer or peer["float_ppl"]
+            row["peer"] = {**peer, "float_ppl": float_peer, "ratio": peer["ppl"] / float_peer}
+        print("ROW " + json.dumps(row), flush=True)
+        hashes = {row[t]["hash"] for t in ("ours", "peer") if t in row and row[t]["hash"] is not None}
+        if len(hashes) > 1:  # RTN reads no calibration in quantkit: no hash
+            raise SystemExit(f"{name} {method}: calibration windows differ ({sorted(hashes)})")
         rows.append(row)
     return rows
+
+
+def merge_rows(rows: list[dict]) -> list[dict]:
+    """Rows of separate runs (one tool each) joined by (model, method); the calibration hashes checked."""
+    merged: dict[tuple, dict] = {}
+    for r in rows:
+        m = merged.setdefault((r["model"], r["method"]), {"model": r["model"], "method": r["method"]})
+        for tool in ("ours", "peer"):
+            if tool in r:
+                m[tool] = {**r[tool], "load_avg": r.get("load_avg")}
+    for m in merged.values():
+        hashes = {m[t]["hash"] for t in ("ours", "peer") if t in m and m[t]["hash"] is not None}
+        if len(hashes) > 1:
+            raise SystemExit(f"{m['model']} {m['method']}: calibration windows differ ({sorted(hashes)})")
+    return list(merged.values())
+
+
+def _cell(side: dict | None, fmt: str) -> str:
+    return "-" if side is None else fmt.format(**side)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -123,9 +143,11 @@ def print_table(rows: list[dict]) -> None:
           "| time ours/theirs |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        o, p = r["ours"], r["peer"]
-        print(f"| {r['model']} | {r['method']} | {o['ppl']:.3f} ({o['ratio']:.4f}x) | {p['ppl']:.3f} ({p['ratio']:.4f}x) "
-              f"| {o['wall_s']:.2f} | {p['wall_s']:.2f} | {o['wall_s'] / p['wall_s']:.2f}x |")
+        o, p = r.get("ours"), r.get("peer")
+        ratio = f"{o['wall_s'] / p['wall_s']:.2f}x" if o and p else "-"
+        print(f"| {r['model']} | {r['method']} | {_cell(o, '{ppl:.3f} ({ratio:.4f}x)')} "
+              f"| {_cell(p, '{ppl:.3f} ({ratio:.4f}x)')} | {_cell(o, '{wall_s:.2f}')} | {_cell(p, '{wall_s:.2f}')} "
+              f"| {ratio} |")
 
 
 def main() -> None:
@@ -133,9 +155,17 @@ def main() -> None:
     ap.add_argument("--models", default="tiny,stories")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tools", default="ours,peer", help="ours, peer or both: one tool per run splits a long run")
+    ap.add_argument("--table", type=Path, nargs="*", default=None,
+                    help="print the table from the ROW lines of earlier runs' output files, run nothing")
     ap.add_argument("--llmc-python", type=Path, default=Path(os.environ.get("QUANTKIT_LLMC_PYTHON", DEFAULT_LLMC)))
     args = ap.parse_args()
-    if not args.llmc_python.is_file():
+    if args.table is not None:
+        lines = [ln for f in args.table for ln in f.read_text().splitlines() if ln.startswith("ROW ")]
+        print_table(merge_rows([json.loads(ln[len("ROW "):]) for ln in lines]))
+        return
+    tools = set(args.tools.split(","))
+    if "peer" in tools and not args.llmc_python.is_file():
         raise SystemExit(f"llm-compressor's python not found at {args.llmc_python} (--llmc-python)")
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -144,9 +174,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
         for name in args.models.split(","):
             rows += bench_model(name, [m.strip() for m in args.methods.split(",")], args.threads, args.llmc_python,
-                                Path(tmp))
+                                Path(tmp), tools)
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
-    print_table(rows)
+    print_table(merge_rows(rows))
 
 
 if __name__ == "__main__":
