@@ -53,12 +53,11 @@ class GPTQMethod:
             raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
         sizes = [lin.weight.shape[0] for lin in linears]
         row_losses = r.row_losses.split(sizes)
-        seconds = round(time.perf_counter() - start, 4)
+        result.stats.setdefault("seconds", {})["+".join(names)] = round(time.perf_counter() - start, 4)
         for name, lin, qw, loss in zip(names, linears, split_rows(r.weight, sizes), row_losses):
             lin.weight.data = qw.dequantize().to(lin.weight.dtype)
             result.weights[name] = qw
             result.losses[name] = float(loss.sum())
-            result.stats.setdefault("seconds", {})[name] = seconds
             if r.damp != self.opts.damp:
                 result.stats.setdefault("damp_raised", {})[name] = r.damp
 
