@@ -56,7 +56,7 @@ class QuantizeConfig:
     static_groups: bool = False
     damp: float = 0.01
     block_size: int = 128
-    true_sequential: bool = True
+    true_sequential: bool = False  # GPTQ: False = every Hessian from one float run of the layer (measured better and faster)
     calib: CalibConfig = field(default_factory=CalibConfig)
     device: str = "auto"
     force: bool = False
@@ -64,7 +64,7 @@ class QuantizeConfig:
     max_shard_size: int = 2 * 1024**3
     awq_duo_scaling: bool = False
     awq_grid: int = 20
-    awq_search_tokens: int = 0  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
+    awq_search_tokens: int = 2048  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
     load_plan: Path | None = None
     recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
 

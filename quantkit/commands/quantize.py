@@ -31,13 +31,14 @@ def quantize(
     desc_act: bool = typer.Option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal."),
     static_groups: bool = typer.Option(False, "--static-groups/--no-static-groups", help="GPTQ: group parameters fixed before act-order."),
     damp: float = typer.Option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal."),
-    true_sequential: bool = typer.Option(True, "--true-sequential/--no-true-sequential"),
+    true_sequential: bool = typer.Option(False, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default)."),
     calib: str = typer.Option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none."),
     nsamples: int = typer.Option(128, "--nsamples", help="Calibration windows."),
     seqlen: int = typer.Option(2048, "--seqlen", help="Tokens per window (clipped to the model's context)."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
     awq_duo_scaling: bool = typer.Option(False, "--awq-duo-scaling/--no-awq-duo-scaling", help="AWQ: scales from activations and weights."),
+    awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
     load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
@@ -63,7 +64,7 @@ def quantize(
     method, format, bits, group_size, sym = o["method"], o["format"], o["bits"], o["group_size"], o["sym"]
     desc_act, static_groups, damp, true_sequential = o["desc_act"], o["static_groups"], o["damp"], o["true_sequential"]
     calib, nsamples, seqlen, seed = o["calib"], o["nsamples"], o["seqlen"], o["seed"]
-    awq_duo_scaling, max_shard_size_gb = o["awq_duo_scaling"], o["max_shard_size_gb"]
+    awq_duo_scaling, awq_search_tokens, max_shard_size_gb = o["awq_duo_scaling"], o["awq_search_tokens"], o["max_shard_size_gb"]
 
     if threads:
         import torch
@@ -83,7 +84,7 @@ def quantize(
         desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
         calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
         force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
-        awq_duo_scaling=awq_duo_scaling, load_plan=load_plan, recipe=None if recipe is None else recipe.to_dict(),
+        awq_duo_scaling=awq_duo_scaling, awq_search_tokens=awq_search_tokens, load_plan=load_plan, recipe=None if recipe is None else recipe.to_dict(),
     )
     if dry_run:
         report = quantize_model(cfg, None)
