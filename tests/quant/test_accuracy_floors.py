@@ -1,0 +1,40 @@
+"""Accuracy floors (configs/accuracy_floors.toml) on the project's GQA test model.
+
+The model is the one `python -m quantkit.bench.train_tiny` trains and caches (about two minutes on
+an idle 2-core machine when the cache is absent); quantized as quantkit.bench.vs_llmcompressor
+does it and scored on the same text, so the floors compare with docs/BENCHMARKS.md's table.
+"""
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests_support.cli import run_cli
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+# method -> quantize flags beyond the defaults (the floors hold each method's defaults)
+METHODS = {"rtn": ("--no-sym", "--format", "awq"), "gptq": (), "awq": ()}
+
+
+def test_gqa_model_meets_its_floors(tmp_path):
+    from conftest import shared_path
+    from quantkit.bench.train_tiny import ensure_model
+    from quantkit.bench.vs_llmcompressor import NSAMPLES, SEQLEN, ppl_ratio_ours
+
+    calib = shared_path("wikitext2", "valid.txt")
+    shared_path("wikitext2", "test.txt")
+    model = ensure_model(show_progress=False)
+    floors = tomllib.loads((REPO / "configs" / "accuracy_floors.toml").read_text())["tiny_gqa_g128"]
+    float_ppl, _ = ppl_ratio_ours(model, None)
+    ratios = {}
+    for method, limit in floors["max_ppl_ratio"].items():
+        out = tmp_path / method
+        code, output = run_cli("quantize", model, "--out", out, "--method", method, *METHODS[method],
+                               "--group-size", "128", "--calib", calib, "--nsamples", NSAMPLES,
+                               "--seqlen", SEQLEN, "--seed", "0", "--threads", "2")
+        assert code == 0, output
+        ratios[method] = ppl_ratio_ours(out, float_ppl)[1]
+        assert ratios[method] <= limit, (method, ratios[method], limit)
