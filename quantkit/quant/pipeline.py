@@ -236,7 +236,10 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     missing = set(linears) - set(result.weights)
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
-    outputs = inputs if not inputs else result.outputs if result.outputs is not None else ctx.run_layer()
+    if not inputs or i == plan.num_layers - 1:  # RTN has no activations; the last layer's outputs feed nothing
+        outputs = []
+    else:
+        outputs = result.outputs if result.outputs is not None else ctx.run_layer()
     tensors = {}
     for name, t in layer.state_dict().items():
         lin = name.rpartition(".")[0]
