@@ -1,9 +1,9 @@
 """GPTQ (Frantar et al., 2022) as small pure functions, after the IST-DASLab reference.
 
 The Hessian of the layer-wise objective ||W X - W_hat X||^2 is H = 2 X X^T / n, accumulated
-batch by batch in float64 and rounded to fp32 once: an fp32 sum over thousands of tokens
-depends on how the BLAS splits it across threads, and GPTQ's rounding decisions amplify those
-last-bit differences (the same windows gave different perplexities at 1 and 2 threads). Quantization walks the columns of W (optionally in act-order, largest
+batch by batch in fp32. Its Cholesky factorizations run in float64 and are rounded to fp32 once:
+LAPACK's blocked fp32 Cholesky gives different last bits at different thread counts, and GPTQ's
+rounding decisions amplify them (the same windows gave different perplexities at 1 and 2 threads). Quantization walks the columns of W (optionally in act-order, largest
 diag(H) first), quantizes one column, and spreads its error over the columns not yet quantized
 through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time.
 """
@@ -20,11 +20,8 @@ from quantkit.format.primitives import QuantizedWeight, QuantScheme, minmax_para
 log = logging.getLogger(__name__)
 
 
-HESSIAN_DTYPE = torch.float64
-
-
 def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    return torch.zeros(in_features, in_features, dtype=HESSIAN_DTYPE, device=device)
+    return torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
 
 
 def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -69,10 +66,13 @@ def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
 
 
 def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors."""
+    """Upper Cholesky factor of (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors.
+
+    Factorized in float64 (thread-count independent once rounded), returned in H's dtype."""
+    out_dtype = h.dtype
+    h = h.to(torch.float64, copy=True)  # damped in place: no K x K identity or sum beside it
     diag = h.diagonal().clone()
     mean_diag = torch.mean(diag)
-    h = h.clone()  # damped in place: no K x K identity or sum beside it ([K, K] fp32 is 127 MB at K=5632)
     for attempt in range(max_retries + 1):
         h.diagonal().copy_(diag + damp * mean_diag)
         l, info = torch.linalg.cholesky_ex(h)
@@ -81,7 +81,7 @@ def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> 
             del l
             u, info = torch.linalg.cholesky_ex(hinv, upper=True)
             if info == 0:
-                return u, damp
+                return u.to(out_dtype), damp
         log.warning("GPTQ: Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
         damp *= 10
     raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")

@@ -95,8 +95,7 @@ class GPTQMethod:
         finally:
             for h in handles:
                 h.remove()
-        final = {name: h.float() for name, (h, _n) in state.items()}  # float64 sums -> fp32 for the solver
-        return {n: final[shared[n]] for n in names}
+        return {n: state[shared[n]][0] for n in names}
 
 
 def _shared_input_stacks(ctx: LayerContext, names: list[str]) -> list[list[str]]:
