@@ -8,10 +8,11 @@ the 4-bit weight directly with fp32 activations (docs/BENCHMARKS.md has the figu
 Layout (`Int4Blocked`), for a weight W [N, K] with groups of `group_size` input columns:
   packed      uint8 [NB, K, 8]          NB = ceil(N / 16) blocks of 16 output rows; byte (b, k, j)
                                         holds row 16b + j (low nibble) and 16b + 8 + j (high nibble)
-  scale_bias  fp32  [NB, G, 2, 16]      per group and row: scale s, then -z * s; padded rows are 0
+  scale_zero  fp16  [NB, G, 2, 16]      per group and row: scale s, then the zero point z; padded
+                                        rows are 0 (fp32 when a scale is not exact in fp16)
   perm        int64 [K] or None         act-order: input columns sorted by group; x is permuted once
                                         per call, W once at repack
-W[n, k] = q * s + (-z * s). Every 4-bit GPTQ (v1/v2, act-order), AWQ and compressed-tensors
+W[n, k] = (q - z) * s, exactly as the checkpoint dequantizes. Every 4-bit GPTQ (v1/v2, act-order), AWQ and compressed-tensors
 PackedLinear repacks into it, for any N and any group size that divides K.
 
 Large M (prefill chunks): the kernel unpacks the weight once per 4 rows of x, so past a crossover
@@ -40,7 +41,7 @@ DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bou
 @dataclass
 class Int4Blocked:
     packed: torch.Tensor  # uint8 [NB, K, 8]
-    scale_bias: torch.Tensor  # fp32 [NB, G, 2, 16]
+    scale_zero: torch.Tensor  # fp16 (or fp32) [NB, G, 2, 16]
     out_features: int
     group_size: int  # columns per group (K for one group per row)
     perm: torch.Tensor | None  # int64 [K]
@@ -58,16 +59,17 @@ def unavailable() -> str | None:
 
 def pack_blocks(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """codes [N, K] (0..15), scales and zeros [G, N] -> (packed uint8 [NB, K, 8], scale_bias fp32 [NB, G, 2, 16])."""
+    """codes [N, K] (0..15), scales and zeros [G, N] -> (packed uint8 [NB, K, 8], scale_zero [NB, G, 2, 16])."""
     n, k = codes.shape
     nb = -(-n // ROWS)
     pad = nb * ROWS - n
     c = torch.nn.functional.pad(codes.to(torch.uint8), (0, 0, 0, pad)).view(nb, 2, 8, k)  # [NB, hi/lo, j, K]
     packed = (c[:, 0] | (c[:, 1] << 4)).transpose(1, 2).contiguous()  # [NB, K, 8]
     s = scales.float()
-    sb = torch.stack((s, -zeros.float() * s))  # [2, G, N]
-    sb = torch.nn.functional.pad(sb, (0, pad)).view(2, k // group_size, nb, ROWS)
-    return packed, sb.permute(2, 1, 0, 3).contiguous()
+    exact = torch.equal(s.half().float(), s)  # fp16 checkpoints' scales always are
+    sz = torch.stack((s, zeros.float())).to(torch.float16 if exact else torch.float32)  # [2, G, N]
+    sz = torch.nn.functional.pad(sz, (0, pad)).view(2, k // group_size, nb, ROWS)
+    return packed, sz.permute(2, 1, 0, 3).contiguous()
 
 
 def repack(p: PackedLinear) -> Int4Blocked:
@@ -78,8 +80,8 @@ def repack(p: PackedLinear) -> Int4Blocked:
     k = codes.shape[0]
     g = k if p.group_size == -1 else p.group_size
     codes, perm = group_order(codes, g_idx, g)
-    packed, sb = pack_blocks(codes.T, scales, zeros, g)
-    return Int4Blocked(packed, sb, p.out_features, g, perm)
+    packed, sz = pack_blocks(codes.T, scales, zeros, g)
+    return Int4Blocked(packed, sz, p.out_features, g, perm)
 
 
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
@@ -87,9 +89,9 @@ def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
     nb, k, _ = w.packed.shape
     codes = torch.stack((w.packed & 15, w.packed >> 4), dim=1)  # [NB, 2, K, 8]
     codes = codes.permute(0, 1, 3, 2).reshape(nb * ROWS, k).float()  # [NB * 16, K]
-    sb = w.scale_bias.permute(2, 0, 3, 1).reshape(2, nb * ROWS, -1)  # [2, NB * 16, G]
-    s, b = (t.repeat_interleave(w.group_size, dim=1) for t in sb)
-    return (codes * s + b)[: w.out_features]
+    sz = w.scale_zero.float().permute(2, 0, 3, 1).reshape(2, nb * ROWS, -1)  # [2, NB * 16, G]
+    s, z = (t.repeat_interleave(w.group_size, dim=1) for t in sz)
+    return ((codes - z) * s)[: w.out_features]
 
 
 def int4_blocked_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None) -> torch.Tensor:
@@ -104,7 +106,7 @@ def _dense_tiles(ext, x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
     n, out = w.out_features, x.new_empty(x.shape[0], w.out_features)
     for n0 in range(0, n, DENSE_TILE_ROWS):
         n1 = min(n, n0 + DENSE_TILE_ROWS)
-        tile = ext.int4_dequantize(w.packed, w.scale_bias, n, w.group_size, n0, n1)
+        tile = ext.int4_dequantize(w.packed, w.scale_zero, n, w.group_size, n0, n1)
         if n1 - n0 == n:
             return torch.nn.functional.linear(x, tile)
         out[:, n0:n1] = torch.nn.functional.linear(x, tile)
@@ -124,7 +126,7 @@ def int4_blocked_linear(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | No
     xf = x if x.dtype == torch.float32 else x.float()
     xf = xf.index_select(1, w.perm) if w.perm is not None else xf.contiguous()
     if xf.shape[0] < dense_from_m:
-        out = ext.int4_linear(xf, w.packed, w.scale_bias, w.out_features, w.group_size)
+        out = ext.int4_linear(xf, w.packed, w.scale_zero, w.out_features, w.group_size)
     else:
         out = _dense_tiles(ext, xf, w)
     if bias is not None:

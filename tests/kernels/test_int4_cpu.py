@@ -54,10 +54,11 @@ def test_pack_blocks_takes_any_row_count():
     codes = torch.randint(0, 16, (21, 64), generator=gen)  # N not a multiple of 8 or 16
     scales, zeros = torch.rand(2, 21, generator=gen), torch.randint(0, 16, (2, 21), generator=gen)
     packed, sb = pack_blocks(codes, scales, zeros, 32)
-    assert packed.shape == (2, 64, 8) and sb.shape == (2, 2, 2, 16)
+    assert packed.shape == (2, 64, 8) and sb.shape == (2, 2, 2, 16) and sb.dtype == torch.float32  # not exact in fp16
     w = int4_cpu.Int4Blocked(packed, sb, 21, 32, None)
     want = (codes.float() - zeros.T.float().repeat_interleave(32, 1)) * scales.T.repeat_interleave(32, 1)
     torch.testing.assert_close(dequantize_blocked(w), want)
+    assert pack_blocks(codes, scales.half(), zeros, 32)[1].dtype == torch.float16
 
 
 def test_repack_refuses_other_bit_widths():
@@ -121,4 +122,18 @@ def test_kernel_takes_bf16_and_strided_inputs(kernel):
 def test_kernel_rejects_a_mismatched_layout(kernel):
     w = repack(checkpoint(32, 64, 32, "gptq", True))
     with pytest.raises(RuntimeError, match="packed"):
-        kernel.int4_linear(torch.randn(1, 128), w.packed, w.scale_bias, 32, 32)
+        kernel.int4_linear(torch.randn(1, 128), w.packed, w.scale_zero, 32, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 8])
+def test_kernel_takes_fp32_scales(kernel, m):
+    gen = torch.Generator().manual_seed(m)
+    codes = torch.randint(0, 16, (21, 64), generator=gen)
+    scales, zeros = torch.rand(2, 21, generator=gen), torch.randint(0, 16, (2, 21), generator=gen)
+    w = int4_cpu.Int4Blocked(*pack_blocks(codes, scales, zeros, 32), 21, 32, None)
+    assert w.scale_zero.dtype == torch.float32
+    x = torch.randn(m, 64, generator=gen)
+    want = int4_blocked_reference(x, w, None)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=m + 1), want, **TOL)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=0), want, **TOL)
