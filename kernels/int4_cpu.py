@@ -34,7 +34,7 @@ SOURCES = ("int4_cpu.cpp",)
 ROWS = 16  # output rows per block
 # From M = DENSE_FROM_M on, dequantize-a-tile-then-matmul beats the kernel (python -m
 # quantkit.bench.int4_cpu on this project's CPU, 2 threads, the four shapes; docs/BENCHMARKS.md).
-DENSE_FROM_M = 64
+DENSE_FROM_M = 512
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 
