@@ -53,6 +53,7 @@ def test_quant_linear_repack_for_cpu_drops_the_checkpoint_tensors_and_keeps_no_d
     torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # compiles the C++ kernel where it is not cached
 def test_quant_linear_runs_4_bit_on_quantkits_kernel_where_it_builds():
     from quantkit.kernels import int4_cpu
 
