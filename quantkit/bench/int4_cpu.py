@@ -42,7 +42,7 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
         tiles = _time(lambda: int4_blocked_linear(x, ours, None, dense_from_m=0), reps)
         tp = _time(lambda: int4_linear(x, theirs, None, kernel_max_m=m), 1) if m <= int4pack_max_m else None
         fp = _time(lambda: dense(x), reps)
-        best = min(kern, tiles) if m < DENSE_FROM_M else tiles
+        best = kern if m < DENSE_FROM_M else tiles
         picks = "kernel" if m < DENSE_FROM_M else "dense-tile"
         tp_s = f"{tp:>14.3f}" if tp is not None else f"{'-':>14}"
         ratio = f"{tp / best:>13.1f}" if tp is not None else f"{'-':>13}"
