@@ -48,7 +48,8 @@ def test_vllm_reads_our_compressed_tensors(tiny_llama, tmp_path, sym, capsys):
 
 def test_quantkit_reads_llm_compressor_checkpoint(stories_dir, wikitext_test, tmp_path):
     """llm-compressor GPTQ W4A16 (attention, g64) on stories260K: quantkit's perplexity of the saved
-    checkpoint equals the one llm-compressor measures on its own reload; check --original passes."""
+    checkpoint equals the one llm-compressor measures on its own reload; check --original passes; `quantkit
+    serve` answers a greedy completion through the openai client with the engine's own tokens."""
     python = need(LLMC)
     out, text = tmp_path / "llmc", tmp_path / "wiki-head.txt"
     text.write_text(wikitext_test.read_text()[:60_000])  # the head of the test split: minutes, not the whole file
@@ -74,3 +75,15 @@ def test_quantkit_reads_llm_compressor_checkpoint(stories_dir, wikitext_test, tm
     assert ours.ppl == pytest.approx(theirs["quant_ppl"], rel=1e-4)
     code, output = run_cli("check", out, "--original", stories_dir, "--nsamples", "2", "--seqlen", "64")
     assert code == 0, output
+    from openai import OpenAI
+
+    from quantkit.engine.llm import LLM
+    from quantkit.engine.sampling_params import SamplingParams
+    from tests_support.serving import serve_in_thread, settings_for
+
+    prompt = "Once upon a time, there was a little"
+    with serve_in_thread(settings_for(out, dtype="float32")) as running:
+        client = OpenAI(base_url=f"{running.url}/v1", api_key="none", max_retries=0, timeout=60)
+        served = client.completions.create(model=str(out), prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+    offline = LLM(str(out), dtype="float32").generate([prompt], SamplingParams(max_tokens=16, temperature=0))
+    assert served == offline[0].outputs[0].text and served
