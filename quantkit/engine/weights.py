@@ -3,7 +3,8 @@
 Float tensors load by name from the safetensors shards. A linear with packed weights in the shards
 (GPTQ v1/v2, AWQ GEMM or compressed-tensors pack-quantized, as `config.json["quantization_config"]`
 says) becomes a `QuantLinear`, exactly as quantkit's transformers loader does it; on CPU it is then
-repacked for torch's int4/int8 kernels and its checkpoint tensors dropped. The weight memory is logged at load.
+repacked for quantkit's 4-bit kernel (torch's int4/int8 kernels where it does not build) and its
+checkpoint tensors dropped. The weight memory is logged at load.
 """
 
 from __future__ import annotations
