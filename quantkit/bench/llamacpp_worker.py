@@ -32,19 +32,27 @@ def quantize(src: str, dst: str, kind: str, threads: int) -> None:
     print(json.dumps({"seconds": time.perf_counter() - t}), flush=True)
 
 
+def last_logits(llm):
+    """The logits of the last evaluated token, read from llama.cpp's buffer ([vocab] float32, a view)."""
+    import llama_cpp
+    import numpy as np
+
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+
+
 def greedy(llm, prompt: list, max_tokens: int, want_logits: bool) -> dict:
     import numpy as np
 
     llm.reset()  # n_tokens = 0; eval drops the KV cache past n_tokens before it decodes
     t0 = time.perf_counter()
-    llm.eval(prompt)
-    logits = llm.scores[llm.n_tokens - 1]
+    llm.eval(prompt)  # without logits_all, llama.cpp computes the logits of the last token only
+    logits = last_logits(llm)
     tokens = [int(np.argmax(logits))]
     t1 = time.perf_counter()
     first = [float(x) for x in logits] if want_logits else None
     while len(tokens) < max_tokens:
         llm.eval(tokens[-1:])
-        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        tokens.append(int(np.argmax(last_logits(llm))))
     t2 = time.perf_counter()
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": tokens, "first_logits": first}
 

@@ -156,8 +156,8 @@ def prepare(args, tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
     for kind in filter(None, args.quants.split(",")):
         ggufs[kind] = tmp / f"model-{kind.lower()}.gguf"
         seconds = llamacpp_quantize(python, ggufs["F32"], ggufs[kind], kind, args.threads)
-        print(f"llama.cpp quantized F32 -> {kind} in {seconds:.1f} s "
-              f"({ggufs[kind].stat().st_size / 1024**2:.0f} MiB)")
+        print(f"llama.cpp quantized F32 -> {kind} in {seconds:.2f} s "
+              f"({ggufs[kind].stat().st_size / 1024**2:.1f} MiB; F32 {ggufs['F32'].stat().st_size / 1024**2:.1f} MiB)")
     return dense, gptq, ggufs
 
 
@@ -166,11 +166,13 @@ def compare(args, tmp: Path) -> None:
     from quantkit.engine.config import auto_cpu_dtype
 
     dense, gptq, ggufs = prepare(args, tmp)
-    prompt = next(w for w in workloads() if w.name == "c").prompts[0]
-    auto = auto_cpu_dtype()[0]
-    ours = {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads),
-            f"quantkit {auto} (float model)": Quantkit(dense, auto, args.threads),
-            f"quantkit 4-bit GPTQ, {auto}": Quantkit(gptq, auto, args.threads)}
+    vocab = json.loads((dense / "config.json").read_text())["vocab_size"]
+    prompt = next(w for w in workloads(vocab) if w.name == "c").prompts[0]
+    auto = auto_cpu_dtype()[0]  # float32 where bf16 would be emulated: then one float row
+    ours = {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
+    if auto != "float32":
+        ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
+    ours[f"quantkit 4-bit GPTQ, {auto}"] = Quantkit(gptq, auto, args.threads)
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
                **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
@@ -179,10 +181,12 @@ def compare(args, tmp: Path) -> None:
         run(prompt[:16], 4)
     tallies = {n: Tally() for n in systems}
     loads = [os.getloadavg()[0]]
-    for _ in range(args.rounds):
+    for i in range(args.rounds):
         for name, run in systems.items():
             tallies[name].add(run(prompt, NEW_TOKENS))
         loads.append(os.getloadavg()[0])
+        print(f"round {i + 1}: " + ", ".join(f"{n} {t.decode[-1]:.1f}" for n, t in tallies.items())
+              + f" decode tok/s; load {loads[-1]:.1f}", flush=True)
     peer.close()
     report(args, tallies, loads, ours, peer)
 
@@ -221,6 +225,7 @@ def main() -> None:
     if not (Path(args.llamacpp_venv) / "bin" / "python").exists():
         raise SystemExit(f"no python in {args.llamacpp_venv}: python3 -m venv VENV && "
                          "VENV/bin/pip install llama-cpp-python gguf")
+    args.llamacpp_venv = str(Path(args.llamacpp_venv).absolute())  # the worker starts in another folder
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
