@@ -19,6 +19,7 @@ the event loop's async-generator finalizer do it).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -30,9 +31,11 @@ from quantkit.engine.request import RequestOutput
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.stats import EngineStats
 from quantkit.errors import QuantkitError
+from quantkit.memory import release_freed_memory
 
 log = logging.getLogger("quantkit.engine")
 MAX_CONSECUTIVE_FAILURES = 3
+IDLE_TRIM_AFTER_S = 0.5  # glibc keeps freed heap: a server's RSS should track what it holds, not its peak
 
 
 class QueueFullError(QuantkitError):
@@ -102,6 +105,7 @@ class AsyncLLM:
         self.state = "loading"  # "loading" | "ready" | "draining" | "dead"
         self.error: str | None = None
         self.engine = None  # the LLMEngine once loaded (read-only use from outside the engine thread)
+        self.tokenizer = None  # the event loop's own tokenizer (never `engine.tokenizer`: the engine thread's)
         self._cond = threading.Condition()
         self._intake: list[tuple] = []  # ("add", id, prompt, params, arrival) | ("abort", id)
         self._streams: dict[str, _Stream] = {}
@@ -122,6 +126,7 @@ class AsyncLLM:
             self.state, self.error = "dead", f"loading the model failed: {exc}"
             raise
         self._stats = self.engine.get_stats()
+        self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # copied before the engine thread uses it
         if self.state != "loading":  # shut down while loading: never start the loop
             return
         self.state = "ready"
@@ -228,15 +233,20 @@ class AsyncLLM:
     # ---- the engine thread ----
 
     def _run(self) -> None:
-        failures = 0
+        failures, trimmed = 0, True
         try:
             while True:
                 with self._cond:
-                    while not self._intake and not self._stop and not self.engine.has_unfinished_requests():
-                        self._cond.wait()
+                    # idle for IDLE_TRIM_AFTER_S: hand the heap a burst freed back to the system, once
+                    woke = self._cond.wait_for(self._has_work, None if trimmed else IDLE_TRIM_AFTER_S)
                     if self._stop:
                         return
                     batch, self._intake = self._intake, []
+                if not woke:
+                    release_freed_memory()  # outside the lock: submitters never wait on it
+                    trimmed = True
+                    continue
+                trimmed = False
                 self._apply(batch)
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
