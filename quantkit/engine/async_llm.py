@@ -11,6 +11,10 @@ Failures: a step whose forward or sampler raises fails the requests of that step
 outside the forward (the scheduler's bookkeeping), mark the engine dead: every request in flight
 ends with `EngineDeadError`, none hangs.
 
+Tokenizers: HF fast tokenizers (Rust, behind a RefCell) raise "Already borrowed" when two threads use
+one at once. The engine thread owns `engine.tokenizer` (prompts, detokenization, logprob texts); the
+event loop gets its own copy, `AsyncLLM.tokenizer`, made before the engine thread starts.
+
 A consumer that stops iterating aborts its request: cancellation runs the generator's `finally`
 at once; a plain `break` runs it when the generator is closed (use `contextlib.aclosing`, or let
 the event loop's async-generator finalizer do it).
@@ -259,6 +263,9 @@ class AsyncLLM:
         except Exception as exc:  # noqa: BLE001 - the loop must end every stream, whatever broke
             log.exception("the engine loop died")
             self._die(f"{type(exc).__name__}: {exc}")
+
+    def _has_work(self) -> bool:
+        return bool(self._intake) or self._stop or self.engine.has_unfinished_requests()
 
     def _apply(self, batch: list[tuple]) -> None:
         for item in batch:
