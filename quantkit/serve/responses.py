@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from quantkit.engine.request import CompletionOutput, RequestOutput
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # built once (dumps with options builds one per call)
+
+
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    return f"data: {_COMPACT.encode(obj)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
