@@ -61,7 +61,9 @@ def serve(
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs per model copy (--engine vllm)."),
     pipeline_parallel_size: int = typer.Option(1, "--pipeline-parallel-size", "-pp", min=1, help="Pipeline stages (--engine vllm)."),
-    vllm_executable: str | None = typer.Option(None, "--vllm-executable", help="The `vllm` to run (default: on PATH, or this Python's)."),
+    vllm_executable: str | None = typer.Option(None, "--vllm-executable", help="The `vllm` to run, or the python of "
+                                               "a venv with vLLM (the CPU build's way in); default: `vllm` on PATH, "
+                                               "or this Python's."),
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, streaming) until SIGTERM."""
     import asyncio
@@ -104,5 +106,5 @@ def _hand_to_vllm(settings, tp: int, pp: int, chat_template: Path | None, execut
     handoff = vllm_serve_args(settings, tp, pp, chat_template)
     for note in handoff.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
-    console.print(f"handing over to: {' '.join([*command, *handoff.argv[:2]])} ...", highlight=False, soft_wrap=True)
+    console.print(f"handing over to: {' '.join([*command, *handoff.argv[:1]])} ...", highlight=False, soft_wrap=True)
     exec_vllm(command, handoff)
