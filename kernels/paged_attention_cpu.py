@@ -18,7 +18,7 @@ from quantkit.kernels.cpu_ext import cpu_extension_unavailable, load_cpu_extensi
 
 log = logging.getLogger("quantkit.kernels")
 EXTENSION = "quantkit_attn"
-SOURCES = ("paged_attention_cpu.cpp",)
+SOURCES = ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp")  # one module; fused ops: cpu_fused.py
 
 
 @functools.cache

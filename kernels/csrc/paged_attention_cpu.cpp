@@ -160,7 +160,17 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor key_cache, torch::T
   return out;
 }
 
+// fused_ops_cpu.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor silu_and_mul(torch::Tensor gate, torch::Tensor up);
+void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "causal attention of each sequence's new queries over its paged KV cache, read in place");
+  m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
+  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");
+  m.def("rotary_", &rotary_, "rotate-half RoPE on q and k in place, fp32");
 }
