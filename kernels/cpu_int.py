@@ -58,7 +58,7 @@ def int4_unsupported(p: PackedLinear) -> str | None:
     return None
 
 
-def _act_order(codes: torch.Tensor, g_idx: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def group_order(codes: torch.Tensor, g_idx: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """codes [K, N]; the input columns in group order, and the permutation (None when already in order)."""
     k = codes.shape[0]
     in_order = torch.arange(k) // g
@@ -77,7 +77,7 @@ def repack_int4(p: PackedLinear, dtype: torch.dtype) -> Int4Weight:
         raise ValueError(f"cannot repack for the CPU int4 kernel: {reason}")
     codes, zeros, scales, g_idx = unpack(p)  # [K, N], [G, N], [G, N], [K]
     g = _group_len(p, codes.shape[0])
-    codes, perm = _act_order(codes, g_idx, g)
+    codes, perm = group_order(codes, g_idx, g)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.T.contiguous(), 1)
     s = scales.float()
     sz = torch.stack((s, (8 - zeros.float()) * s), dim=-1)  # [G, N, 2]

@@ -87,6 +87,9 @@ class QuantizeConfig:
                                 "use --format gptq")
         if self.desc_act and self.method != "gptq":
             raise QuantkitError("--desc-act applies to --method gptq only")
+        if self.desc_act and self.layout_format == "compressed-tensors":
+            # compressed-tensors >= 0.20 stores act-order only as "weight" ordering: groups on the original columns
+            object.__setattr__(self, "static_groups", True)
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
         check_device_name(self.device)

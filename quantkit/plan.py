@@ -135,9 +135,11 @@ def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
 
 
 def plan_column(label: str, shape: ModelShape, weights: int, budget_bytes: int, tp: int, kv_dtype: str,
-                block_size: int, max_model_len: int) -> PlanColumn:
+                block_size: int, max_model_len: int, kv_cache_memory: int | None = None) -> PlanColumn:
+    """`kv_cache_memory` fixes the KV budget per GPU (vLLM's --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE);
+    otherwise the KV cache gets what the weights leave of `budget_bytes`."""
     per_gpu = -(-weights // tp)
-    kv_budget = budget_bytes - per_gpu
+    kv_budget = budget_bytes - per_gpu if kv_cache_memory is None else kv_cache_memory
     per_token = kv_bytes_per_token(shape, kv_dtype, tp)
     blocks = max(0, kv_budget) // (per_token * block_size)
     tokens = blocks * block_size
@@ -147,11 +149,13 @@ def plan_column(label: str, shape: ModelShape, weights: int, budget_bytes: int, 
 
 def make_plan(model: str, config: dict, gpu_memory: int, utilization: float = 0.9, max_model_len: int | None = None,
               bits: int = 4, group_size: int = 128, kv_dtype: str = "auto", tp: int = 1,
-              block_size: int = 16) -> DeploymentPlan:
+              block_size: int = 16, kv_cache_memory: int | None = None) -> DeploymentPlan:
     if kv_dtype not in KV_DTYPE_BYTES:
         raise QuantkitError(f"unknown --kv-dtype {kv_dtype!r}; expected one of {', '.join(KV_DTYPE_BYTES)}")
     if not 0 < utilization <= 1:
         raise QuantkitError(f"--gpu-memory-utilization must be in (0, 1] (got {utilization})")
+    if kv_cache_memory is not None and kv_cache_memory <= 0:
+        raise QuantkitError(f"--kv-cache-memory must be positive (got {kv_cache_memory} bytes)")
     if tp < 1 or bits not in (2, 3, 4, 8) or gpu_memory <= 0:
         raise QuantkitError("--tp must be >= 1, --bits one of 2, 3, 4, 8, and --gpu-memory positive")
     shape = ModelShape.from_config(config)
@@ -162,9 +166,10 @@ def make_plan(model: str, config: dict, gpu_memory: int, utilization: float = 0.
     if shape.kv_heads < tp:
         notes.append(f"{shape.kv_heads} KV heads < --tp {tp}: each GPU holds a replica of one KV head")
     budget = int(gpu_memory * utilization)
-    cols = (plan_column("fp16", shape, weight_bytes(shape, None), budget, tp, kv_dtype, block_size, max_len),
+    cols = (plan_column("fp16", shape, weight_bytes(shape, None), budget, tp, kv_dtype, block_size, max_len,
+                        kv_cache_memory),
             plan_column(f"INT{bits} g{group_size}", shape, weight_bytes(shape, bits, group_size), budget, tp,
-                        kv_dtype, block_size, max_len))
+                        kv_dtype, block_size, max_len, kv_cache_memory))
     notes.append("vLLM also holds activation and CUDA-graph memory it profiles at start-up: expect somewhat fewer tokens")
     return DeploymentPlan(model, gpu_memory, utilization, max_len, tp, kv_dtype, block_size, bits, group_size,
                           shape, cols, tuple(notes))

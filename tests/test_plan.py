@@ -52,6 +52,19 @@ def test_agrees_with_the_engine_kv_plan(tiny_llama, monkeypatch, kv_dtype, torch
         assert engine.num_blocks == col.kv_blocks_per_gpu and engine.capacity_tokens == col.kv_tokens, col.label
 
 
+def test_a_fixed_kv_cache_memory_ignores_the_weights(tiny_llama):
+    """--kv-cache-memory (vLLM's --kv-cache-memory-bytes): the same KV tokens in both columns, whatever the weights."""
+    config = read_config(tiny_llama)
+    plan = make_plan("tiny", config, GiB, 0.9, 512, kv_dtype="fp32", kv_cache_memory=8 * 1024**2)
+    per_block = 16 * kv_bytes_per_token(ModelShape.from_config(config), "fp32")
+    for col in plan.columns:
+        assert col.kv_budget_bytes_per_gpu == 8 * 1024**2 and col.kv_blocks_per_gpu == 8 * 1024**2 // per_block
+    with pytest.raises(QuantkitError, match="--kv-cache-memory"):
+        make_plan("tiny", config, GiB, kv_cache_memory=0)
+    code, output = run_cli("plan", tiny_llama, "--kv-cache-memory", "8MiB", "--kv-dtype", "fp32")
+    assert code == 0 and f"{plan.columns[0].kv_tokens:,}" in output, output
+
+
 def test_tensor_parallel_splits_weights_and_kv_heads(tiny_llama):
     config = read_config(tiny_llama)  # 2 KV heads of 32, 2 layers
     one, two, four = (make_plan("t", config, GiB, tp=tp, max_model_len=512) for tp in (1, 2, 4))

@@ -2,6 +2,7 @@
 
   python -m quantkit.bench.engine [--models stories,random100m] [--threads 1] [--requests 64] [--repeats 3]
   python -m quantkit.bench.engine --against-vllm VENV [--threads 2] [--rounds 3] [--gptq]   (engine_vs_vllm.py)
+  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3]   (batch 1 vs llama.cpp)
 
 For each model: 64 requests of mixed prompt lengths, each generating --max-tokens tokens (EOS
 ignored so every system produces the same number of tokens):

@@ -25,6 +25,8 @@ def plan(
     kv_dtype: str = typer.Option("auto", "--kv-dtype", help="auto (fp16/bf16), fp16, bf16, fp32, fp8."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree: weights and KV heads split over this many GPUs."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV block."),
+    kv_cache_memory: str = typer.Option(None, "--kv-cache-memory", help="A fixed KV cache size per GPU, e.g. 4GiB "
+                                        "(vLLM's --kv-cache-memory-bytes; on vLLM-CPU, VLLM_CPU_KVCACHE_SPACE)."),
     output: Path = typer.Option(None, "--output", help="Also write the plan as JSON here."),
 ) -> None:
     """Size a deployment before making it: what fits on each GPU in fp16 and in INT-n."""
@@ -32,7 +34,8 @@ def plan(
     from quantkit.plan import make_plan, parse_bytes
 
     result = make_plan(model, resolve_config(model), parse_bytes(gpu_memory), gpu_memory_utilization, max_model_len,
-                       bits, group_size, kv_dtype, tp, block_size)
+                       bits, group_size, kv_dtype, tp, block_size,
+                       None if kv_cache_memory is None else parse_bytes(kv_cache_memory))
     _print(result)
     if output is not None:
         output.write_text(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -11,6 +11,10 @@ Failures: a step whose forward or sampler raises fails the requests of that step
 outside the forward (the scheduler's bookkeeping), mark the engine dead: every request in flight
 ends with `EngineDeadError`, none hangs.
 
+Tokenizers: HF fast tokenizers (Rust, behind a RefCell) raise "Already borrowed" when two threads use
+one at once. The engine thread owns `engine.tokenizer` (prompts, detokenization, logprob texts); the
+event loop gets its own copy, `AsyncLLM.tokenizer`, made before the engine thread starts.
+
 A consumer that stops iterating aborts its request: cancellation runs the generator's `finally`
 at once; a plain `break` runs it when the generator is closed (use `contextlib.aclosing`, or let
 the event loop's async-generator finalizer do it).
@@ -19,6 +23,7 @@ the event loop's async-generator finalizer do it).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -30,9 +35,11 @@ from quantkit.engine.request import RequestOutput
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.stats import EngineStats
 from quantkit.errors import QuantkitError
+from quantkit.memory import release_freed_memory
 
 log = logging.getLogger("quantkit.engine")
 MAX_CONSECUTIVE_FAILURES = 3
+IDLE_TRIM_AFTER_S = 0.5  # glibc keeps freed heap: a server's RSS should track what it holds, not its peak
 
 
 class QueueFullError(QuantkitError):
@@ -102,6 +109,7 @@ class AsyncLLM:
         self.state = "loading"  # "loading" | "ready" | "draining" | "dead"
         self.error: str | None = None
         self.engine = None  # the LLMEngine once loaded (read-only use from outside the engine thread)
+        self.tokenizer = None  # the event loop's own tokenizer (never `engine.tokenizer`: the engine thread's)
         self._cond = threading.Condition()
         self._intake: list[tuple] = []  # ("add", id, prompt, params, arrival) | ("abort", id)
         self._streams: dict[str, _Stream] = {}
@@ -122,6 +130,7 @@ class AsyncLLM:
             self.state, self.error = "dead", f"loading the model failed: {exc}"
             raise
         self._stats = self.engine.get_stats()
+        self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # copied before the engine thread uses it
         if self.state != "loading":  # shut down while loading: never start the loop
             return
         self.state = "ready"
@@ -228,15 +237,20 @@ class AsyncLLM:
     # ---- the engine thread ----
 
     def _run(self) -> None:
-        failures = 0
+        failures, trimmed = 0, True
         try:
             while True:
                 with self._cond:
-                    while not self._intake and not self._stop and not self.engine.has_unfinished_requests():
-                        self._cond.wait()
+                    # idle for IDLE_TRIM_AFTER_S: hand the heap a burst freed back to the system, once
+                    woke = self._cond.wait_for(self._has_work, None if trimmed else IDLE_TRIM_AFTER_S)
                     if self._stop:
                         return
                     batch, self._intake = self._intake, []
+                if not woke:
+                    release_freed_memory()  # outside the lock: submitters never wait on it
+                    trimmed = True
+                    continue
+                trimmed = False
                 self._apply(batch)
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
@@ -249,6 +263,9 @@ class AsyncLLM:
         except Exception as exc:  # noqa: BLE001 - the loop must end every stream, whatever broke
             log.exception("the engine loop died")
             self._die(f"{type(exc).__name__}: {exc}")
+
+    def _has_work(self) -> bool:
+        return bool(self._intake) or self._stop or self.engine.has_unfinished_requests()
 
     def _apply(self, batch: list[tuple]) -> None:
         for item in batch:

@@ -3,7 +3,8 @@
 Float tensors load by name from the safetensors shards. A linear with packed weights in the shards
 (GPTQ v1/v2, AWQ GEMM or compressed-tensors pack-quantized, as `config.json["quantization_config"]`
 says) becomes a `QuantLinear`, exactly as quantkit's transformers loader does it; on CPU it is then
-repacked for torch's int4/int8 kernels and its checkpoint tensors dropped. The weight memory is logged at load.
+repacked for quantkit's 4-bit kernel (torch's int4/int8 kernels where it does not build) and its
+checkpoint tensors dropped. The weight memory is logged at load.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class WeightMemory:
     resident: int
     bf16_equivalent: int
     paths: dict[str, int]  # how the quantized linears run on CPU (empty for a float model)
+    quantized: int = 0  # resident bytes of the quantized linears
+    quantized_bf16: int = 0  # the same linears held densely in bf16
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> WeightMemory:
@@ -106,18 +109,20 @@ class WeightMemory:
             resident += m.weight_bytes()
             dense += 2 * (m.in_features * m.out_features + (m.out_features if m.bias is not None else 0))
             seen.update(id(t) for t in m.buffers())
+        quantized, quantized_bf16 = resident, dense
         for t in list(model.parameters()) + list(model.buffers()):
             if id(t) in seen:  # (parameters() already lists a tied embedding once)
                 continue
             seen.add(id(t))
             resident += t.numel() * t.element_size()
             dense += 2 * t.numel()
-        return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)))
+        return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16)
 
     def describe(self) -> str:
         mib = 1024**2
         text = (f"weights: {self.resident / mib:.1f} MiB resident, {self.resident / self.bf16_equivalent:.2f}x "
                 f"of the model in bf16 ({self.bf16_equivalent / mib:.1f} MiB)")
         if self.paths:
-            text += "; quantized linears: " + ", ".join(f"{n} {p}" for p, n in sorted(self.paths.items()))
+            text += (f"; quantized linears {self.quantized / mib:.1f} MiB, {self.quantized / self.quantized_bf16:.2f}x "
+                     "of theirs in bf16: " + ", ".join(f"{n} {p}" for p, n in sorted(self.paths.items())))
         return text

@@ -6,7 +6,12 @@ For a linear W [N, K] quantized to `bits` (4 or 8) with G groups along K:
   weight_scale       fp16  [N, G]        (G = 1 for per-channel, strategy "channel")
   weight_zero_point  int32 [N / pf, G]   asymmetric only: packed along N the same way
   weight_shape       int64 [2]           [N, K]
-  weight_g_idx       int32 [K]           act-order ("actorder": "group") only
+  weight_g_idx       int32 [K]           read only: older act-order checkpoints ("actorder": "group")
+Act-order is written as compressed-tensors >= 0.20 defines it, "actorder": "weight": GPTQ visits
+the columns by activation order but keeps the groups on the original columns (static groups), so no
+g_idx is stored and every kernel runs it at normal speed. The library removed "group" (a stored
+g_idx, non-contiguous groups); checkpoints that have it (compressed-tensors <= 0.19, as vLLM 0.32
+and llm-compressor 0.14 ship) are still read.
 Values are stored offset by 2**(bits-1): the library quantizes to signed q in [-8, 7] (4-bit) and
 zero points in the same range, then packs q + 8. A stored nibble is therefore exactly quantkit's
 unsigned code, and a symmetric weight (signed zero point 0) has the unsigned zero point 8, as
@@ -28,6 +33,7 @@ from quantkit.format.packing import PackedLinear, pack_cols, pack_rows, unpack_c
 from quantkit.format.primitives import QuantizedWeight
 
 FORMAT = "pack-quantized"
+G_IDX_ACTORDERS = ("group", "dynamic")  # the act-order kinds that store weight_g_idx ("dynamic": its alias)
 TENSOR_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 
 
@@ -91,14 +97,15 @@ def ct_to_packed(tensors: dict[str, torch.Tensor], bits: int, group_size: int, s
     )
 
 
-def quantization_config(bits: int, group_size: int, sym: bool, act_order: bool, ignore: list[str],
+def quantization_config(bits: int, group_size: int, sym: bool, actorder: str | None, ignore: list[str],
                         extra: dict | None = None) -> dict:
-    """quantization_config as llm-compressor writes a W4A16 / W4A16_ASYM / W8A16 checkpoint."""
+    """quantization_config as llm-compressor writes a W4A16 / W4A16_ASYM / W8A16 checkpoint; `actorder`
+    None or "weight" (the tests' hand-made older checkpoints pass "group")."""
     weights = {
         "num_bits": bits, "type": "int", "symmetric": sym,
         "strategy": "channel" if group_size == -1 else "group",
         "group_size": None if group_size == -1 else group_size,
-        "actorder": "group" if act_order else None, "dynamic": False, "observer": "minmax",
+        "actorder": actorder, "dynamic": False, "observer": "minmax",
         "block_structure": None, "observer_kwargs": {},
     }
     group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None,
@@ -118,7 +125,7 @@ class CTGroup:
     bits: int
     group_size: int  # -1: per channel
     sym: bool
-    act_order: bool
+    act_order: bool  # a weight_g_idx is stored
 
 
 def parse_quantization_config(qc: dict) -> tuple[tuple[CTGroup, ...], tuple[str, ...]]:
@@ -154,7 +161,7 @@ def _parse_weights(name: str, group: dict) -> CTGroup:
         raise ValueError(f"config group {name}: weight strategy {strategy!r} is not supported (group or channel)")
     group_size = -1 if strategy == "channel" else int(w["group_size"])
     return CTGroup(tuple(group.get("targets") or ()), bits, group_size, bool(w.get("symmetric", True)),
-                   w.get("actorder") == "group")
+                   w.get("actorder") in G_IDX_ACTORDERS)
 
 
 def matches(target: str, module: str) -> bool:

@@ -12,10 +12,11 @@ class QuantLinear(nn.Module):
     """Holds qweight/qzeros/scales(/g_idx, bias) as buffers under the names the checkpoint uses.
 
     On CUDA the forward runs the W4A16 kernel on the packed weights. On CPU the weight stays
-    quantized: repacked once into torch's CPU int4 layout (or int8, per channel), run by torch's
-    kernels for small M and dequantized per call for large M (`quantkit.kernels.cpu_int`). Weights
-    those kernels cannot take (grouped 8-bit, other bit widths, odd shapes) fall back to a dense copy
-    in the activation dtype; `cpu_path` says which path runs and why.
+    quantized: 4-bit weights are repacked once for quantkit's AVX2 kernel (`quantkit.kernels.int4_cpu`,
+    any shape and group size); where that kernel does not build, into torch's CPU int4 layout (or
+    int8, per channel), run by torch's kernels for small M and dequantized per call for large M
+    (`quantkit.kernels.cpu_int`). Weights none of these take (grouped 8-bit, other bit widths, odd
+    shapes) fall back to a dense copy in the activation dtype; `cpu_path` says which path runs and why.
 
     `repack_for_cpu` repacks eagerly and drops the checkpoint tensors (the engine's load); without
     it the first CPU forward repacks and keeps them (the checker reads them).
@@ -43,12 +44,16 @@ class QuantLinear(nn.Module):
 
     def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True) -> str:
         """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`."""
+        from quantkit.kernels import int4_cpu
         from quantkit.kernels.cpu_int import int4_unsupported, repack_int4, repack_int8
 
         p = self.packed()
         reason = int4_unsupported(p)
-        if reason is None:
-            self._cpu, self.cpu_path = repack_int4(p, dtype), "int4"
+        ours_missing = int4_cpu.unavailable() if p.bits == 4 else "not 4-bit"
+        if ours_missing is None:
+            self._cpu, self.cpu_path = int4_cpu.repack(p), "int4 (quantkit AVX2 kernel)"
+        elif reason is None:
+            self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
         elif p.bits == 8:
             try:
                 self._cpu, self.cpu_path = repack_int8(p, dtype), "int8"
@@ -82,6 +87,7 @@ class QuantLinear(nn.Module):
 
     def _cpu_forward(self, x: torch.Tensor) -> torch.Tensor:
         from quantkit.kernels.cpu_int import Int4Weight, int4_kernel_max_m, int4_linear, int8_linear
+        from quantkit.kernels.int4_cpu import Int4Blocked, int4_blocked_linear
 
         if self._cpu is None:
             self.repack_for_cpu(x.dtype, drop_checkpoint_tensors=False)
@@ -89,7 +95,9 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         bias = None if self.bias is None else self.bias.to(x.dtype)
         w = self._cpu
-        if isinstance(w, Int4Weight):
+        if isinstance(w, Int4Blocked):
+            out = int4_blocked_linear(x2, w, bias)
+        elif isinstance(w, Int4Weight):
             max_m = int4_kernel_max_m(self.out_features, self.in_features, w.group_size, x.dtype)
             out = int4_linear(x2, w, bias, max_m)
         elif isinstance(w, torch.Tensor):

@@ -146,9 +146,9 @@ def awq_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
 
 def ct_quantization_config(cfg: QuantizeConfig, skipped: list[str]) -> dict:
     """compressed-tensors pack-quantized, as llm-compressor writes it (lm_head and the float linears ignored).
-    Act-order is recorded as actorder "group" (a stored weight_g_idx) when groups are used."""
-    act_order = cfg.desc_act and cfg.group_size != -1
-    return compressed_tensors.quantization_config(cfg.bits, cfg.group_size, cfg.is_sym, act_order,
+    Act-order is recorded as actorder "weight" (static groups, no g_idx: QuantizeConfig sets them)."""
+    actorder = "weight" if cfg.desc_act and cfg.group_size != -1 else None
+    return compressed_tensors.quantization_config(cfg.bits, cfg.group_size, cfg.is_sym, actorder,
                                                   ["lm_head", *skipped])
 
 

@@ -158,7 +158,8 @@ class Job:
         except Exception as exc:
             raise to_api_error(exc) from exc
         n = self.params.n
-        choices = [self.fmt.full_choice(i * n + c.index, i, c) for i in sorted(finals) for c in finals[i].outputs]
+        choices = [self.fmt.full_choice(i * n + c.index, i, c, finals[i]) for i in sorted(finals)
+                   for c in finals[i].outputs]
         body = self.fmt.envelope(choices, chunk=False)
         body["usage"] = self._usage(finals.values())
         return JSONResponse(body)
@@ -188,7 +189,7 @@ class Job:
                 i, out = item
                 latest[i] = out
                 for c in out.outputs:
-                    chunk = self._delta(i * n + c.index, i, c, sent)
+                    chunk = self._delta(i * n + c.index, i, c, sent, out)
                     if chunk is not None:
                         if self.continuous_usage:
                             chunk["usage"] = self._usage(latest.values())
@@ -211,7 +212,7 @@ class Job:
                 await self.abort_all()
         yield SSE_DONE
 
-    def _delta(self, index: int, prompt_index: int, c, sent: dict) -> dict | None:
+    def _delta(self, index: int, prompt_index: int, c, sent: dict, req: RequestOutput) -> dict | None:
         chars, toks = sent.get(index, (0, 0))
         if toks < 0:
             return None  # this choice already finished
@@ -219,9 +220,13 @@ class Job:
         text = c.text[chars:]
         if not text and not done and len(c.token_ids) == toks:
             return None  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
-        if index not in sent and self.fmt.echo_texts:
-            text = self.fmt.echo_texts[prompt_index] + text
-        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), chars, done)
+        prompt_lp, echo_len = None, 0
+        if self.fmt.echo_texts:
+            echo_len = len(self.fmt.echo_texts[prompt_index])
+            if index not in sent:
+                text = self.fmt.echo_texts[prompt_index] + text
+                prompt_lp = self.fmt.prompt_logprobs(req)
+        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), echo_len + chars, done, prompt_lp)
         sent[index] = (len(c.text), -1 if done else len(c.token_ids))
         return self.fmt.envelope([choice], chunk=True)
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quantkit.engine.request import CompletionOutput
+from quantkit.engine.request import CompletionOutput, RequestOutput
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # built once (dumps with options builds one per call)
 
 
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    return f"data: {_COMPACT.encode(obj)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -31,15 +35,29 @@ def token_text(tokenizer, token_id: int, decoded: str | None) -> str:
 
 def completion_logprobs(tokenizer, out: CompletionOutput, start: int, end: int, offset: int) -> dict:
     """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs, text_offset (for tokens start..end)."""
+    return legacy_logprobs(tokenizer, out.token_ids[start:end], out.logprobs[start:end], offset)
+
+
+def legacy_logprobs(tokenizer, token_ids: Sequence[int], entries: Sequence[dict | None], offset: int) -> dict:
+    """The legacy shape for tokens and their logprob entries; an entry None (the first prompt token, which
+    nothing before it scores) gives a null logprob and null top_logprobs, as vLLM writes it."""
     tokens, lps, tops, offsets = [], [], [], []
-    for tok, entry in zip(out.token_ids[start:end], out.logprobs[start:end]):
-        text = token_text(tokenizer, tok, entry[tok].decoded_token)
+    for tok, entry in zip(token_ids, entries):
+        text = token_text(tokenizer, tok, entry[tok].decoded_token if entry else None)
         tokens.append(text)
-        lps.append(entry[tok].logprob)
-        tops.append({token_text(tokenizer, t, lp.decoded_token): lp.logprob for t, lp in entry.items()})
+        lps.append(entry[tok].logprob if entry else None)
+        tops.append({token_text(tokenizer, t, lp.decoded_token): lp.logprob for t, lp in entry.items()}
+                    if entry else None)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def join_logprobs(first: dict | None, second: dict | None) -> dict | None:
+    """Two legacy logprobs objects, one after the other (an echoed prompt's, then the completion's)."""
+    if first is None or second is None:
+        return first or second
+    return {k: first[k] + second[k] for k in first}
 
 
 def chat_logprobs(tokenizer, out: CompletionOutput, start: int, end: int, top: int) -> dict:
@@ -82,6 +100,13 @@ class Format:
             return chat_logprobs(tokenizer, out, start, end, self.top_logprobs)
         return completion_logprobs(tokenizer, out, start, end, offset)
 
+    def prompt_logprobs(self, req: RequestOutput | None) -> dict | None:
+        """The echoed prompt's logprobs (completions with echo and logprobs), else None."""
+        if self.chat or not self.echo_texts or self.top_logprobs is None or req is None or req.prompt_logprobs is None:
+            return None
+        tokenizer = None if self.tokens_as_ids else self.tokenizer
+        return legacy_logprobs(tokenizer, req.prompt_token_ids, req.prompt_logprobs, 0)
+
     def first_chunks(self, indices: list[int]) -> list[dict]:
         """Chat streams open each choice with the role."""
         if not self.chat:
@@ -90,18 +115,19 @@ class Format:
                                 "finish_reason": None}], chunk=True) for i in indices]
 
     def delta_choice(self, index: int, text: str, out: CompletionOutput, start: int, end: int, offset: int,
-                     finished: bool) -> dict:
+                     finished: bool, prompt_lp: dict | None = None) -> dict:
+        """`prompt_lp`: the echoed prompt's logprobs, sent before the first tokens' (its first chunk)."""
         reason = out.finish_reason if finished else None
-        lp = self.logprobs(out, start, end, offset)
+        lp = join_logprobs(prompt_lp, self.logprobs(out, start, end, offset))
         if self.chat:
             return {"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": reason,
                     "stop_reason": out.stop_reason if finished else None}
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason,
                 "stop_reason": out.stop_reason if finished else None}
 
-    def full_choice(self, index: int, prompt_index: int, out: CompletionOutput) -> dict:
+    def full_choice(self, index: int, prompt_index: int, out: CompletionOutput, req: RequestOutput | None = None) -> dict:
         echo = self.echo_texts[prompt_index] if self.echo_texts else ""
-        lp = self.logprobs(out, 0, len(out.token_ids), len(echo))
+        lp = join_logprobs(self.prompt_logprobs(req), self.logprobs(out, 0, len(out.token_ids), len(echo)))
         if self.chat:
             return {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}

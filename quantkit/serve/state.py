@@ -48,6 +48,11 @@ class ServerState:
             raise APIError(500, f"the engine failed: {self.error}")
         return self.llm.engine
 
+    @property
+    def tokenizer(self):
+        """The event loop's tokenizer: the engine thread uses its own (fast tokenizers are not thread-safe)."""
+        return self.llm.tokenizer
+
     def check_model(self, name: str | None) -> str:
         names = self.settings.served_model_names
         if name is None or name in names:

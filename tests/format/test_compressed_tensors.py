@@ -32,7 +32,7 @@ def test_library_decompresses_ours_to_our_weight(bits, group_size, sym):
 
     qw = _weight(bits, group_size, sym)
     tensors = {k.rpartition(".")[2]: v for k, v in ct.ct_tensors(qw, "m").items()}
-    qc = ct.quantization_config(bits, group_size, sym, False, ["lm_head"])
+    qc = ct.quantization_config(bits, group_size, sym, None, ["lm_head"])
     out = PackedQuantizationCompressor.decompress(dict(tensors), _scheme(qc))
     # the library multiplies in the scale's dtype (fp16): one rounding of the exact product
     torch.testing.assert_close(out["weight"], qw.dequantize().half(), rtol=0, atol=0)
@@ -50,7 +50,7 @@ def test_library_compresses_to_our_bits(bits, group_size, sym):
     ours = {k.rpartition(".")[2]: v for k, v in ct.ct_tensors(qw, "m").items()}
     state = {"weight": qw.dequantize(), "weight_scale": qw.scales.T.contiguous().half(),
              "weight_zero_point": (qw.zeros.T - 2 ** (bits - 1)).to(torch.int8).contiguous()}
-    qc = ct.quantization_config(bits, group_size, sym, False, [])
+    qc = ct.quantization_config(bits, group_size, sym, None, [])
     theirs = PackedQuantizationCompressor.compress(state, _scheme(qc))
     assert torch.equal(theirs["weight_packed"], ours["weight_packed"])
     assert torch.equal(theirs["weight_shape"], ours["weight_shape"])
@@ -62,20 +62,21 @@ def test_act_order_g_idx_round_trips():
     qw = _weight(4, 32, False, act_order=True)
     tensors = {k.rpartition(".")[2]: v for k, v in ct.ct_tensors(qw, "m").items()}
     assert torch.equal(tensors["weight_g_idx"], qw.g_idx)
-    assert ct.quantization_config(4, 32, False, True, [])["config_groups"]["group_0"]["weights"]["actorder"] == "group"
     torch.testing.assert_close(dequantize(ct.ct_to_packed(tensors, 4, 32, False)), qw.dequantize(), rtol=0, atol=0)
 
 
 def test_config_validates_in_the_library_and_parses_back():
-    # act-order off: compressed-tensors 0.20 refuses actorder "group" (g_idx), which 0.17 (llm-compressor
-    # 0.14's) and vLLM 0.32 still read; parse_quantization_config accepts both
-    qc = ct.quantization_config(4, 128, False, False, ["lm_head"])
-    scheme = _scheme(qc)
-    assert (scheme.weights.num_bits, scheme.weights.group_size, scheme.weights.symmetric) == (4, 128, False)
-    groups, ignore = ct.parse_quantization_config(qc)
-    assert groups == (ct.CTGroup(("Linear",), 4, 128, False, False),) and ignore == ("lm_head",)
-    act = ct.parse_quantization_config(ct.quantization_config(4, 128, True, True, []))[0][0]
-    assert act.act_order
+    # what we write (actorder None or "weight") validates in the library; "group" (a stored g_idx), which
+    # compressed-tensors 0.20 removed and 0.17 (vLLM 0.32's) still reads, parses back as a g_idx checkpoint
+    for actorder in (None, "weight"):
+        qc = ct.quantization_config(4, 128, False, actorder, ["lm_head"])
+        scheme = _scheme(qc)
+        assert (scheme.weights.num_bits, scheme.weights.group_size, scheme.weights.symmetric) == (4, 128, False)
+        assert scheme.weights.actorder == actorder
+        groups, ignore = ct.parse_quantization_config(qc)
+        assert groups == (ct.CTGroup(("Linear",), 4, 128, False, False),) and ignore == ("lm_head",)
+    for actorder in ("group", "dynamic"):
+        assert ct.parse_quantization_config(ct.quantization_config(4, 128, True, actorder, []))[0][0].act_order
 
 
 @pytest.mark.parametrize("change,message", [
@@ -86,7 +87,7 @@ def test_config_validates_in_the_library_and_parses_back():
     (lambda g: g["weights"].update(strategy="tensor"), "strategy 'tensor'"),
 ])
 def test_schemes_we_do_not_run_are_named(change, message):
-    qc = ct.quantization_config(4, 128, True, False, [])
+    qc = ct.quantization_config(4, 128, True, None, [])
     change(qc["config_groups"]["group_0"])
     with pytest.raises(ValueError, match=message):
         ct.parse_quantization_config(qc)
@@ -117,5 +118,5 @@ def test_fp32_scales_are_kept_as_stored():
     tensors["weight_scale"] = tensors["weight_scale"].float() * (1 + 1e-6)  # not representable in fp16
     p = ct.ct_to_packed(tensors, 4, 64, False)
     assert p.scales.dtype == torch.float32
-    theirs = PackedQuantizationCompressor.decompress(dict(tensors), _scheme(ct.quantization_config(4, 64, False, False, [])))
+    theirs = PackedQuantizationCompressor.decompress(dict(tensors), _scheme(ct.quantization_config(4, 64, False, None, [])))
     torch.testing.assert_close(dequantize(p), theirs["weight"], rtol=1e-6, atol=0)

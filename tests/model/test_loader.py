@@ -39,7 +39,7 @@ def test_quant_linear_matches_dense_dequantized(dtype):
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=6e-2)
     torch.testing.assert_close(layer(x), expected, **tol)
     assert layer(x).shape == (3, 5, 32) and layer.in_features == 64 and layer.out_features == 32
-    assert layer.cpu_path == "int4" and layer.qweight is not None  # lazily repacked: the checker reads them
+    assert layer.cpu_path.startswith("int4") and layer.qweight is not None  # lazily repacked: the checker reads them
 
 
 def test_quant_linear_repack_for_cpu_drops_the_checkpoint_tensors_and_keeps_no_dense_copy():
@@ -47,14 +47,41 @@ def test_quant_linear_repack_for_cpu_drops_the_checkpoint_tensors_and_keeps_no_d
     layer = QuantLinear(p)
     x = torch.randn(4, 256)
     want = torch.nn.functional.linear(x, dequantize(p))
-    assert layer.repack_for_cpu(torch.float32) == "int4"
+    assert layer.repack_for_cpu(torch.float32).startswith("int4")
     assert layer.qweight is None and layer.scales is None
     assert layer.weight_bytes() < 0.3 * 64 * 256 * 2  # vs the bf16 dense weight
     torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # compiles the C++ kernel where it is not cached
+def test_quant_linear_runs_4_bit_on_quantkits_kernel_where_it_builds():
+    from quantkit.kernels import int4_cpu
+
+    if (why := int4_cpu.unavailable()) is not None:
+        pytest.skip(why)
+    p = pack(rtn_quantize(torch.randn(32, 128), QuantScheme(4, 16, False)), "gptq")  # a group torch's kernel refuses
+    layer = QuantLinear(p)
+    assert layer.repack_for_cpu(torch.float32) == "int4 (quantkit AVX2 kernel)"
+    x = torch.randn(2, 128)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, dequantize(p)), rtol=1e-4, atol=1e-4)
+
+
+def test_quant_linear_says_why_it_falls_back_to_torchs_int4_kernel(monkeypatch):
+    from quantkit.kernels import int4_cpu
+
+    monkeypatch.setattr(int4_cpu, "unavailable", lambda: "no C++ compiler (c++) on PATH")
+    p = pack(rtn_quantize(torch.randn(32, 128), QuantScheme(4, 32, True)), "gptq")
+    layer = QuantLinear(p)
+    assert layer.repack_for_cpu(torch.float32) == "int4 (torch int4pack; quantkit kernel: no C++ compiler (c++) on PATH)"
+    x = torch.randn(2, 128)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, dequantize(p)), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(("bits", "group_size", "why"), [(4, 16, "group size 16"), (8, 64, "per-channel")])
-def test_quant_linear_falls_back_to_dense_and_says_why(bits, group_size, why):
+def test_quant_linear_falls_back_to_dense_and_says_why(bits, group_size, why, monkeypatch):
+    from quantkit.kernels import int4_cpu
+
+    monkeypatch.setattr(int4_cpu, "unavailable", lambda: "no C++ compiler (c++) on PATH")
     p = pack(rtn_quantize(torch.randn(32, 128), QuantScheme(bits, group_size, True)), "gptq")
     layer = QuantLinear(p)
     path = layer.repack_for_cpu(torch.float32)

@@ -28,7 +28,8 @@ def dense_weights(path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("method,other,extra", [
     ("rtn", "gptq", ("--bits", "8", "--group-size", "-1")),
-    ("gptq", "gptq", ("--no-sym", "--desc-act", "--group-size", "32")),
+    # compressed-tensors stores act-order with static groups (actorder "weight"): the GPTQ run matches it
+    ("gptq", "gptq", ("--no-sym", "--desc-act", "--static-groups", "--group-size", "32")),
     ("awq", "awq", ("--group-size", "64")),
 ])
 def test_same_run_in_two_formats_holds_the_same_weights(tiny_llama, tmp_path, method, other, extra):
@@ -41,20 +42,23 @@ def test_same_run_in_two_formats_holds_the_same_weights(tiny_llama, tmp_path, me
         torch.testing.assert_close(ours[name], ref[name], rtol=0, atol=0, msg=name)
     qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
     assert (qc["quant_method"], qc["format"], qc["ignore"]) == ("compressed-tensors", "pack-quantized", ["lm_head"])
+    assert qc["config_groups"]["group_0"]["weights"]["actorder"] == ("weight" if "--desc-act" in extra else None)
     tensors = load_file(str(tmp_path / "ct" / "model.safetensors"))
     assert "model.layers.0.self_attn.q_proj.weight_packed" in tensors
-    assert not any(k.endswith((".qweight", ".qzeros")) for k in tensors)
+    assert not any(k.endswith((".qweight", ".qzeros", ".weight_g_idx")) for k in tensors)
 
 
-def test_library_reads_our_checkpoint(tiny_llama, tmp_path):
-    """compressed-tensors' own config model and compressor decompress what quantkit wrote."""
+@pytest.mark.parametrize("extra", [("--method", "rtn", "--no-sym", "--group-size", "64"),
+                                   ("--method", "gptq", "--desc-act", "--group-size", "32")])
+def test_library_reads_our_checkpoint(tiny_llama, tmp_path, extra):
+    """compressed-tensors' own config model and compressor decompress what quantkit wrote (act-order included:
+    written as the library's actorder "weight", which needs no g_idx)."""
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig
 
     pytest.importorskip("compressed_tensors")
     out = tmp_path / "ct"
-    quantize(tiny_llama, out, "--method", "rtn", "--format", "compressed-tensors", "--no-sym", "--group-size", "64",
-             calib=synthetic_calib(tmp_path / "c.txt"))
+    quantize(tiny_llama, out, "--format", "compressed-tensors", *extra, calib=synthetic_calib(tmp_path / "c.txt"))
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     scheme = QuantizationConfig.model_validate(qc).config_groups["group_0"]
     tensors = load_file(str(out / "model.safetensors"))

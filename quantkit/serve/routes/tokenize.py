@@ -34,20 +34,20 @@ async def tokenize(request: Request):
         raise APIError(400, str(exc.errors()[0]["msg"]), param=".".join(map(str, exc.errors()[0]["loc"]))) from exc
     state.check_model(body.model)
     if isinstance(body, TokenizeChat):
-        text = render_chat(engine.tokenizer, body.messages, state.settings.chat_template, body.add_generation_prompt,
+        text = render_chat(state.tokenizer, body.messages, state.settings.chat_template, body.add_generation_prompt,
                            body.continue_final_message)
     else:
         text = body.prompt
-    tokens = encode(engine, text, add_special_tokens=body.add_special_tokens)
+    tokens = encode(state.tokenizer, text, add_special_tokens=body.add_special_tokens)
     return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request):
     state = server(request)
-    engine = state.require_ready()
+    state.require_ready()
     state.check_model(body.model)
-    vocab = len(engine.tokenizer)
+    vocab = len(state.tokenizer)
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"tokens must be ids in [0, {vocab})", param="tokens")
-    return {"prompt": engine.tokenizer.decode(body.tokens)}
+    return {"prompt": state.tokenizer.decode(body.tokens)}

@@ -1,0 +1,206 @@
+// W4A16-style linear on CPU with AVX2 + FMA: x fp32 [M, K] @ W.T -> out fp32 [M, N], where W is
+// 4-bit with per-group scales and zeros, kept packed in memory.
+//
+// Layout (built once at load by quantkit.kernels.int4_cpu.repack):
+//   packed  uint8 [NB, K, 8]        NB = ceil(N / 16) blocks of 16 output rows; byte (b, k, j)
+//                                   holds row 16b + j (low nibble) and row 16b + 8 + j (high
+//                                   nibble) of input column k, so one 8-byte load unpacks to two
+//                                   8-lane vectors of rows 16b..16b+7 and 16b+8..16b+15
+//   sz      fp16 or fp32 [NB, G, 2, 16]   per group and row: scale s, then zero point z (rows past
+//                                   N: 0); fp16 where the checkpoint's scales are exact in it
+// Then W[n, k] = (q - z) * s, and for a group g of input columns
+//   out[m, n] += s[n, g] * (sum_k x[m, k] q[n, k] - z[n, g] * xsum[m, g]),
+// so the inner loop is a plain dot product of x with the integer codes, the group sums of x are
+// computed once per call, and scales are applied once per group.
+//
+// Lanes are output rows: for each k, the 16 codes are unpacked once and multiplied with MT rows
+// of x broadcast, so a tile of MT rows of x reads the weights once. U independent accumulator sets
+// (unrolled over k) keep 2 * MT * U >= 8 FMA chains in flight. Work is split over the 16-row
+// blocks with at::parallel_for (torch's thread pool and thread count).
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the int4 CPU kernel needs AVX2 and FMA (this CPU or compiler lacks them)"
+#endif
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+constexpr int kRows = 16;
+
+template <typename T>
+struct Args {
+  const float* x;      // [M, K]
+  const float* xsum;   // [M, G]
+  const uint8_t* w;    // [NB, K, 8]
+  const T* sz;         // [NB, G, 2, 16]
+  float* out;          // [M, N]
+  int64_t M, K, N, G, gs;
+};
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline void unpack16(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+  hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+}
+
+// Rows m0..m0+MT-1 of x against block b: o[MT][16] accumulates the block's outputs.
+template <int MT, typename T>
+void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+  constexpr int U = MT >= 4 ? 1 : (MT >= 2 ? 2 : 4);
+  const uint8_t* w = a.w + b * a.K * 8;
+  const T* sz = a.sz + b * a.G * 2 * kRows;
+  const float* x[MT];
+  for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
+  __m256 out[MT][2];
+  for (int m = 0; m < MT; ++m) out[m][0] = out[m][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m256 acc[U][MT][2];
+    for (int u = 0; u < U; ++u)
+      for (int m = 0; m < MT; ++m) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_ps();
+    const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
+    int64_t k = k0;
+    for (; k + U <= k1; k += U) {
+      for (int u = 0; u < U; ++u) {
+        __m256 lo, hi;
+        unpack16(w + (k + u) * 8, lo, hi);
+        for (int m = 0; m < MT; ++m) {
+          const __m256 xb = _mm256_broadcast_ss(x[m] + k + u);
+          acc[u][m][0] = _mm256_fmadd_ps(xb, lo, acc[u][m][0]);
+          acc[u][m][1] = _mm256_fmadd_ps(xb, hi, acc[u][m][1]);
+        }
+      }
+    }
+    for (; k < k1; ++k) {
+      __m256 lo, hi;
+      unpack16(w + k * 8, lo, hi);
+      for (int m = 0; m < MT; ++m) {
+        const __m256 xb = _mm256_broadcast_ss(x[m] + k);
+        acc[0][m][0] = _mm256_fmadd_ps(xb, lo, acc[0][m][0]);
+        acc[0][m][1] = _mm256_fmadd_ps(xb, hi, acc[0][m][1]);
+      }
+    }
+    const T* s = sz + g * 2 * kRows;
+    const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + 16), z1 = load8(s + 24);
+    for (int m = 0; m < MT; ++m) {
+      __m256 d0 = acc[0][m][0], d1 = acc[0][m][1];
+      for (int u = 1; u < U; ++u) {
+        d0 = _mm256_add_ps(d0, acc[u][m][0]);
+        d1 = _mm256_add_ps(d1, acc[u][m][1]);
+      }
+      const __m256 xs = _mm256_broadcast_ss(a.xsum + (m0 + m) * a.G + g);
+      out[m][0] = _mm256_fmadd_ps(_mm256_fnmadd_ps(xs, z0, d0), s0, out[m][0]);
+      out[m][1] = _mm256_fmadd_ps(_mm256_fnmadd_ps(xs, z1, d1), s1, out[m][1]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    _mm256_storeu_ps(o + m * kRows, out[m][0]);
+    _mm256_storeu_ps(o + m * kRows + 8, out[m][1]);
+  }
+}
+
+// Write o[mt][16] into out[m0.., 16b..], dropping rows past N.
+template <typename T>
+void store(const Args<T>& a, int64_t b, int64_t m0, int64_t mt, const float* o) {
+  const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
+  for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
+}
+
+template <typename T>
+void block(const Args<T>& a, int64_t b) {
+  float o[4 * kRows];
+  int64_t m0 = 0;
+  for (; m0 + 4 <= a.M; m0 += 4) { tile<4>(a, b, m0, o); store(a, b, m0, 4, o); }
+  switch (a.M - m0) {
+    case 3: tile<3>(a, b, m0, o); store(a, b, m0, 3, o); break;
+    case 2: tile<2>(a, b, m0, o); store(a, b, m0, 2, o); break;
+    case 1: tile<1>(a, b, m0, o); store(a, b, m0, 1, o); break;
+    default: break;
+  }
+}
+
+void check(const torch::Tensor& packed, const torch::Tensor& sz, int64_t k, int64_t n, int64_t gs) {
+  TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.size(1) == k && packed.size(2) == 8,
+              "packed must be uint8 [ceil(N/16), K, 8]");
+  TORCH_CHECK(packed.size(0) * kRows >= n && packed.size(0) * kRows < n + kRows, "packed has the wrong row blocks");
+  TORCH_CHECK(gs > 0 && k % gs == 0, "group size must divide K");
+  TORCH_CHECK((sz.dtype() == torch::kFloat || sz.dtype() == torch::kHalf) && sz.dim() == 4 &&
+                  sz.size(0) == packed.size(0) && sz.size(1) == k / gs && sz.size(2) == 2 && sz.size(3) == kRows,
+              "scale_zero must be fp16 or fp32 [ceil(N/16), K/group, 2, 16]");
+  TORCH_CHECK(packed.is_contiguous() && sz.is_contiguous(), "packed and scale_zero must be contiguous");
+}
+
+}  // namespace
+
+namespace {
+
+template <typename T>
+void run(const Args<T>& a, int64_t blocks) {
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) block(a, b);
+  });
+}
+
+template <typename T>
+void dequantize_rows(const uint8_t* p, const T* sz, int64_t k, int64_t gs, int64_t n0, int64_t n1, float* out) {
+  const int64_t groups = k / gs;
+  at::parallel_for(n0, n1, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / kRows, j = r % kRows, shift = j < 8 ? 0 : 4;
+      const uint8_t* row = p + b * k * 8 + j % 8;
+      float* dst = out + (r - n0) * k;
+      for (int64_t g = 0; g < groups; ++g) {
+        const T* s = sz + (b * groups + g) * 2 * kRows;
+        const float scale = float(s[j]), zero = float(s[kRows + j]);
+        for (int64_t c = g * gs; c < (g + 1) * gs; ++c) dst[c] = (float((row[c * 8] >> shift) & 15) - zero) * scale;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// x fp32 [M, K] (columns already permuted for act-order) -> fp32 [M, N].
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs) {
+  TORCH_CHECK(x.dtype() == torch::kFloat && x.dim() == 2, "x must be fp32 [M, K]");
+  x = x.contiguous();
+  const int64_t m = x.size(0), k = x.size(1);
+  check(packed, sz, k, n, gs);
+  auto out = torch::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const auto xsum = x.view({m, k / gs, gs}).sum(-1).contiguous();  // [M, G]
+  const float* xp = x.data_ptr<float>();
+  const float* xs = xsum.data_ptr<float>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  if (sz.dtype() == torch::kHalf)
+    run(Args<at::Half>{xp, xs, w, sz.data_ptr<at::Half>(), out.data_ptr<float>(), m, k, n, k / gs, gs}, packed.size(0));
+  else
+    run(Args<float>{xp, xs, w, sz.data_ptr<float>(), out.data_ptr<float>(), m, k, n, k / gs, gs}, packed.size(0));
+  return out;
+}
+
+// Rows n0..n1-1 of W as fp32 [n1 - n0, K] (the large-M path: dequantize a tile, then a dense matmul).
+torch::Tensor int4_dequantize(torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs, int64_t n0, int64_t n1) {
+  const int64_t k = packed.size(1);
+  check(packed, sz, k, n, gs);
+  TORCH_CHECK(0 <= n0 && n0 <= n1 && n1 <= n, "row range out of bounds");
+  auto w = torch::empty({n1 - n0, k}, torch::dtype(torch::kFloat));
+  if (sz.dtype() == torch::kHalf)
+    dequantize_rows(packed.data_ptr<uint8_t>(), sz.data_ptr<at::Half>(), k, gs, n0, n1, w.data_ptr<float>());
+  else
+    dequantize_rows(packed.data_ptr<uint8_t>(), sz.data_ptr<float>(), k, gs, n0, n1, w.data_ptr<float>());
+  return w;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
+  m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
+}

@@ -1,0 +1,134 @@
+"""quantkit's own 4-bit CPU linear (kernels/csrc/int4_cpu.cpp, AVX2 + FMA), its packed layout, and
+the pure-torch reference of that layout.
+
+torch's `_weight_int4pack_mm_for_cpu` has no fast path without AVX-512 (13.8 ms at M=1 on a
+[2816 x 1024] weight on this project's AVX2 CPU, against 0.25 ms for fp32 dense); this kernel reads
+the 4-bit weight directly with fp32 activations (docs/BENCHMARKS.md has the figures).
+
+Layout (`Int4Blocked`), for a weight W [N, K] with groups of `group_size` input columns:
+  packed      uint8 [NB, K, 8]          NB = ceil(N / 16) blocks of 16 output rows; byte (b, k, j)
+                                        holds row 16b + j (low nibble) and 16b + 8 + j (high nibble)
+  scale_zero  fp16  [NB, G, 2, 16]      per group and row: scale s, then the zero point z; padded
+                                        rows are 0 (fp32 when a scale is not exact in fp16)
+  perm        int64 [K] or None         act-order: input columns sorted by group; x is permuted once
+                                        per call, W once at repack
+W[n, k] = (q - z) * s, exactly as the checkpoint dequantizes. Every 4-bit GPTQ (v1/v2, act-order), AWQ and compressed-tensors
+PackedLinear repacks into it, for any N and any group size that divides K.
+
+Large M (prefill chunks): the kernel unpacks the weight once per 4 rows of x, so past a crossover
+measured on this CPU (DENSE_FROM_M) it is cheaper to dequantize a tile of rows and multiply densely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quantkit.format.packing import PackedLinear, unpack
+from quantkit.kernels.cpu_ext import cpu_extension_unavailable, load_cpu_extension
+from quantkit.kernels.cpu_int import group_order
+
+EXTENSION = "quantkit_int4"
+SOURCES = ("int4_cpu.cpp",)
+ROWS = 16  # output rows per block
+# From M = DENSE_FROM_M on, dequantize-a-tile-then-matmul beats the kernel (python -m
+# quantkit.bench.int4_cpu on this project's CPU, 2 threads, the issue's four shapes; docs/BENCHMARKS.md).
+DENSE_FROM_M = 512
+DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
+
+
+@dataclass
+class Int4Blocked:
+    packed: torch.Tensor  # uint8 [NB, K, 8]
+    scale_zero: torch.Tensor  # fp16 (or fp32) [NB, G, 2, 16]
+    out_features: int
+    group_size: int  # columns per group (K for one group per row)
+    perm: torch.Tensor | None  # int64 [K]
+
+
+def extension():
+    """The compiled kernel module, or None (then `unavailable()` says why)."""
+    return load_cpu_extension(EXTENSION, SOURCES)
+
+
+def unavailable() -> str | None:
+    """None when the kernel builds and loads on this machine, else the reason."""
+    return None if extension() is not None else cpu_extension_unavailable(EXTENSION)
+
+
+def pack_blocks(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [N, K] (0..15), scales and zeros [G, N] -> (packed uint8 [NB, K, 8], scale_zero [NB, G, 2, 16])."""
+    n, k = codes.shape
+    nb = -(-n // ROWS)
+    pad = nb * ROWS - n
+    c = torch.nn.functional.pad(codes.to(torch.uint8), (0, 0, 0, pad)).view(nb, 2, 8, k)  # [NB, hi/lo, j, K]
+    packed = (c[:, 0] | (c[:, 1] << 4)).transpose(1, 2).contiguous()  # [NB, K, 8]
+    s = scales.float()
+    exact = torch.equal(s.half().float(), s)  # fp16 checkpoints' scales always are
+    sz = torch.stack((s, zeros.float())).to(torch.float16 if exact else torch.float32)  # [2, G, N]
+    sz = torch.nn.functional.pad(sz, (0, pad)).view(2, k // group_size, nb, ROWS)
+    return packed, sz.permute(2, 1, 0, 3).contiguous()
+
+
+def repack(p: PackedLinear) -> Int4Blocked:
+    """A 4-bit PackedLinear (GPTQ v1/v2 incl. act-order, AWQ, compressed-tensors) -> Int4Blocked."""
+    if p.bits != 4:
+        raise ValueError(f"the int4 CPU kernel takes 4-bit weights, not {p.bits}-bit")
+    codes, zeros, scales, g_idx = unpack(p)  # [K, N], [G, N], [G, N], [K]
+    k = codes.shape[0]
+    g = k if p.group_size == -1 else p.group_size
+    codes, perm = group_order(codes, g_idx, g)
+    packed, sz = pack_blocks(codes.T, scales, zeros, g)
+    return Int4Blocked(packed, sz, p.out_features, g, perm)
+
+
+def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
+    """The pure-torch reader of the layout: W fp32 [N, K] (columns in the permuted order when act-order)."""
+    nb, k, _ = w.packed.shape
+    codes = torch.stack((w.packed & 15, w.packed >> 4), dim=1)  # [NB, 2, K, 8]
+    codes = codes.permute(0, 1, 3, 2).reshape(nb * ROWS, k).float()  # [NB * 16, K]
+    sz = w.scale_zero.float().permute(2, 0, 3, 1).reshape(2, nb * ROWS, -1)  # [2, NB * 16, G]
+    s, z = (t.repeat_interleave(w.group_size, dim=1) for t in sz)
+    return ((codes - z) * s)[: w.out_features]
+
+
+def int4_blocked_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None) -> torch.Tensor:
+    """The oracle: x [M, K] @ dequantize_blocked(w).T (+ bias), in fp32, returned in x's dtype."""
+    xf = x.float() if w.perm is None else x.float().index_select(1, w.perm)
+    out = xf @ dequantize_blocked(w).T
+    return (out if bias is None else out + bias.float()).to(x.dtype)
+
+
+def _dense_tiles(ext, x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
+    """x fp32 [M, K] @ W.T with W dequantized DENSE_TILE_ROWS rows at a time (the large-M path)."""
+    n, out = w.out_features, x.new_empty(x.shape[0], w.out_features)
+    for n0 in range(0, n, DENSE_TILE_ROWS):
+        n1 = min(n, n0 + DENSE_TILE_ROWS)
+        tile = ext.int4_dequantize(w.packed, w.scale_zero, n, w.group_size, n0, n1)
+        if n1 - n0 == n:
+            return torch.nn.functional.linear(x, tile)
+        out[:, n0:n1] = torch.nn.functional.linear(x, tile)
+    return out
+
+
+def int4_blocked_linear(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None,
+                        dense_from_m: int = DENSE_FROM_M) -> torch.Tensor:
+    """x [M, K] (fp32 or bf16) @ W.T (+ bias) -> [M, N] in x's dtype, computed in fp32.
+
+    M < dense_from_m: the AVX2 kernel on the packed weight; else dequantize tiles and multiply.
+    Raises RuntimeError when the extension is not built (callers check `unavailable()` first).
+    """
+    ext = extension()
+    if ext is None:
+        raise RuntimeError(f"the int4 CPU kernel is unavailable: {unavailable()}")
+    xf = x if x.dtype == torch.float32 else x.float()
+    xf = xf.index_select(1, w.perm) if w.perm is not None else xf.contiguous()
+    if xf.shape[0] < dense_from_m:
+        out = ext.int4_linear(xf, w.packed, w.scale_zero, w.out_features, w.group_size)
+    else:
+        out = _dense_tiles(ext, xf, w)
+    if bias is not None:
+        out = out + bias.float()
+    return out if x.dtype == torch.float32 else out.to(x.dtype)

@@ -1,0 +1,85 @@
+"""Decode speed of the engine on a 4-bit GPTQ checkpoint against the same model in float, one process.
+
+  python -m quantkit.bench.int4_engine [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
+                                       [--rounds 3] [--dtype auto]
+
+Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads,
+8 KV heads, vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN
+checkpoint in the GPTQ v1 layout (symmetric, group 128). Both load in --dtype (auto: the engine's
+pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B prompts to
+max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out.
+Rounds alternate float and 4-bit; the median counts. Weight memory is the engine's start-up figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def _wall(llm, prompts: list[list[int]], max_tokens: int) -> float:
+    from quantkit.engine import SamplingParams
+
+    t = time.perf_counter()
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    return time.perf_counter() - t
+
+
+def decode_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
+    full, first = _wall(llm, prompts, max_tokens), _wall(llm, prompts, 1)
+    return len(prompts) * (max_tokens - 1) / (full - first)
+
+
+def main() -> None:
+    from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
+    from quantkit.engine import LLM
+    from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.engine.weights import WeightMemory
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
+    g = torch.Generator().manual_seed(0)
+    batches = [int(b) for b in args.batches.split(",")]
+    prompts = {b: [torch.randint(3, 32000, (args.prompt_len,), generator=g).tolist() for _ in range(b)]
+               for b in batches}
+    with tempfile.TemporaryDirectory() as tmp:
+        dense = make_dense(Path(tmp))
+        models = {"float": dense, "4-bit GPTQ": make_gptq(dense, Path(tmp))}
+        llms = {name: LLM(str(path), dtype=dtype, max_model_len=1024, max_num_seqs=max(batches),
+                          num_threads=args.threads) for name, path in models.items()}
+        for llm in llms.values():  # warm-up, not counted
+            _wall(llm, prompts[batches[0]][:1], 2)
+        rates = {(name, b): [] for name in llms for b in batches}
+        loads = [os.getloadavg()[0]]
+        for _ in range(args.rounds):
+            for b in batches:
+                for name, llm in llms.items():
+                    rates[name, b].append(decode_tok_s(llm, prompts[b], args.max_tokens))
+            loads.append(os.getloadavg()[0])
+    print(f"{dtype}, {args.threads} threads, prompts of {args.prompt_len} tokens, {args.max_tokens} out, median "
+          f"of {args.rounds} alternating rounds; load average {min(loads):.2f}-{max(loads):.2f}")
+    for name, llm in llms.items():
+        print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}")
+    for b in batches:
+        f, q = (statistics.median(rates[n, b]) for n in llms)
+        print(f"batch {b}: decode tok/s float {f:.1f}, 4-bit {q:.1f} ({q / f:.2f}x); rounds float "
+              + ", ".join(f"{r:.1f}" for r in rates["float", b]) + "; 4-bit "
+              + ", ".join(f"{r:.1f}" for r in rates["4-bit GPTQ", b]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""quantkit's engine against llama.cpp (llama-cpp-python) at batch 1: same model, prompt and threads, one sitting.
+
+  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
+                                       [--model DIR --gptq DIR]
+
+Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
+16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
+group 128, GPTQ v1 layout: what `quantkit quantize --method rtn --format gptq` writes), or the ones given.
+llama.cpp gets the same float model as an F32 GGUF (quantkit.bench.gguf_llama; bf16 values are exact
+in F32), quantized by llama.cpp's own `llama_model_quantize` to each of --quants.
+Workload: one request, 128 prompt tokens (workload (c) of the vLLM benchmark), 128 new tokens, greedy,
+EOS ignored. Prompt processing tok/s = 128 / time to first token; decode tok/s = the other 127 tokens /
+their time. Per round every system runs once, in the same order; medians of --rounds are printed
+with llama.cpp's and quantkit's ratios.
+llama.cpp runs in a subprocess of VENV's python (quantkit/bench/llamacpp_worker.py) started outside
+the repo root, with n_threads = n_threads_batch = --threads. Conversion check: llama.cpp F32's greedy
+tokens against quantkit fp32's, and its logits after the prompt against transformers' fp32 logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+PROMPT_LEN, NEW_TOKENS, N_CTX = 128, 128, 512
+WORKER = Path(__file__).resolve().with_name("llamacpp_worker.py")
+
+
+@dataclass
+class Run:
+    prefill_s: float
+    decode_s: float
+    tokens: list[int]
+    first_logits: list[float] | None = None
+
+
+@dataclass
+class Tally:
+    prefill: list[float] = field(default_factory=list)  # prompt tok/s
+    decode: list[float] = field(default_factory=list)  # decode tok/s
+
+    def add(self, run: Run) -> None:
+        self.prefill.append(PROMPT_LEN / run.prefill_s)
+        self.decode.append((len(run.tokens) - 1) / run.decode_s)
+
+    def medians(self) -> tuple[float, float]:
+        return statistics.median(self.decode), statistics.median(self.prefill)
+
+
+class Quantkit:
+    """quantkit's engine, one sequence at a time."""
+
+    def __init__(self, model: Path, dtype: str, threads: int):
+        from quantkit.engine import LLM
+        from quantkit.engine.weights import WeightMemory
+
+        self.llm = LLM(str(model), dtype=dtype, max_model_len=N_CTX, max_num_seqs=1, num_threads=threads)
+        self.kernel = WeightMemory.of(self.llm.engine.model).describe()
+
+    def run(self, prompt: list[int], max_tokens: int) -> Run:
+        from quantkit.engine import SamplingParams
+
+        out = self.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))[0]
+        m = out.metrics
+        return Run(m.time_to_first_token, m.decode_time, list(out.outputs[0].token_ids))
+
+
+def _peer_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
+
+
+def llamacpp_quantize(python: Path, src: Path, dst: Path, kind: str, threads: int) -> float:
+    """llama.cpp's quantizer in the peer venv; returns its seconds."""
+    proc = subprocess.run([str(python), str(WORKER), "quantize", str(src), str(dst), kind, str(threads)],
+                          capture_output=True, text=True, cwd=src.parent, env=_peer_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp quantize to {kind} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+
+
+class LlamaCpp:
+    """llama-cpp-python in a subprocess of its venv, all models loaded once, fed one JSON job per line."""
+
+    def __init__(self, python: Path, models: dict[str, Path], threads: int, log: Path):
+        args = json.dumps(dict(models={k: str(v) for k, v in models.items()}, threads=threads, n_ctx=N_CTX))
+        self.proc = subprocess.Popen([str(python), str(WORKER), "serve", args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+                                     cwd=next(iter(models.values())).parent, env=_peer_env())
+        self.log = log
+        ready = self._answer()
+        self.system_info, self.version = ready["system_info"], ready["version"]
+
+    def _answer(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"llama.cpp worker exited; see {self.log}")
+
+    def run(self, model: str, prompt: list[int], max_tokens: int, logits: bool = False) -> Run:
+        self.proc.stdin.write(json.dumps(dict(model=model, prompt=prompt, max_tokens=max_tokens, logits=logits))
+                              + "\n")
+        self.proc.stdin.flush()
+        a = self._answer()
+        return Run(a["prefill_s"], a["decode_s"], a["tokens"], a["first_logits"])
+
+    def close(self) -> None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy continuations share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def transformers_logits(model: Path, prompt: list[int]) -> torch.Tensor:
+    """fp32 logits after the prompt: [vocab]."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor([prompt])).logits[0, -1]
+
+
+def conversion_check(model: Path, prompt: list[int], ours_fp32: Quantkit, peer: LlamaCpp) -> str:
+    """llama.cpp F32 against quantkit fp32 (greedy tokens) and transformers fp32 (logits after the prompt)."""
+    theirs = peer.run("F32", prompt, NEW_TOKENS, logits=True)
+    ours = ours_fp32.run(prompt, NEW_TOKENS)
+    ref = transformers_logits(model, prompt)
+    diff = (torch.tensor(theirs.first_logits) - ref).abs().max().item()
+    return (f"conversion check: llama.cpp F32 and quantkit fp32 agree on the first "
+            f"{common_prefix(theirs.tokens, ours.tokens)} of {NEW_TOKENS} greedy tokens; logits after the prompt "
+            f"vs transformers fp32: max |diff| {diff:.2e} (logit std {ref.std().item():.2f}), argmax "
+            f"{'equal' if int(ref.argmax()) == theirs.tokens[0] else 'DIFFERENT'}")
+
+
+def prepare(args, tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
+    """(float model, 4-bit checkpoint, {llama.cpp name: GGUF path}) in `tmp`."""
+    from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
+    from quantkit.bench.gguf_llama import write_gguf
+
+    dense = Path(args.model) if args.model else make_dense(tmp)
+    gptq = Path(args.gptq) if args.gptq else make_gptq(dense, tmp)
+    python = Path(args.llamacpp_venv) / "bin" / "python"
+    ggufs = {"F32": write_gguf(dense, tmp / "model-f32.gguf", "f32")}
+    for kind in filter(None, args.quants.split(",")):
+        ggufs[kind] = tmp / f"model-{kind.lower()}.gguf"
+        seconds = llamacpp_quantize(python, ggufs["F32"], ggufs[kind], kind, args.threads)
+        print(f"llama.cpp quantized F32 -> {kind} in {seconds:.2f} s "
+              f"({ggufs[kind].stat().st_size / 1024**2:.1f} MiB; F32 {ggufs['F32'].stat().st_size / 1024**2:.1f} MiB)")
+    return dense, gptq, ggufs
+
+
+def compare(args, tmp: Path) -> None:
+    from quantkit.bench.engine_vs_vllm import workloads
+    from quantkit.engine.config import auto_cpu_dtype
+
+    dense, gptq, ggufs = prepare(args, tmp)
+    vocab = json.loads((dense / "config.json").read_text())["vocab_size"]
+    prompt = next(w for w in workloads(vocab) if w.name == "c").prompts[0]
+    auto = auto_cpu_dtype()[0]  # float32 where bf16 would be emulated: then one float row
+    ours = {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
+    if auto != "float32":
+        ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
+    ours[f"quantkit 4-bit GPTQ, {auto}"] = Quantkit(gptq, auto, args.threads)
+    peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
+    systems = {**{n: q.run for n, q in ours.items()},
+               **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
+    print(conversion_check(dense, prompt, ours["quantkit fp32 (float model)"], peer))
+    for run in systems.values():  # warm-up, not counted
+        run(prompt[:16], 4)
+    tallies = {n: Tally() for n in systems}
+    loads = [os.getloadavg()[0]]
+    for i in range(args.rounds):
+        for name, run in systems.items():
+            tallies[name].add(run(prompt, NEW_TOKENS))
+        loads.append(os.getloadavg()[0])
+        print(f"round {i + 1}: " + ", ".join(f"{n} {t.decode[-1]:.1f}" for n, t in tallies.items())
+              + f" decode tok/s; load {loads[-1]:.1f}", flush=True)
+    peer.close()
+    report(args, tallies, loads, ours, peer)
+
+
+def report(args, tallies: dict[str, Tally], loads: list[float], ours: dict, peer: LlamaCpp) -> None:
+    print(f"\n== batch 1, {PROMPT_LEN} prompt tokens, {NEW_TOKENS} new (greedy, EOS ignored), {args.threads} threads, "
+          f"median of {args.rounds} alternating rounds; load average {min(loads):.1f}-{max(loads):.1f}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for name, t in tallies.items():
+        decode, prefill = t.medians()
+        print(f"{name:34s} decode {decode:7.1f} tok/s (range {min(t.decode):.1f}-{max(t.decode):.1f})   "
+              f"prompt {prefill:8.1f} tok/s")
+    for name, q in ours.items():
+        print(f"{name}: {q.kernel}")
+    print(f"llama.cpp {peer.version}: {peer.system_info.strip()}")
+    decode = {n: t.medians()[0] for n, t in tallies.items()}
+    q4 = next(n for n in decode if n.startswith("quantkit 4-bit"))
+    for peer_name in (n for n in decode if n.startswith("llama.cpp")):
+        print(f"decode ratio {q4} / {peer_name}: {decode[q4] / decode[peer_name]:.2f}x")
+    print(f"decode ratio quantkit fp32 / llama.cpp F32: "
+          f"{decode['quantkit fp32 (float model)'] / decode['llama.cpp F32']:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llamacpp-venv", required=True, metavar="VENV", help="a venv with llama-cpp-python and gguf")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quants", default="Q4_0,Q4_K_M", help="llama.cpp quantization types (LLAMA_FTYPE_MOSTLY_*)")
+    ap.add_argument("--model", help="a float HF Llama to use instead of the random one")
+    ap.add_argument("--gptq", help="its 4-bit GPTQ checkpoint (needed with --model)")
+    ap.add_argument("--log", default="out/llamacpp-bench.log", help="where llama.cpp's stderr goes")
+    args = ap.parse_args()
+    if bool(args.model) != bool(args.gptq):
+        raise SystemExit("--model and --gptq go together")
+    if not (Path(args.llamacpp_venv) / "bin" / "python").exists():
+        raise SystemExit(f"no python in {args.llamacpp_venv}: python3 -m venv VENV && "
+                         "VENV/bin/pip install llama-cpp-python gguf")
+    args.llamacpp_venv = str(Path(args.llamacpp_venv).absolute())  # the worker starts in another folder
+    Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        compare(args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

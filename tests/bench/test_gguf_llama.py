@@ -1,0 +1,158 @@
+"""The HF-to-GGUF writer of the llama.cpp benchmark: the rotary reordering against both rotary
+conventions, the tensor names, and a written file read back with gguf's own reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) writes and reads GGUF")
+
+from quantkit.bench.gguf_llama import (  # noqa: E402
+    gguf_name,
+    placeholder_vocab,
+    rope_rows_to_interleaved,
+    write_gguf,
+)
+from quantkit.errors import QuantkitError  # noqa: E402
+
+BASE = 10000.0
+
+
+def hf_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """transformers' Llama rotary (pairs (i, i + d/2)). x: [T, heads, d]."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    d = x.shape[-1]
+    inv = BASE ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    freqs = positions[:, None].double() * inv  # [T, d/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[None]  # [1, T, d]
+    q = x.transpose(0, 1)[None]  # [1, heads, T, d]
+    out, _ = apply_rotary_pos_emb(q, q, emb.cos(), emb.sin())
+    return out[0].transpose(0, 1)
+
+
+def llamacpp_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's rotary for the `llama` architecture (ggml rope, normal mode): pairs (2i, 2i + 1)."""
+    d = x.shape[-1]
+    theta = positions[:, None, None].double() * BASE ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x0 * theta.cos() - x1 * theta.sin()
+    out[..., 1::2] = x0 * theta.sin() + x1 * theta.cos()
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 8), (16, 8, 64), (2, 2, 32)])
+def test_reordered_rows_give_the_same_attention_under_llamacpp_rope(heads, kv_heads, d):
+    g = torch.Generator().manual_seed(0)
+    hidden, t = 48, 7
+    x = torch.randn(t, hidden, generator=g, dtype=torch.float64)
+    wq = torch.randn(heads * d, hidden, generator=g, dtype=torch.float64)
+    wk = torch.randn(kv_heads * d, hidden, generator=g, dtype=torch.float64)
+    pos = torch.arange(3, 3 + t)
+
+    def scores(q, k):  # [heads, T, T], GQA: each kv head serves heads / kv_heads query heads
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        return torch.einsum("thd,shd->hts", q, k)
+
+    q_hf = hf_rope((x @ wq.T).view(t, heads, d), pos)
+    k_hf = hf_rope((x @ wk.T).view(t, kv_heads, d), pos)
+    q_cpp = llamacpp_rope((x @ rope_rows_to_interleaved(wq, heads).T).view(t, heads, d), pos)
+    k_cpp = llamacpp_rope((x @ rope_rows_to_interleaved(wk, kv_heads).T).view(t, kv_heads, d), pos)
+    torch.testing.assert_close(scores(q_cpp, k_cpp), scores(q_hf, k_hf))
+    # the rotated queries themselves are HF's, with each head's features in llama.cpp's order
+    torch.testing.assert_close(q_cpp.reshape(t, -1), rope_rows_to_interleaved(q_hf.reshape(t, -1).T, heads).T)
+    # without the reordering llama.cpp's rotary computes something else
+    q_raw = llamacpp_rope((x @ wq.T).view(t, heads, d), pos)
+    k_raw = llamacpp_rope((x @ wk.T).view(t, kv_heads, d), pos)
+    assert not torch.allclose(scores(q_raw, k_raw), scores(q_hf, k_hf))
+
+
+def test_reordering_moves_row_half_i_to_2i_plus_half_and_takes_biases():
+    w = torch.arange(2 * 8).float()  # 2 heads of 8: a bias, or a weight's row indices
+    assert rope_rows_to_interleaved(w, 2).tolist() == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+    with pytest.raises(ValueError, match="heads of even size"):
+        rope_rows_to_interleaved(torch.zeros(12, 3), 4)
+
+
+def test_hf_llama_names_map_to_llamacpp_names():
+    expected = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}
+    parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    expected |= {f"model.layers.{i}.{hf}.weight": f"blk.{i}.{cpp}.weight" for i in (0, 7) for hf, cpp in parts.items()}
+    assert {name: gguf_name(name, 8) for name in expected} == expected
+    with pytest.raises(QuantkitError, match="no GGUF name"):
+        gguf_name("model.layers.0.mystery.weight", 8)
+
+
+def test_placeholder_vocab_has_the_model_size_distinct_tokens_and_byte_pieces():
+    tokens, scores, types = placeholder_vocab(1000)
+    assert len(tokens) == len(set(tokens)) == len(scores) == len(types) == 1000
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[3 + 0x0A] == "<0x0A>"
+    assert types[1] == gguf.TokenType.CONTROL and types[3] == gguf.TokenType.BYTE
+
+
+def field(reader, key: str):
+    f = reader.fields[key]
+    value = f.parts[f.data[0]]
+    return bytes(value).decode() if f.types[0] == gguf.GGUFValueType.STRING else value[0]
+
+
+@pytest.mark.parametrize("file_type,matrix_type", [("f32", "F32"), ("f16", "F16")])
+def test_written_gguf_reads_back_with_llamas_metadata_and_reordered_weights(tiny_llama, tmp_path, file_type,
+                                                                            matrix_type):
+    from safetensors.torch import load_file
+
+    out = write_gguf(tiny_llama, tmp_path / "m.gguf", file_type)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    r = gguf.GGUFReader(out)
+    assert field(r, "general.architecture") == "llama"
+    meta = {k: int(field(r, f"llama.{k}")) for k in ("block_count", "embedding_length", "feed_forward_length",
+                                                     "attention.head_count", "attention.head_count_kv")}
+    assert meta == {"block_count": cfg["num_hidden_layers"], "embedding_length": cfg["hidden_size"],
+                    "feed_forward_length": cfg["intermediate_size"],
+                    "attention.head_count": cfg["num_attention_heads"],
+                    "attention.head_count_kv": cfg["num_key_value_heads"]}
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == cfg["vocab_size"]
+    tensors = {t.name: t for t in r.tensors}
+    assert len(tensors) == 3 + 9 * cfg["num_hidden_layers"]
+    assert tensors["blk.0.attn_q.weight"].tensor_type.name == matrix_type
+    assert tensors["blk.0.attn_norm.weight"].tensor_type.name == "F32"
+    hf = load_file(tiny_llama / "model.safetensors")
+    for part, heads in (("q", cfg["num_attention_heads"]), ("k", cfg["num_key_value_heads"])):
+        want = rope_rows_to_interleaved(hf[f"model.layers.1.self_attn.{part}_proj.weight"], heads)
+        got = torch.from_numpy(tensors[f"blk.1.attn_{part}.weight"].data.astype("float32"))
+        torch.testing.assert_close(got, want, atol=1e-3 if file_type == "f16" else 0, rtol=1e-3)
+    got_v = torch.from_numpy(tensors["blk.1.attn_v.weight"].data.astype("float32"))
+    torch.testing.assert_close(got_v, hf["model.layers.1.self_attn.v_proj.weight"], atol=1e-3, rtol=1e-3)
+
+
+def test_non_llama_or_quantized_checkpoints_are_refused_without_output(tiny_qwen2, tiny_llama, tmp_path):
+    with pytest.raises(QuantkitError, match="Qwen2ForCausalLM is not written to GGUF"):
+        write_gguf(tiny_qwen2, tmp_path / "q.gguf")
+    quantized = tmp_path / "quantized"
+    quantized.mkdir()
+    cfg = json.loads((tiny_llama / "config.json").read_text()) | {"quantization_config": {"bits": 4}}
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(QuantkitError, match="quantized checkpoint"):
+        write_gguf(quantized, tmp_path / "x.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quantized"]
+
+
+def test_a_failed_write_leaves_no_partial_file(tiny_llama, tmp_path, monkeypatch):
+    import quantkit.bench.gguf_llama as mod
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        mod.write_gguf(tiny_llama, tmp_path / "m.gguf")
+    assert list(Path(tmp_path).iterdir()) == []

@@ -1,0 +1,61 @@
+"""The llama.cpp benchmark: its pure pieces, and (interop marker) one short real run against
+llama-cpp-python in ../.venvs/llamacpp (or QUANTKIT_LLAMACPP_VENV), on the tiny Llama. Run it by hand:
+    .venv/bin/pytest -q -m interop tests/bench/test_vs_llamacpp.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantkit.bench.vs_llamacpp import PROMPT_LEN, Run, Tally, common_prefix
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("QUANTKIT_LLAMACPP_VENV", REPO.parent / ".venvs" / "llamacpp"))
+
+
+def test_common_prefix_counts_leading_agreement():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert common_prefix([5, 6], [5, 6, 7]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([3], [4]) == 0
+
+
+def test_tally_rates_prefill_from_the_prompt_and_decode_from_the_tokens_after_the_first():
+    t = Tally()
+    t.add(Run(prefill_s=0.5, decode_s=2.0, tokens=list(range(9))))
+    t.add(Run(prefill_s=0.25, decode_s=1.0, tokens=list(range(9))))
+    t.add(Run(prefill_s=1.0, decode_s=4.0, tokens=list(range(9))))
+    assert t.medians() == (4.0, PROMPT_LEN / 0.5)
+
+
+@pytest.mark.interop
+@pytest.mark.slow
+def test_llamacpp_runs_the_converted_model_like_quantkit(tiny_llama, tmp_path):
+    if not (VENV / "bin" / "python").exists():
+        pytest.skip(f"no llama-cpp-python venv at {VENV}: python3 -m venv VENV && "
+                    "VENV/bin/pip install llama-cpp-python==0.3.36 gguf")
+    from quantkit.bench.engine_vs_vllm import make_gptq
+
+    gptq = make_gptq(tiny_llama, tmp_path)
+    cmd = [sys.executable, "-m", "quantkit.bench.vs_llamacpp", "--llamacpp-venv", str(VENV), "--model",
+           str(tiny_llama), "--gptq", str(gptq), "--rounds", "1", "--quants", "Q4_0", "--threads", "2",
+           "--log", str(tmp_path / "llamacpp.log")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    agree = int(re.search(r"agree on the first (\d+) of", out).group(1))
+    assert agree >= 16, out  # the F32 conversion computes quantkit's model
+    assert "argmax equal" in out
+    diff = float(re.search(r"max \|diff\| (\S+) ", out).group(1))
+    assert diff < 1e-2, out  # llama.cpp keeps its KV cache in F16 by default; without the q/k reordering
+    # the logits differ by O(1)
+    for system in ("llama.cpp F32", "llama.cpp Q4_0", "quantkit 4-bit GPTQ"):
+        rate = float(re.search(rf"{re.escape(system)}.*? decode +(\S+) tok/s", out).group(1))
+        assert rate > 0, out
+    assert "decode ratio quantkit 4-bit" in out

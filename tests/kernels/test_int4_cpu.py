@@ -1,0 +1,140 @@
+"""quantkit's AVX2 int4 CPU kernel (quantkit.kernels.int4_cpu) against its pure-torch reference and
+the dequantized checkpoint weight (quantkit.format.packing.dequantize).
+
+The layout tests are pure torch. The kernel tests compile kernels/csrc/int4_cpu.cpp once per
+source change (~40 s, cached) and are marked slow; they skip with the builder's reason where this
+machine has no toolchain.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.format.packing import dequantize, pack
+from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
+from quantkit.kernels import int4_cpu
+from quantkit.kernels.int4_cpu import dequantize_blocked, int4_blocked_linear, int4_blocked_reference, pack_blocks, repack
+
+TOL = dict(rtol=1e-4, atol=1e-3)  # fp32 sums of K products in another order
+
+
+def checkpoint(n: int, k: int, group_size: int, layout: str, sym: bool, act_order: bool = False, seed: int = 0):
+    """A packed 4-bit linear [N, K]; with act_order, a shuffled g_idx as GPTQ's desc_act writes it."""
+    gen = torch.Generator().manual_seed(seed)
+    qw = rtn_quantize(torch.randn(n, k, generator=gen), QuantScheme(4, group_size, sym))
+    if act_order:
+        g_idx = (torch.arange(k) // group_size)[torch.randperm(k, generator=gen)].to(torch.int32)
+        qw = QuantizedWeight(qw.qweight, qw.scales, qw.zeros, g_idx, qw.scheme)
+    p = pack(qw, layout)
+    p.bias = torch.randn(n, generator=gen)
+    return p
+
+
+LAYOUTS = [("gptq", True), ("gptq", False), ("gptq_v2", False), ("awq", False)]
+
+
+# AWQ has no act-order; one group spanning K has no order to permute
+REPACK_CASES = [(layout, sym, g, act) for layout, sym in LAYOUTS for g in (32, 128, -1) for act in (False, True)
+                if not (act and (layout == "awq" or g == -1))]
+
+
+@pytest.mark.parametrize(("layout", "sym", "group_size", "act_order"), REPACK_CASES)
+def test_repack_reads_back_the_checkpoint_weight(layout, sym, group_size, act_order):
+    p = checkpoint(40, 256, group_size, layout, sym, act_order)  # 40 rows: a 16-row block half filled
+    w = repack(p)
+    want = dequantize(p)
+    if act_order:
+        assert w.perm is not None
+        want = want[:, w.perm]
+    torch.testing.assert_close(dequantize_blocked(w), want, rtol=0, atol=1e-5)
+
+
+def test_pack_blocks_takes_any_row_count():
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, (21, 64), generator=gen)  # N not a multiple of 8 or 16
+    scales, zeros = torch.rand(2, 21, generator=gen), torch.randint(0, 16, (2, 21), generator=gen)
+    packed, sb = pack_blocks(codes, scales, zeros, 32)
+    assert packed.shape == (2, 64, 8) and sb.shape == (2, 2, 2, 16) and sb.dtype == torch.float32  # not exact in fp16
+    w = int4_cpu.Int4Blocked(packed, sb, 21, 32, None)
+    want = (codes.float() - zeros.T.float().repeat_interleave(32, 1)) * scales.T.repeat_interleave(32, 1)
+    torch.testing.assert_close(dequantize_blocked(w), want)
+    assert pack_blocks(codes, scales.half(), zeros, 32)[1].dtype == torch.float16
+
+
+def test_repack_refuses_other_bit_widths():
+    p = pack(rtn_quantize(torch.randn(16, 64), QuantScheme(8, 32, True)), "gptq")
+    with pytest.raises(ValueError, match="8-bit"):
+        repack(p)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if (why := int4_cpu.unavailable()) is not None:
+        pytest.skip(why)
+    return int4_cpu.extension()
+
+
+SHAPES = [(40, 256), (64, 96), (272, 512)]  # (N, K): N % 16 != 0, three groups of 32, many blocks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 3, 8, 33, 64])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize(("layout", "sym", "group_size", "act_order"), [
+    ("gptq", True, 32, False), ("gptq_v2", False, 32, True), ("awq", False, 32, False), ("gptq", False, -1, False)])
+def test_kernel_matches_the_reference(kernel, m, n, k, layout, sym, group_size, act_order):
+    p = checkpoint(n, k, group_size, layout, sym, act_order, seed=m)
+    w = repack(p)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    want = int4_blocked_reference(x, w, p.bias)
+    torch.testing.assert_close(want, x @ dequantize(p).T + p.bias, **TOL)  # the reference is the checkpoint's
+    torch.testing.assert_close(int4_blocked_linear(x, w, p.bias, dense_from_m=m + 1), want, **TOL)  # kernel
+    torch.testing.assert_close(int4_blocked_linear(x, w, p.bias, dense_from_m=0), want, **TOL)  # dense tiles
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group_size", [64, 128])
+def test_kernel_group_sizes_and_dense_tiles_past_one_tile(kernel, monkeypatch, group_size):
+    monkeypatch.setattr(int4_cpu, "DENSE_TILE_ROWS", 48)  # 100 rows: three tiles, the last short
+    p = checkpoint(104, 256, group_size, "gptq", False, seed=3)
+    w = repack(p)
+    x = torch.randn(5, 256)
+    want = int4_blocked_reference(x, w, None)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=6), want, **TOL)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=0), want, **TOL)
+
+
+@pytest.mark.slow
+def test_kernel_takes_bf16_and_strided_inputs(kernel):
+    p = checkpoint(48, 128, 32, "gptq", True)
+    w = repack(p)
+    wide = torch.randn(4, 256)
+    x = wide[:, ::2]  # a strided view, as a slice of a fused projection gives
+    want = int4_blocked_reference(x, w, None)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None), want, **TOL)
+    xb = x.to(torch.bfloat16)
+    got = int4_blocked_linear(xb, w, None)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), int4_blocked_reference(xb.float(), w, None), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.slow
+def test_kernel_rejects_a_mismatched_layout(kernel):
+    w = repack(checkpoint(32, 64, 32, "gptq", True))
+    with pytest.raises(RuntimeError, match="packed"):
+        kernel.int4_linear(torch.randn(1, 128), w.packed, w.scale_zero, 32, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 8])
+def test_kernel_takes_fp32_scales(kernel, m):
+    gen = torch.Generator().manual_seed(m)
+    codes = torch.randint(0, 16, (21, 64), generator=gen)
+    scales, zeros = torch.rand(2, 21, generator=gen), torch.randint(0, 16, (2, 21), generator=gen)
+    w = int4_cpu.Int4Blocked(*pack_blocks(codes, scales, zeros, 32), 21, 32, None)
+    assert w.scale_zero.dtype == torch.float32
+    x = torch.randn(m, 64, generator=gen)
+    want = int4_blocked_reference(x, w, None)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=m + 1), want, **TOL)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=0), want, **TOL)
