@@ -158,7 +158,7 @@ def compare(model: Path, label: str, args) -> None:
     ours = Ours(model, dtype, args.threads)
     systems = {"quantkit": ours}
     try:
-        systems["vLLM"] = VLLM(Path(args.against_vllm), model, dtype, args.threads, Path(args.vllm_log))
+        systems["vLLM"] = VLLM(Path(args.against_vllm).resolve(), model, dtype, args.threads, Path(args.vllm_log))
     except RuntimeError as e:
         print(f"vLLM did not run this model in {dtype}: {e}")
     loads = [os.getloadavg()[0]]

@@ -106,8 +106,8 @@ def counting_paged_attention(device: torch.device) -> Iterator[list[int]]:
 
     On CUDA the engine calls the compiled kernel itself (quantkit.engine.attention imports it from
     quantkit.kernels.paged_attention at each call): the count wraps it. On CPU the engine runs the
-    torch reference; for the dry run its decode attention is routed through the kernel in Triton's
-    interpreter, which takes the same arguments.
+    torch reference (the C++ CPU kernel switched off for the block); for the dry run its decode
+    attention is routed through the kernel in Triton's interpreter, which takes the same arguments.
     """
     import quantkit.engine.attention as attention
     import quantkit.kernels.paged_attention as compiled
@@ -124,12 +124,15 @@ def counting_paged_attention(device: torch.device) -> Iterator[list[int]]:
         calls[0] += 1
         return kernel(*args, **kwargs)
 
-    original = getattr(owner, name)
+    original, cpu_kernel = getattr(owner, name), attention.use_cpu_kernel
     setattr(owner, name, counted)
+    if device.type != "cuda":
+        attention.use_cpu_kernel = lambda device, dtype: False
     try:
         yield calls
     finally:
         setattr(owner, name, original)
+        attention.use_cpu_kernel = cpu_kernel
 
 
 def engine_run(path: Path, sizes: Sizes, device: torch.device) -> dict:

@@ -1,9 +1,10 @@
 """Attention metadata for one engine step, and attention over the paged cache.
 
 The metadata is built once per step by the model runner and passed explicitly to every layer
-(no module-global context). Sequences whose chunk is a single token (decodes) run batched;
-longer chunks (prefills, possibly chunked, possibly after a prefix hit) run one by one with
-exact causal masking.
+(no module-global context). On CPU, where the C++ kernel builds (quantkit.kernels.paged_attention_cpu),
+one call per layer covers every sequence, reading the paged cache in place. Otherwise sequences whose
+chunk is a single token (decodes) run batched; longer chunks (prefills, possibly chunked, possibly
+after a prefix hit) run one by one with exact causal masking.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.kernels.paged_attention_cpu import cpu_attention, paged_attention_cpu
 from quantkit.kernels.paged_attention_reference import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
@@ -30,6 +32,8 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor  # int32 [D]
     prefill_rows: list[int]  # sequences with longer chunks
     decode_buckets: list[tuple[torch.Tensor, int]]  # (rows of the decode arrays, blocks they need); CPU path
+    seq_lens_t: torch.Tensor | None = None  # int32 [B]; set when the C++ CPU kernel runs the step
+    query_start_t: torch.Tensor | None = None  # int32 [B + 1]; likewise
 
 
 DECODE_BUCKET = 16  # CPU: decodes attended together, by length, so padding to the longest stays small
@@ -47,24 +51,50 @@ def decode_buckets(seq_lens: list[int], block_size: int, device: torch.device) -
             for rows in groups]
 
 
-def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int,
-                   device: torch.device) -> AttentionMetadata:
-    """Flat-batch metadata from each sequence's cache length, chunk length and block ids."""
-    starts = [0]
+def block_table(block_ids: list[list[int]]) -> torch.Tensor:
+    """int32 [B, max blocks], rows zero-padded."""
+    width = max(len(b) for b in block_ids)
+    return torch.tensor([b + [0] * (width - len(b)) for b in block_ids], dtype=torch.int32)
+
+
+def slot_mapping(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int) -> list[int]:
+    """The cache slot (block * block_size + row) of every scheduled token, sequences back to back."""
     slots: list[int] = []
     for seq_len, n, blocks in zip(seq_lens, query_lens, block_ids):
+        pos = seq_len - n
+        while pos < seq_len:  # whole runs of one block at a time
+            run = min(seq_len, (pos // block_size + 1) * block_size)
+            base = blocks[pos // block_size] * block_size - (pos // block_size) * block_size
+            slots.extend(range(base + pos, base + run))
+            pos = run
+    return slots
+
+
+def use_cpu_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """The C++ kernel runs fp32 CPU caches (bf16 keeps SDPA's path: its greedy near-tie parity with
+    fp32 is what the tests pin, and this CPU has no native bf16 to measure the kernel on)."""
+    return device.type == "cpu" and dtype == torch.float32 and cpu_attention() is not None
+
+
+def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int,
+                   device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionMetadata:
+    """Flat-batch metadata from each sequence's cache length, chunk length and block ids; `dtype` is
+    the cache's."""
+    starts = [0]
+    for n in query_lens:
         starts.append(starts[-1] + n)
-        for pos in range(seq_len - n, seq_len):
-            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
-    width = max(len(b) for b in block_ids)
-    table = torch.zeros(len(block_ids), width, dtype=torch.int32)
-    for i, blocks in enumerate(block_ids):
-        table[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    slots = torch.tensor(slot_mapping(seq_lens, query_lens, block_ids, block_size), dtype=torch.int64, device=device)
+    table = block_table(block_ids).to(device)
+    if use_cpu_kernel(device, dtype):  # one kernel call per layer: no decode/prefill split
+        empty = torch.empty(0, dtype=torch.int64)
+        return AttentionMetadata(slots, table, list(seq_lens), starts, empty, empty, empty.int(), [], [],
+                                 seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32),
+                                 query_start_t=torch.tensor(starts, dtype=torch.int32))
     decodes = [i for i, n in enumerate(query_lens) if n == 1]
     decode_lens = [seq_lens[i] for i in decodes]
     return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        block_tables=table.to(device),
+        slot_mapping=slots,
+        block_tables=table,
         seq_lens=list(seq_lens),
         query_start_loc=starts,
         decode_rows=torch.tensor(decodes, dtype=torch.int64, device=device),
@@ -101,6 +131,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache
     Writes k/v into the cache first, so each query also sees the keys of its own chunk.
     """
     write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+    if meta.seq_lens_t is not None:
+        return paged_attention_cpu(q, key_cache, value_cache, meta.block_tables, meta.seq_lens_t,
+                                   meta.query_start_t, scale)
     out = torch.empty_like(q)
     if meta.decode_rows.numel():
         tables = meta.block_tables[meta.decode_rows]

@@ -14,9 +14,15 @@ import torch
 from torch import nn
 
 from quantkit.engine.attention import AttentionMetadata, paged_attention
-from quantkit.engine.rope import apply_rope, cos_sin, inv_frequencies, rope_parameters
+from quantkit.engine.rope import cos_sin, inv_frequencies, rope_parameters
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import spec_for
+from quantkit.kernels import cpu_fused, fused_ops_reference
+
+
+def ops_for(x: torch.Tensor):
+    """The elementwise ops for this forward: fused C++ on fp32 CPU where built, else torch (same signatures)."""
+    return cpu_fused if cpu_fused.available(x) else fused_ops_reference
 
 
 @dataclass(frozen=True)
@@ -67,9 +73,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In fp32, then back: transformers' LlamaRMSNorm, bit for bit.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return fused_ops_reference.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -86,14 +90,14 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata, ops=fused_ops_reference) -> torch.Tensor:
         t, s = x.shape[0], self.s
         q = self.q_proj(x).view(t, s.num_heads, s.head_dim)  # [T, heads, D]
         k = self.k_proj(x).view(t, s.num_kv_heads, s.head_dim)  # [T, kv_heads, D]
         v = self.v_proj(x).view(t, s.num_kv_heads, s.head_dim)
         if s.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = ops.rotary(q, k, cos, sin)
         out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
         return self.o_proj(out.reshape(t, s.num_heads * s.head_dim))
 
@@ -105,8 +109,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
         self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -117,9 +121,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = MLP(s)
 
-    def forward(self, x, cos, sin, kv, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, kv, meta, ops):
+        """x: the previous layer's MLP output, residual: the stream before it (None at layer 0, where x is
+        the embedding). Returns this layer's (MLP output, residual stream): the add is fused into the next norm."""
+        norm = self.input_layernorm
+        if residual is None:
+            h, residual = ops.rms_norm(x, norm.weight, norm.eps), x
+        else:
+            h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        a = self.self_attn(h, cos, sin, kv, meta, ops)
+        norm = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(a, residual, norm.weight, norm.eps)
+        return self.mlp(h, ops), residual
 
 
 class Backbone(nn.Module):
@@ -147,7 +160,10 @@ class Decoder(nn.Module):
         """input_ids, positions [T] int64 -> logits [len(logits_rows), vocab] fp32."""
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = cos_sin(self.inv_freq, positions, x.dtype)
+        ops = ops_for(x)
+        residual = None
         for layer, kv in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, kv, meta)
-        x = self.model.norm(x[logits_rows])
+            x, residual = layer(x, residual, cos, sin, kv, meta, ops)
+        norm = self.model.norm
+        x, _ = ops.add_rms_norm(x[logits_rows], residual[logits_rows], norm.weight, norm.eps)
         return self.lm_head(x).float()

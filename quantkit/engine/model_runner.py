@@ -25,6 +25,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.dtype = dtype
         shape = (num_blocks, block_size, s.num_kv_heads, s.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                           for _ in range(s.num_layers)]
@@ -62,7 +63,7 @@ class ModelRunner:
                 rows.append(len(ids) - 1)
         rows.extend(out.prompt_logprob_rows())  # after the sampled rows: prompt logprobs
         meta = build_metadata([c.start + c.num_tokens for c in out.chunks], [c.num_tokens for c in out.chunks],
-                              [c.block_ids for c in out.chunks], self.block_size, self.device)
+                              [c.block_ids for c in out.chunks], self.block_size, self.device, self.dtype)
         dev = self.device
         return self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta,
                           torch.tensor(rows, dtype=torch.int64, device=dev))

@@ -11,6 +11,7 @@ import math
 import torch
 
 from quantkit.errors import QuantkitError
+from quantkit.kernels.fused_ops_reference import apply_rope, rotate_half  # noqa: F401 (the rotation lives with its fused twin)
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -61,18 +62,3 @@ def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype)
     freqs = positions[:, None].float() * inv_freq[None, :].to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, rot_dim]. Rotates the first rot_dim dims of each head."""
-    rot = cos.shape[-1]
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    if rot == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
-    head, tail = x[..., :rot], x[..., rot:]
-    return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)

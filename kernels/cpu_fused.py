@@ -1,0 +1,40 @@
+"""The decoder's fused elementwise ops in C++ on CPU, fp32 (in the extension quantkit_attn, built by
+paged_attention_cpu.cpu_attention): RMSNorm, residual add + RMSNorm, SiLU-and-mul, rotary. Same
+signatures as fused_ops_reference.py, the test oracle; results are computed in place where the
+inputs are this step's temporaries (the caller's x, residual, q and k are overwritten)."""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.kernels import fused_ops_reference
+from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+
+def available(x: torch.Tensor) -> bool:
+    """The fused ops run x's dtype and device: fp32 on CPU with the extension built."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and cpu_attention() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return cpu_attention().rms_norm(x.contiguous(), weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place: residual += x, x = RMSNorm(residual). Returns (x, residual)."""
+    cpu_attention().add_rms_norm_(x, residual, weight, eps)
+    return x, residual
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return cpu_attention().silu_and_mul(gate, up)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place on q [T, Hq, D] and k [T, Hk, D]; cos/sin [T, D]. Partial rotary: the reference."""
+    if cos.shape[-1] != q.shape[-1]:
+        return fused_ops_reference.rotary(q, k, cos, sin)
+    cpu_attention().rotary_(q, k, cos.contiguous(), sin.contiguous())
+    return q, k

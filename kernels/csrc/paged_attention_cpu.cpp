@@ -1,0 +1,176 @@
+// Paged attention on CPU, reading the KV cache in place (no gathered copy of the blocks).
+//
+// One call covers a whole engine step: every sequence's chunk of new query tokens (a decode is a
+// chunk of one), causal over the chunk and over every token already in the cache.
+//
+//   q            [T, heads, D]              the step's queries, sequences back to back
+//   key_cache    [num_blocks, block_size, kv_heads, D]   (value_cache the same)
+//   block_tables int32 [S, max_blocks]      row s: sequence s's blocks in order
+//   seq_lens     int32 [S]                  tokens in the cache for s, this step's included
+//   query_start  int32 [S + 1]              s's queries are q[query_start[s] : query_start[s + 1]]
+//   out          [T, heads, D]
+//
+// Query i of sequence s (n = its chunk length) sits at position seq_lens[s] - n + i and sees keys
+// 0 .. that position. Work items are (sequence, kv head, tile of up to QUERY_TILE queries), run with
+// at::parallel_for; an item holds the tile's queries for all `group` query heads of its kv head as
+// rows, so each key and value row read from the cache serves group x tile query rows while it is
+// in L1. Softmax is online per cache block (running max m, running sum l, rescaled accumulator),
+// in fp32 whatever the cache dtype. The loops over D are plain loops that -O3 -march=native
+// vectorises (the dot products through `omp simd reduction`).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t QUERY_TILE = 16;
+
+struct WorkItem {
+  int64_t seq, kv_head, q_begin, q_end;  // queries [q_begin, q_end) of the flat batch
+};
+
+template <typename T>
+inline float dot(const T* a, const float* b, int64_t d) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < d; ++i) acc += static_cast<float>(a[i]) * b[i];
+  return acc;
+}
+
+template <typename T>
+void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const int32_t* table, int64_t seq_len,
+                 int64_t chunk_begin, int64_t chunk_len, T* out, int64_t heads, int64_t kv_heads, int64_t d,
+                 int64_t block_size, float scale) {
+  const int64_t group = heads / kv_heads;
+  const int64_t rows = (w.q_end - w.q_begin) * group;
+  // row r: query w.q_begin + r / group, query head kv_head * group + r % group; q pre-scaled, fp32
+  std::vector<float> qf(rows * d), acc(rows * d, 0.f), m(rows, -std::numeric_limits<float>::infinity()),
+      l(rows, 0.f), s(block_size);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = q + ((w.q_begin + r / group) * heads + w.kv_head * group + r % group) * d;
+    for (int64_t i = 0; i < d; ++i) qf[r * d + i] = static_cast<float>(src[i]) * scale;
+  }
+  const int64_t first_pos = seq_len - chunk_len;  // position of the chunk's first query
+  const int64_t last_key = first_pos + (w.q_end - 1 - chunk_begin);  // the tile's last query sees up to here
+  const int64_t token_stride = kv_heads * d;
+  for (int64_t b = 0; b * block_size <= last_key; ++b) {
+    const int64_t base = static_cast<int64_t>(table[b]) * block_size * token_stride + w.kv_head * d;
+    const T* kb = kc + base;
+    const T* vb = vc + base;
+    const int64_t t0 = b * block_size;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = first_pos + (w.q_begin + r / group - chunk_begin);
+      const int64_t valid = std::min(block_size, pos - t0 + 1);  // causal: keys t0 .. pos
+      if (valid <= 0) continue;
+      const float* qr = qf.data() + r * d;
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < valid; ++t) {
+        s[t] = dot(kb + t * token_stride, qr, d);
+        block_max = std::max(block_max, s[t]);
+      }
+      const float m_new = std::max(m[r], block_max);
+      const float alpha = std::exp(m[r] - m_new);  // 0 on the first block (m = -inf)
+      float* ar = acc.data() + r * d;
+      float sum = 0.f;
+      for (int64_t t = 0; t < valid; ++t) {
+        s[t] = std::exp(s[t] - m_new);
+        sum += s[t];
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) ar[i] *= alpha;
+      for (int64_t t = 0; t < valid; ++t) {
+        const T* vr = vb + t * token_stride;
+        const float p = s[t];
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) ar[i] += p * static_cast<float>(vr[i]);
+      }
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = out + ((w.q_begin + r / group) * heads + w.kv_head * group + r % group) * d;
+    const float inv = 1.f / l[r];
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(acc[r * d + i] * inv);
+  }
+}
+
+void check_inputs(const torch::Tensor& q, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                  const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                  const torch::Tensor& query_start) {
+  TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4, "q must be [T, heads, D] and the caches 4-d");
+  TORCH_CHECK(key_cache.sizes() == value_cache.sizes(), "key and value caches differ in shape");
+  TORCH_CHECK(key_cache.size(3) == q.size(2), "head_dim of q and the cache differ");
+  TORCH_CHECK(q.size(1) % key_cache.size(2) == 0, "query heads are not a multiple of kv heads");
+  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() && q.scalar_type() == value_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(q.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "q and the caches must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
+                  query_start.scalar_type() == torch::kInt32,
+              "block_tables, seq_lens and query_start must be int32");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous(), "block_tables must be a contiguous [S, W]");
+  const int64_t n_seqs = seq_lens.size(0);
+  TORCH_CHECK(block_tables.size(0) == n_seqs && query_start.size(0) == n_seqs + 1,
+              "block_tables, seq_lens and query_start must describe the same sequences");
+}
+
+}  // namespace
+
+// See the top of this file for the shapes. Returns out [T, heads, D] in q's dtype.
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
+                              torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor query_start,
+                              double scale) {
+  check_inputs(q, key_cache, value_cache, block_tables, seq_lens, query_start);
+  const int64_t heads = q.size(1), d = q.size(2);
+  const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2);
+  const int64_t width = block_tables.size(1);
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* starts = query_start.data_ptr<int32_t>();
+  std::vector<WorkItem> items;
+  for (int64_t s = 0; s < seq_lens.size(0); ++s) {
+    const int64_t n = starts[s + 1] - starts[s];
+    TORCH_CHECK(n >= 0 && n <= lens[s], "sequence ", s, " has more queries than tokens");
+    TORCH_CHECK((lens[s] + block_size - 1) / block_size <= width, "sequence ", s, " needs more blocks than its table");
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t b = starts[s]; b < starts[s + 1]; b += QUERY_TILE)
+        items.push_back({s, h, b, std::min<int64_t>(b + QUERY_TILE, starts[s + 1])});
+  }
+  TORCH_CHECK(query_start.size(0) == 1 || starts[seq_lens.size(0)] <= q.size(0), "query_start runs past q");
+  auto out = torch::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention_cpu", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kp = key_cache.data_ptr<scalar_t>();
+    const scalar_t* vp = value_cache.data_ptr<scalar_t>();
+    const int32_t* tables = block_tables.data_ptr<int32_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const WorkItem& w = items[i];
+        attend_item<scalar_t>(w, qp, kp, vp, tables + w.seq * width, lens[w.seq], starts[w.seq],
+                              starts[w.seq + 1] - starts[w.seq], op, heads, kv_heads, d, block_size,
+                              static_cast<float>(scale));
+      }
+    });
+  });
+  return out;
+}
+
+// fused_ops_cpu.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor silu_and_mul(torch::Tensor gate, torch::Tensor up);
+void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &paged_attention,
+        "causal attention of each sequence's new queries over its paged KV cache, read in place");
+  m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
+  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");
+  m.def("rotary_", &rotary_, "rotate-half RoPE on q and k in place, fp32");
+}

@@ -1,0 +1,155 @@
+"""Where an engine step's time goes, on the workloads of the vLLM comparison (engine_vs_vllm.py).
+
+  python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
+
+--paths: `cpp` is the engine as it runs (the C++ paged attention and fused ops where they build),
+`torch` the same engine with both switched off in this process (the fallback path: the torch
+reference ops and the gather + SDPA attention); same model, same process, one after the other.
+
+Each part of the step is wrapped (in this process only) by a wall-clock accumulator: the linears
+(every float linear's forward), attention (the cache write, the reads of the paged cache and the
+softmax), norms (RMSNorm, fused residual add included), rotary (cos/sin tables and their
+application), SiLU-and-mul, the rest of the forward (embedding, row selection, per-layer Python),
+the runner's per-step inputs (token ids, positions, attention metadata), sampling and post-processing
+(sampler, stop checks, detokenizer), and the scheduler with the rest of the step. Shares are of
+the summed step time; the accumulators cost well under a microsecond per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+PARTS = ("linears", "attention", "norms", "rotary", "silu-and-mul", "rest of forward", "runner inputs",
+         "sampling + postprocess", "scheduler + rest of step")
+
+
+class Clock:
+    """Wall time accumulated per label; nested labels are subtracted from their parents later."""
+
+    def __init__(self):
+        self.total: dict[str, float] = defaultdict(float)
+        self.depth: dict[str, int] = defaultdict(int)  # a label counts once when its wrapped calls nest
+
+    def wrap(self, owner, attr: str, label: str):
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            self.depth[label] += 1
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.depth[label] -= 1
+                if not self.depth[label]:
+                    self.total[label] += time.perf_counter() - t
+
+        setattr(owner, attr, timed)
+        return original
+
+
+@contextlib.contextmanager
+def torch_path():
+    """Within the block, the engine runs its torch fallback: no C++ attention, no fused ops."""
+    from quantkit.engine import attention, decoder
+    from quantkit.kernels import fused_ops_reference
+
+    saved = attention.use_cpu_kernel, decoder.ops_for
+    attention.use_cpu_kernel = lambda device, dtype: False
+    decoder.ops_for = lambda x: fused_ops_reference
+    try:
+        yield
+    finally:
+        attention.use_cpu_kernel, decoder.ops_for = saved
+
+
+@contextlib.contextmanager
+def instrumented(clock: Clock):
+    """Wrap the engine's parts in `clock` for the duration of the block."""
+    from quantkit.engine import decoder, llm_engine, model_runner
+    from quantkit.kernels import cpu_fused, cpu_linear, fused_ops_reference
+
+    targets = [(llm_engine.LLMEngine, "step", "step"), (model_runner.ModelRunner, "execute", "execute"),
+               (decoder.Decoder, "forward", "forward"), (cpu_linear.PrepackedLinear, "forward", "linears"),
+               (torch.nn.Linear, "forward", "linears"), (decoder, "paged_attention", "attention"),
+               (decoder, "cos_sin", "rotary"), (llm_engine.LLMEngine, "_postprocess", "sampling + postprocess")]
+    for ops in (cpu_fused, fused_ops_reference):
+        targets += [(ops, "rms_norm", "norms"), (ops, "add_rms_norm", "norms"), (ops, "rotary", "rotary"),
+                    (ops, "silu_and_mul", "silu-and-mul")]
+    originals = [(owner, attr, clock.wrap(owner, attr, label)) for owner, attr, label in targets]
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(originals):
+            setattr(owner, attr, original)
+
+
+def breakdown(clock: Clock) -> dict[str, float]:
+    t = clock.total
+    inside = sum(t[k] for k in ("linears", "attention", "norms", "rotary", "silu-and-mul"))
+    return {"linears": t["linears"], "attention": t["attention"], "norms": t["norms"], "rotary": t["rotary"],
+            "silu-and-mul": t["silu-and-mul"],
+            "rest of forward": t["forward"] - inside, "runner inputs": t["execute"] - t["forward"],
+            "sampling + postprocess": t["sampling + postprocess"],
+            "scheduler + rest of step": t["step"] - t["execute"] - t["sampling + postprocess"]}
+
+
+def profile(llm, prompts: list[list[int]], max_tokens: int) -> tuple[dict[str, float], float, int, int]:
+    """(seconds per part, wall seconds, generated tokens, steps) of one generate over `prompts`."""
+    from quantkit.engine import SamplingParams
+
+    clock = Clock()
+    steps = 0
+    with instrumented(clock):
+        eng = llm.engine
+        for p in prompts:
+            eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        t = time.perf_counter()
+        while eng.has_unfinished_requests():
+            eng.step()
+            steps += 1
+        wall = time.perf_counter() - t
+    return breakdown(clock), wall, len(prompts) * max_tokens, steps
+
+
+def main() -> None:
+    from quantkit.bench.engine_vs_vllm import MAX_MODEL_LEN, make_dense, workloads
+    from quantkit.engine import LLM, SamplingParams
+    from quantkit.engine.config import auto_cpu_dtype
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", default="a,b,c")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--paths", default="cpp", help="torch, cpp or both (torch,cpp)")
+    args = ap.parse_args()
+    dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
+    with tempfile.TemporaryDirectory() as tmp:
+        llm = LLM(str(make_dense(Path(tmp))), dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64,
+                  num_threads=args.threads)
+    print(f"random Llama (hidden 1024, 8 layers), {dtype}, {torch.get_num_threads()} threads")
+    print("| workload | path | tok/s | steps | ms/step | " + " | ".join(PARTS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(PARTS))
+    for w in workloads():
+        if w.name not in args.workloads.split(","):
+            continue
+        for path in args.paths.split(","):
+            with torch_path() if path == "torch" else contextlib.nullcontext():
+                llm.generate(w.prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
+                parts, wall, tokens, steps = profile(llm, w.prompts, w.max_tokens)
+            total = sum(parts.values())
+            cells = " | ".join(f"{parts[p] / total:5.1%}" for p in PARTS)
+            print(f"| ({w.name}) | {path} | {tokens / wall:.1f} | {steps} | {wall / steps * 1e3:.1f} | {cells} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The C++ CPU paged attention (extension quantkit_attn) against the pure-torch reference: decodes,
+prefills over cached prefix blocks, and both in one call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.kernels import cpu_ext
+from quantkit.kernels.paged_attention_reference import paged_prefill_attention_reference
+from tests_support.kernel_inputs import random_paged
+
+
+@pytest.fixture(scope="module")
+def attn():
+    if (missing := cpu_ext.toolchain_missing()) is not None:
+        pytest.skip(missing)
+    from quantkit.kernels.paged_attention_cpu import cpu_attention, paged_attention_cpu
+
+    assert cpu_attention() is not None, cpu_ext.cpu_extension_unavailable("quantkit_attn")
+    return paged_attention_cpu
+
+
+def reference(q, kc, vc, tables, seq_lens, chunks, scale):
+    """Per sequence through the torch reference; chunks[i] queries end at seq_lens[i]."""
+    outs, start = [], 0
+    for i, (n, c) in enumerate(zip(seq_lens, chunks)):
+        outs.append(paged_prefill_attention_reference(q[start:start + c], kc, vc, tables[i], n, scale))
+        start += c
+    return torch.cat(outs)
+
+
+def run_case(attn, seq_lens, chunks, heads, kv_heads, d, block_size, dtype=torch.float32, seed=0):
+    kc, vc, tables, _ = random_paged(seq_lens, heads, kv_heads, d, block_size, num_blocks=96, seed=seed)
+    q = torch.randn(sum(chunks), heads, d, generator=torch.Generator().manual_seed(seed + 1))
+    starts = torch.tensor([0, *torch.tensor(chunks).cumsum(0).tolist()], dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    got = attn(q.to(dtype), kc.to(dtype), vc.to(dtype), tables, lens, starts, d ** -0.5)
+    want = reference(q, kc, vc, tables, seq_lens, chunks, d ** -0.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,block_size", [
+    (16, 8, 64, 16),  # the vLLM comparison's shape
+    (8, 4, 8, 16),  # stories260K's
+    (6, 2, 20, 4),  # head_dim not a power of two
+    (4, 4, 32, 8),  # no GQA
+])
+def test_decode_matches_reference(attn, heads, kv_heads, d, block_size):
+    seq_lens = [1, 3, block_size, block_size + 1, 3 * block_size + 5]
+    run_case(attn, seq_lens, [1] * len(seq_lens), heads, kv_heads, d, block_size)
+
+
+@pytest.mark.parametrize("seq_len,chunk", [(23, 23), (23, 7), (40, 17), (33, 1), (16, 16), (70, 40)])
+def test_prefill_over_cached_prefix_matches_reference(attn, seq_len, chunk):
+    """The chunk's queries see the cached prefix and their own chunk causally (tiles of 16 queries
+    cross block boundaries at 40 and 70)."""
+    run_case(attn, [seq_len], [chunk], 8, 2, 32, 8, seed=3)
+
+
+def test_decodes_and_prefills_in_one_call(attn):
+    run_case(attn, [5, 40, 17, 64, 9], [1, 12, 1, 64, 9], 16, 8, 64, 16, seed=5)
+
+
+def test_bfloat16_within_rounding(attn):
+    run_case(attn, [7, 30, 18], [1, 10, 18], 8, 4, 32, 16, dtype=torch.bfloat16, seed=7)
+
+
+def test_inconsistent_inputs_raise(attn):
+    kc = torch.zeros(4, 16, 2, 8)
+    q = torch.zeros(1, 4, 8)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    starts = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="more blocks"):
+        attn(q, kc, kc, table, torch.tensor([17], dtype=torch.int32), starts, 1.0)
+    with pytest.raises(RuntimeError, match="multiple"):
+        attn(torch.zeros(1, 3, 8), kc, kc, table, torch.tensor([1], dtype=torch.int32), starts, 1.0)
+    with pytest.raises(RuntimeError, match="int32"):
+        attn(q, kc, kc, table.long(), torch.tensor([1], dtype=torch.int32), starts, 1.0)
