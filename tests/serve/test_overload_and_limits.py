@@ -33,6 +33,8 @@ def quiescent_after(server):
 
 
 def test_overload_surplus_gets_429_at_once_and_admitted_complete(server):
+    # long enough generations that the queue stays full for many /ready polls (hundreds of engine steps)
+    max_tokens = 224  # the prompt (< 32 tokens) + this stays within max_model_len 256
     ready_codes: list[int] = []
     stop = threading.Event()
 
@@ -43,7 +45,7 @@ def test_overload_surplus_gets_429_at_once_and_admitted_complete(server):
 
     async def one(client, i):
         start = time.monotonic()
-        r = await client.post("/v1/completions", json={"prompt": f"Once upon a time {i}", "max_tokens": 48,
+        r = await client.post("/v1/completions", json={"prompt": f"Once upon a time {i}", "max_tokens": max_tokens,
                                                        "ignore_eos": True})
         return r.status_code, time.monotonic() - start, r
 
@@ -67,7 +69,7 @@ def test_overload_surplus_gets_429_at_once_and_admitted_complete(server):
     slowest_429 = max(s for s, _ in rejected)
     fastest_ok, slowest_ok = (f(s for code, s, _ in results if code == 200) for f in (min, max))
     assert slowest_429 < slowest_ok, "a 429 waited for a generation slot"
-    assert all(r.json()["usage"]["completion_tokens"] == 48 for r in ok)
+    assert all(r.json()["usage"]["completion_tokens"] == max_tokens for r in ok)
     assert 503 in ready_codes and ready_codes[-1] == 200
     assert value(server.url, "quantkit:requests_rejected", "quantkit:requests_rejected_total",
                  reason="queue_full") == len(rejected)
