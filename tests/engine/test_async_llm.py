@@ -98,7 +98,8 @@ def test_cancelled_and_abandoned_consumers_abort_their_requests(stories_dir):
             async for out in gen:
                 if len(out.outputs[0].token_ids) == 3:
                     break
-        await wait_until(lambda: all_blocks_free(llm))
+        # the abort is a message to the engine loop: wait for its effect in the stats snapshot, not only the blocks
+        await wait_until(lambda: all_blocks_free(llm) and llm.get_stats().finished_by_reason.get("abort") == 2)
         await llm.abort("nobody")  # unknown ids are ignored
         st = llm.get_stats()
         await llm.shutdown(5)
