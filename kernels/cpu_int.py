@@ -95,25 +95,37 @@ def repack_int8(p: PackedLinear, dtype: torch.dtype) -> Int8Weight:
     return Int8Weight(w.T.contiguous().to(torch.int8), scales[0].to(dtype).contiguous())
 
 
-def _unpack_blocks(packed: torch.Tensor, rows: int) -> torch.Tensor:
-    """uint8 [R, K / 2] of blocks of `rows` (32 or 16) output rows -> codes [R, K]."""
+def _unpack_blocks(packed: torch.Tensor, rows: int, paired: bool) -> torch.Tensor:
+    """uint8 [R, K / 2] of blocks of `rows` output rows -> codes [R, K]. Byte j of column k holds
+    rows 2j (low nibble) and 2j + 1 (high) when `paired`, else rows j and rows / 2 + j."""
     r, k = packed.shape[0], packed.shape[1] * 2
     b = packed.reshape(r // rows, k, rows // 2)
-    if rows == 32:  # byte j of column k: row j (low nibble), row 16 + j (high)
-        nibbles = torch.stack((b & 15, b >> 4), dim=2)  # [R / 32, K, 2, 16]
-    else:  # byte j of column k: rows 2j (low) and 2j + 1 (high)
-        nibbles = torch.stack((b & 15, b >> 4), dim=3)  # [R / 16, K, 8, 2]
+    nibbles = torch.stack((b & 15, b >> 4), dim=3 if paired else 2)  # [R / rows, K, ...]
     return nibbles.permute(0, 2, 3, 1).reshape(r, k)
+
+
+@functools.cache
+def _block_rows() -> int:
+    """Rows per block of torch's CPU int4 packing on this machine: 64 with its AVX-512 kernels, else 32."""
+    codes = torch.zeros(64, 64, dtype=torch.int32)
+    codes[32, 0] = 15
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    return 64 if int(packed[0, 0]) == 0xF0 else 32
 
 
 def unpack_int4pack(packed: torch.Tensor) -> torch.Tensor:
     """torch's CPU int4 layout uint8 [N, K / 2] -> codes uint8 [N, K] (pure torch).
 
-    Output rows go in blocks of 32 and, when N % 32 == 16, a last block of 16 rows.
+    Output rows go in blocks of 64 where torch runs its AVX-512 kernels (else 32), each byte holding
+    rows j and j + 32 (16); the rows past the last full block form one block of byte-paired rows.
     """
-    m = packed.shape[0] // 32 * 32
-    head = _unpack_blocks(packed[:m], 32)
-    return head if m == packed.shape[0] else torch.cat((head, _unpack_blocks(packed[m:], 16)))
+    rows = _block_rows()
+    m = packed.shape[0] // rows * rows
+    head = _unpack_blocks(packed[:m], rows, paired=False)
+    if m == packed.shape[0]:
+        return head
+    tail = _unpack_blocks(packed[m:], packed.shape[0] - m, paired=True)
+    return torch.cat((head, tail))
 
 
 def dequantize_int4(w: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
@@ -135,7 +147,7 @@ def _layout_matches(rows: int) -> bool:
 
 def layout_matches(n: int) -> bool:
     """Whether this torch packs N rows the way unpack_int4pack reads them (probed once per process)."""
-    return _layout_matches(32 if n % 32 == 0 else 48)  # the two block patterns there are
+    return _layout_matches(n % _block_rows() + _block_rows())  # a full block and this N's tail
 
 
 def best_ms(fn, reps: int = 3) -> float:

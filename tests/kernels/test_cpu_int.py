@@ -30,7 +30,7 @@ def act_order_weight(n: int, g: int, seed: int = 0) -> QuantizedWeight:
     return QuantizedWeight(qw.qweight, qw.scales, qw.zeros, g_idx, qw.scheme)
 
 
-@pytest.mark.parametrize("n", [32, 48, 80])  # 32-row blocks, and a 16-row tail block
+@pytest.mark.parametrize("n", [32, 48, 80, 96, 112, 128])  # 32- or 64-row blocks (AVX2, AVX-512), tails of 16-48 rows
 def test_unpack_int4pack_inverts_torch_packing(n):
     codes = torch.randint(0, 16, (n, K), dtype=torch.int32, generator=torch.Generator().manual_seed(n))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # packed: [N, K / 2] uint8
