@@ -1,6 +1,9 @@
 """Where an engine step's time goes, on the workloads of the vLLM comparison (engine_vs_vllm.py).
 
   python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
+                                         [--decode-batch 8]
+
+--decode-batch N adds a workload "c xN": N requests of (c)'s shape (128 in, 128 out) decoding together.
 
 --paths: `cpp` is the engine as it runs (the C++ paged attention and fused ops where they build),
 `torch` the same engine with both switched off in this process (the fallback path: the torch
@@ -120,6 +123,14 @@ def profile(llm, prompts: list[list[int]], max_tokens: int) -> tuple[dict[str, f
     return breakdown(clock), wall, len(prompts) * max_tokens, steps
 
 
+def batched_c(n: int):
+    """n requests of workload (c)'s shape: 128 random prompt tokens each, 128 out."""
+    from quantkit.bench.engine_vs_vllm import Workload
+
+    g = torch.Generator().manual_seed(1)
+    return Workload(f"c x{n}", [torch.randint(3, 32000, (128,), generator=g).tolist() for _ in range(n)], 128)
+
+
 def main() -> None:
     from quantkit.bench.engine_vs_vllm import MAX_MODEL_LEN, make_dense, workloads
     from quantkit.engine import LLM, SamplingParams
@@ -130,6 +141,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="a,b,c")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--paths", default="cpp", help="torch, cpp or both (torch,cpp)")
+    ap.add_argument("--decode-batch", type=int, default=0, help="also N requests of (c)'s shape together")
     args = ap.parse_args()
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,9 +150,10 @@ def main() -> None:
     print(f"random Llama (hidden 1024, 8 layers), {dtype}, {torch.get_num_threads()} threads")
     print("| workload | path | tok/s | steps | ms/step | " + " | ".join(PARTS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(PARTS))
-    for w in workloads():
-        if w.name not in args.workloads.split(","):
-            continue
+    chosen = [w for w in workloads() if w.name in args.workloads.split(",")]
+    if args.decode_batch:
+        chosen.append(batched_c(args.decode_batch))
+    for w in chosen:
         for path in args.paths.split(","):
             with torch_path() if path == "torch" else contextlib.nullcontext():
                 llm.generate(w.prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up

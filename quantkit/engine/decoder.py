@@ -85,16 +85,32 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
         self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
         self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
+        self.qkv_proj: nn.Module | None = None  # set by fuse(): q, k, v in one linear
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
+    def fuse(self, qkv: nn.Module) -> None:
+        """Run q/k/v as `qkv` from now on (built at load from the loaded three: x -> [q | k | v])."""
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = qkv
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> q [T, heads * D], k, v [T, kv_heads * D]; each contiguous (the C++ ops need it)."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        s = self.s
+        q, k, v = self.qkv_proj(x).split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
+                                          s.num_kv_heads * s.head_dim], dim=-1)
+        return q.contiguous(), k.contiguous(), v  # (one token: views already contiguous, no copy)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, ops=fused_ops_reference) -> torch.Tensor:
         t, s = x.shape[0], self.s
-        q = self.q_proj(x).view(t, s.num_heads, s.head_dim)  # [T, heads, D]
-        k = self.k_proj(x).view(t, s.num_kv_heads, s.head_dim)  # [T, kv_heads, D]
-        v = self.v_proj(x).view(t, s.num_kv_heads, s.head_dim)
+        q, k, v = self.project(x)
+        q = q.view(t, s.num_heads, s.head_dim)  # [T, heads, D]
+        k = k.view(t, s.num_kv_heads, s.head_dim)  # [T, kv_heads, D]
+        v = v.view(t, s.num_kv_heads, s.head_dim)
         if s.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ops.rotary(q, k, cos, sin)
@@ -108,9 +124,18 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
         self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
         self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # set by fuse(): gate and up in one linear
+
+    def fuse(self, gate_up: nn.Module) -> None:
+        """Run gate/up as `gate_up` from now on (built at load from the loaded two: x -> [gate | up])."""
+        del self.gate_proj, self.up_proj
+        self.gate_up_proj = gate_up
 
     def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is None:
+            return self.down_proj(ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(ops.silu_and_mul(gate.contiguous(), up.contiguous()))
 
 
 class DecoderLayer(nn.Module):

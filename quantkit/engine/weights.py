@@ -80,14 +80,32 @@ def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
     if not prepack_supported(dtype):
         log.info("linears: F.linear (oneDNN has no prepacked %s path on this CPU)", dtype)
         return 0
+    fused = fuse_float_projections(model, PrepackedLinear.concat)
     embed = model.model.embed_tokens.weight
     targets = [(name, m) for name, m in model.named_modules()
                if type(m) is torch.nn.Linear and m.weight.data_ptr() != embed.data_ptr()]
     for name, m in targets:
         parent, _, attr = name.rpartition(".")
         setattr(get_submodule(model, parent) if parent else model, attr, PrepackedLinear(m))
-    log.info("linears: %d prepacked for oneDNN (%s)", len(targets), dtype)
-    return len(targets)
+    log.info("linears: %d prepacked for oneDNN (%s), %d of them fused q/k/v or gate/up", len(targets) + fused,
+             dtype, fused)
+    return len(targets) + fused
+
+
+def fuse_float_projections(model: torch.nn.Module, concat) -> int:
+    """Each layer's q/k/v and gate/up, where all are float nn.Linear, into one `concat([...])` linear
+    (quantized layers keep theirs). Returns how many fused linears were made."""
+    n = 0
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        if all(type(m) is torch.nn.Linear for m in qkv):
+            attn.fuse(concat(qkv))
+            n += 1
+        if type(mlp.gate_proj) is torch.nn.Linear and type(mlp.up_proj) is torch.nn.Linear:
+            mlp.fuse(concat([mlp.gate_proj, mlp.up_proj]))
+            n += 1
+    return n
 
 
 @dataclass(frozen=True)
