@@ -1,17 +1,20 @@
 """Train the project's small GQA test model: a Llama trained on WikiText-2 valid.
 
-  python -m quantkit.bench.train_tiny [--out DIR] [--steps 100] [--threads 2] [--force]
+  python -m quantkit.bench.train_tiny [--out DIR] [--steps 400] [--threads 2] [--force]
 
 Shapes as a user's GQA model (Llama 3, Mistral, Qwen2) in miniature: hidden 256, 6 layers,
 8 query heads and 4 KV heads (head_dim 32), intermediate 768, separate lm_head; every linear
 packs at group 128. The tokenizer is a byte-level BPE (vocab 1024) trained on the same text, so
 nothing is downloaded. Training reads only `../shared/data/wikitext2/valid.txt` (test.txt is
 kept for scoring): AdamW on random 256-token windows, a fixed step count and seeds, so two runs
-on one machine give the same weights whatever the load. `--bf16` trains under
-torch.autocast(bfloat16); it is off by default because on CPUs without bf16 instructions (AVX2
-only, as this project's CI machine) autocast emulates bf16 and is slower, not faster.
+on one machine give the same weights whatever the load. 400 steps (about two passes over the
+0.42 M training tokens): at 100 steps the model was so undertrained (perplexity 135) that every
+4-bit method landed within 0.1% of float and none could be ranked. `--bf16` trains under
+torch.autocast(bfloat16); it is off by default because on CPUs without bf16 instructions it is
+slower, not faster (Ice Lake AVX-512 without avx512_bf16, 2 threads: 1.44x the fp32 step time;
+also slower on the AVX2 CI machine).
 
-The model goes to ~/.cache/quantkit/tiny-gqa-wikitext (or $QUANTKIT_TINY_GQA, or --out), written
+The model goes to ~/.cache/quantkit/tiny-gqa-wikitext-s{steps} (or $QUANTKIT_TINY_GQA, or --out), written
 to a temporary folder and renamed, with `train_meta.json` (steps, seconds, losses, perplexity on
 the first 20,000 tokens of test.txt in 256-token windows). An existing model is reused unless
 --force or the training settings differ.
@@ -44,7 +47,7 @@ class TinySpec:
     intermediate: int = 768
     vocab: int = 1024
     context: int = 256
-    steps: int = 100
+    steps: int = 400
     batch: int = 8
     seqlen: int = 256
     lr: float = 3e-3
@@ -52,9 +55,10 @@ class TinySpec:
     bf16: bool = False
 
 
-def default_dir() -> Path:
+def default_dir(spec: TinySpec = TinySpec()) -> Path:
+    """The step count is in the name, so checkouts with different defaults keep their own models."""
     env = os.environ.get("QUANTKIT_TINY_GQA")
-    return Path(env) if env else Path.home() / ".cache" / "quantkit" / "tiny-gqa-wikitext"
+    return Path(env) if env else Path.home() / ".cache" / "quantkit" / f"tiny-gqa-wikitext-s{spec.steps}"
 
 
 def cached_model(out: Path, spec: TinySpec) -> Path | None:
@@ -113,7 +117,7 @@ def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) ->
 
 def ensure_model(out: Path | None = None, spec: TinySpec = TinySpec(), show_progress: bool = True) -> Path:
     """The cached model for `spec`, training it first when absent."""
-    out = out or default_dir()
+    out = out or default_dir(spec)
     if cached_model(out, spec) is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         train(out, spec, show_progress)
@@ -122,7 +126,7 @@ def ensure_model(out: Path | None = None, spec: TinySpec = TinySpec(), show_prog
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="default: $QUANTKIT_TINY_GQA or ~/.cache/quantkit/tiny-gqa-wikitext")
+    ap.add_argument("--out", type=Path, default=None, help="default: $QUANTKIT_TINY_GQA or ~/.cache/quantkit/tiny-gqa-wikitext-s{steps}")
     ap.add_argument("--steps", type=int, default=TinySpec.steps)
     ap.add_argument("--seed", type=int, default=TinySpec.seed)
     ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (slower on CPUs without bf16 instructions)")
@@ -130,8 +134,8 @@ def main() -> None:
     ap.add_argument("--force", action="store_true", help="train even when a model with these settings is cached")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = args.out or default_dir()
     spec = TinySpec(steps=args.steps, seed=args.seed, bf16=args.bf16)
+    out = args.out or default_dir(spec)
     if args.force or cached_model(out, spec) is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         train(out, spec)

@@ -13,7 +13,9 @@ For each model and method, alternately: `quantkit quantize` in a child process (
 pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` in its own venv
 (tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), both with the same
 OMP/torch thread count. The two calibration token hashes are compared (the run stops if they
-differ). Each tool's perplexity ratio is to the float model scored by the same code.
+differ). Each tool's perplexity ratio is to the float model scored by the same code. The last
+column is the whole `quantkit quantize` child process (interpreter start, imports, checkpoint
+writing included), for the time a user waits.
 `--tools ours` or `--tools peer` runs one tool (to split a long run under the machine's heavy-job
 lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order);
@@ -75,7 +77,8 @@ def run_ours(model: Path, out: Path, method: str, group: int, threads: int, floa
     run = quantize_in_child(model, out, args, threads)
     ppl, ratio = ppl_ratio_ours(out, float_ppl)
     meta = json.loads((out / "quantkit_meta.json").read_text())
-    return {"wall_s": run.quantize_s, "ppl": ppl, "ratio": ratio, "hash": meta["calibration_token_sha256"]}
+    return {"wall_s": run.quantize_s, "process_s": round(run.process_s, 2), "ppl": ppl, "ratio": ratio,
+            "hash": meta["calibration_token_sha256"]}
 
 
 def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
@@ -140,14 +143,14 @@ def _cell(side: dict | None, fmt: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print("| model | method | quantkit ppl (x float) | llm-compressor ppl (x float) | quantkit s | llm-compressor s "
-          "| time ours/theirs |")
-    print("|---|---|---|---|---|---|---|")
+          "| time ours/theirs | quantkit CLI process s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         o, p = r.get("ours"), r.get("peer")
         ratio = f"{o['wall_s'] / p['wall_s']:.2f}x" if o and p else "-"
         print(f"| {r['model']} | {r['method']} | {_cell(o, '{ppl:.3f} ({ratio:.4f}x)')} "
               f"| {_cell(p, '{ppl:.3f} ({ratio:.4f}x)')} | {_cell(o, '{wall_s:.2f}')} | {_cell(p, '{wall_s:.2f}')} "
-              f"| {ratio} |")
+              f"| {ratio} | {_cell(o, '{process_s}') if o and 'process_s' in o else '-'} |")
 
 
 def main() -> None:
