@@ -1,6 +1,7 @@
 """Train the project's small GQA test model: a Llama trained on WikiText-2 valid.
 
   python -m quantkit.bench.train_tiny [--out DIR] [--steps 400] [--threads 2] [--force]
+  python -m quantkit.bench.train_tiny --time-steps      # fp32 against bf16 autocast, one step each
 
 Shapes as a user's GQA model (Llama 3, Mistral, Qwen2) in miniature: hidden 256, 6 layers,
 8 query heads and 4 KV heads (head_dim 32), intermediate 768, separate lm_head; every linear
@@ -77,10 +78,20 @@ def test_ppl(model, tok, tokens: int = PPL_TOKENS, seqlen: int = PPL_SEQLEN) -> 
     return perplexity(model.eval(), ids[:tokens], seqlen, "wikitext2/test.txt", note).ppl
 
 
-def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) -> dict:
-    """Train and save the model (and tokenizer, and train_meta.json) into `out`."""
+def new_model(spec: TinySpec):
+    """The untrained LlamaForCausalLM of `spec`, initialised from spec.seed."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    torch.manual_seed(spec.seed)
+    config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) -> dict:
+    """Train and save the model (and tokenizer, and train_meta.json) into `out`."""
     from quantkit.calibration.data import split_text_documents
     from quantkit.calibration.synthetic import train_bpe_tokenizer
     from quantkit.demo import TrainSchedule, train_steps
@@ -89,12 +100,7 @@ def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) ->
     docs = split_text_documents(valid)
     tok = train_bpe_tokenizer(docs, spec.vocab)
     ids = torch.tensor(tok("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"])
-    torch.manual_seed(spec.seed)
-    config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config)
+    model = new_model(spec)
     losses: list[float] = []
     start = time.perf_counter()
     sched = TrainSchedule(spec.steps, spec.batch, spec.seqlen, spec.lr, spec.seed, bf16=spec.bf16)
@@ -115,6 +121,24 @@ def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) ->
     return meta
 
 
+def step_seconds(spec: TinySpec, bf16: bool, steps: int = 4) -> float:
+    """Median seconds of one training step of the untrained model on random tokens, fp32 or bf16
+    autocast (the first step is dropped as warm-up)."""
+    model = new_model(spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    batch = torch.randint(0, spec.vocab, (spec.batch, spec.seqlen))
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
 def ensure_model(out: Path | None = None, spec: TinySpec = TinySpec(), show_progress: bool = True) -> Path:
     """The cached model for `spec`, training it first when absent."""
     out = out or default_dir(spec)
@@ -132,8 +156,15 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (slower on CPUs without bf16 instructions)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="train even when a model with these settings is cached")
+    ap.add_argument("--time-steps", action="store_true",
+                    help="only time a training step in fp32 and under bf16 autocast, train nothing")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.time_steps:
+        fp32, bf16 = step_seconds(TinySpec(), False), step_seconds(TinySpec(), True)
+        print(f"step seconds, {args.threads} threads, load {os.getloadavg()[0]:.2f}: fp32 {fp32:.3f}, "
+              f"bf16 autocast {bf16:.3f} ({bf16 / fp32:.2f}x)")
+        return
     spec = TinySpec(steps=args.steps, seed=args.seed, bf16=args.bf16)
     out = args.out or default_dir(spec)
     if args.force or cached_model(out, spec) is None:

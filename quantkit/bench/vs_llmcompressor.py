@@ -53,12 +53,14 @@ METHODS = {
 MODELS = {"tiny": (128, "all"), "stories": (64, "attention")}  # group size, llm-compressor targets
 
 
-def model_path(name: str) -> Path:
+def model_path(name: str, tiny_steps: int | None = None) -> Path:
+    """The model's folder; `tiny` is trained (and cached) first when absent, with `tiny_steps`
+    training steps (default: train_tiny's)."""
     if name == "stories":
         return SHARED / "stories260K-hf"
-    from quantkit.bench.train_tiny import ensure_model
+    from quantkit.bench.train_tiny import TinySpec, ensure_model
 
-    return ensure_model()
+    return ensure_model(spec=TinySpec() if tiny_steps is None else TinySpec(steps=tiny_steps))
 
 
 def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
@@ -99,9 +101,10 @@ def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targ
             "hash": r["calib_token_sha256"]}
 
 
-def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str]) -> list[dict]:
+def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str],
+                tiny_steps: int | None = None) -> list[dict]:
     group, targets = MODELS[name]
-    model = model_path(name)
+    model = model_path(name, tiny_steps)
     float_ours = ppl_ratio_ours(model, None)[0] if "ours" in tools else None
     print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
@@ -161,6 +164,8 @@ def main() -> None:
     ap.add_argument("--tools", default="ours,peer", help="ours, peer or both: one tool per run splits a long run")
     ap.add_argument("--table", type=Path, nargs="*", default=None,
                     help="print the table from the ROW lines of earlier runs' output files, run nothing")
+    ap.add_argument("--tiny-steps", type=int, default=None,
+                    help="the GQA test model trained for this many steps (default: train_tiny's)")
     ap.add_argument("--llmc-python", type=Path, default=Path(os.environ.get("QUANTKIT_LLMC_PYTHON", DEFAULT_LLMC)))
     args = ap.parse_args()
     if args.table is not None:
@@ -177,7 +182,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
         for name in args.models.split(","):
             rows += bench_model(name, [m.strip() for m in args.methods.split(",")], args.threads, args.llmc_python,
-                                Path(tmp), tools)
+                                Path(tmp), tools, args.tiny_steps)
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
     print_table(merge_rows(rows))
 
