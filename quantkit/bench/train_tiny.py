@@ -12,8 +12,9 @@ on one machine give the same weights whatever the load. 400 steps (about two pas
 0.42 M training tokens): at 100 steps the model was so undertrained (perplexity 135) that every
 4-bit method landed within 0.1% of float and none could be ranked. `--bf16` trains under
 torch.autocast(bfloat16); it is off by default because on CPUs without bf16 instructions it is
-slower, not faster (Ice Lake AVX-512 without avx512_bf16, 2 threads: 1.44x the fp32 step time;
-also slower on the AVX2 CI machine).
+slower, not faster (Intel Xeon Ice Lake, AVX-512 without avx512_bf16, 2 threads, load 1-4,
+2026-12-01: 10.9 s against 7.6 s a step, 1.44x, in an ad-hoc loop that `--time-steps` now
+packages; also slower on the AVX2 CI machine).
 
 The model goes to ~/.cache/quantkit/tiny-gqa-wikitext-s{steps} (or $QUANTKIT_TINY_GQA, or --out), written
 to a temporary folder and renamed, with `train_meta.json` (steps, seconds, losses, perplexity on
