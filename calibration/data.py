@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from quantkit.calibration.recipes import RECIPES, Recipe
+from quantkit.calibration.token_cache import cached_token_ids
 from quantkit.errors import QuantkitError
 
 LOCAL_SUFFIXES = (".txt", ".jsonl")
@@ -108,8 +109,13 @@ def sample_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> 
     return torch.stack([ids[s : s + seqlen] for s in starts.tolist()])
 
 
+def _tokenize(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.int64)
+
+
 def load_calibration(source: str, tokenizer, nsamples: int, seqlen: int, seed: int) -> CalibSet:
-    """Tokenize the documents once (joined by blank lines) and cut seeded windows."""
+    """Tokenize the documents once (joined by blank lines; the ids are cached on disk, see
+    token_cache.py) and cut seeded windows."""
     notes: list[str] = []
     path = Path(source).expanduser()
     if path.exists():
@@ -124,8 +130,7 @@ def load_calibration(source: str, tokenizer, nsamples: int, seqlen: int, seed: i
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise QuantkitError(f"{source}: the calibration set is empty")
-    ids = torch.tensor(tokenizer("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"],
-                       dtype=torch.int64)
+    ids, _ = cached_token_ids("\n\n".join(docs), tokenizer, lambda text: _tokenize(tokenizer, text))
     if ids.numel() == 0:
         raise QuantkitError(f"{source}: the calibration set is empty after tokenization")
     if ids.numel() < seqlen:

@@ -1,17 +1,22 @@
 """Train the project's small GQA test model: a Llama trained on WikiText-2 valid.
 
-  python -m quantkit.bench.train_tiny [--out DIR] [--steps 100] [--threads 2] [--force]
+  python -m quantkit.bench.train_tiny [--out DIR] [--steps 400] [--threads 2] [--force]
+  python -m quantkit.bench.train_tiny --time-steps      # fp32 against bf16 autocast, one step each
 
 Shapes as a user's GQA model (Llama 3, Mistral, Qwen2) in miniature: hidden 256, 6 layers,
 8 query heads and 4 KV heads (head_dim 32), intermediate 768, separate lm_head; every linear
 packs at group 128. The tokenizer is a byte-level BPE (vocab 1024) trained on the same text, so
 nothing is downloaded. Training reads only `../shared/data/wikitext2/valid.txt` (test.txt is
 kept for scoring): AdamW on random 256-token windows, a fixed step count and seeds, so two runs
-on one machine give the same weights whatever the load. `--bf16` trains under
-torch.autocast(bfloat16); it is off by default because on CPUs without bf16 instructions (AVX2
-only, as this project's CI machine) autocast emulates bf16 and is slower, not faster.
+on one machine give the same weights whatever the load. 400 steps (about two passes over the
+0.42 M training tokens): at 100 steps the model was so undertrained (perplexity 135) that every
+4-bit method landed within 0.1% of float and none could be ranked. `--bf16` trains under
+torch.autocast(bfloat16); it is off by default because on CPUs without bf16 instructions it is
+slower, not faster (Intel Xeon Ice Lake, AVX-512 without avx512_bf16, 2 threads, load 1-4,
+2026-12-01: 10.9 s against 7.6 s a step, 1.44x, in an ad-hoc loop that `--time-steps` now
+packages; also slower on the AVX2 CI machine).
 
-The model goes to ~/.cache/quantkit/tiny-gqa-wikitext (or $QUANTKIT_TINY_GQA, or --out), written
+The model goes to ~/.cache/quantkit/tiny-gqa-wikitext-s{steps} (or $QUANTKIT_TINY_GQA, or --out), written
 to a temporary folder and renamed, with `train_meta.json` (steps, seconds, losses, perplexity on
 the first 20,000 tokens of test.txt in 256-token windows). An existing model is reused unless
 --force or the training settings differ.
@@ -44,7 +49,7 @@ class TinySpec:
     intermediate: int = 768
     vocab: int = 1024
     context: int = 256
-    steps: int = 100
+    steps: int = 400
     batch: int = 8
     seqlen: int = 256
     lr: float = 3e-3
@@ -52,9 +57,10 @@ class TinySpec:
     bf16: bool = False
 
 
-def default_dir() -> Path:
+def default_dir(spec: TinySpec = TinySpec()) -> Path:
+    """The step count is in the name, so checkouts with different defaults keep their own models."""
     env = os.environ.get("QUANTKIT_TINY_GQA")
-    return Path(env) if env else Path.home() / ".cache" / "quantkit" / "tiny-gqa-wikitext"
+    return Path(env) if env else Path.home() / ".cache" / "quantkit" / f"tiny-gqa-wikitext-s{spec.steps}"
 
 
 def cached_model(out: Path, spec: TinySpec) -> Path | None:
@@ -73,10 +79,20 @@ def test_ppl(model, tok, tokens: int = PPL_TOKENS, seqlen: int = PPL_SEQLEN) -> 
     return perplexity(model.eval(), ids[:tokens], seqlen, "wikitext2/test.txt", note).ppl
 
 
-def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) -> dict:
-    """Train and save the model (and tokenizer, and train_meta.json) into `out`."""
+def new_model(spec: TinySpec):
+    """The untrained LlamaForCausalLM of `spec`, initialised from spec.seed."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    torch.manual_seed(spec.seed)
+    config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) -> dict:
+    """Train and save the model (and tokenizer, and train_meta.json) into `out`."""
     from quantkit.calibration.data import split_text_documents
     from quantkit.calibration.synthetic import train_bpe_tokenizer
     from quantkit.demo import TrainSchedule, train_steps
@@ -85,12 +101,7 @@ def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) ->
     docs = split_text_documents(valid)
     tok = train_bpe_tokenizer(docs, spec.vocab)
     ids = torch.tensor(tok("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"])
-    torch.manual_seed(spec.seed)
-    config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-                         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                         num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config)
+    model = new_model(spec)
     losses: list[float] = []
     start = time.perf_counter()
     sched = TrainSchedule(spec.steps, spec.batch, spec.seqlen, spec.lr, spec.seed, bf16=spec.bf16)
@@ -111,9 +122,27 @@ def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) ->
     return meta
 
 
+def step_seconds(spec: TinySpec, bf16: bool, steps: int = 4) -> float:
+    """Median seconds of one training step of the untrained model on random tokens, fp32 or bf16
+    autocast (the first step is dropped as warm-up)."""
+    model = new_model(spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    batch = torch.randint(0, spec.vocab, (spec.batch, spec.seqlen))
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
 def ensure_model(out: Path | None = None, spec: TinySpec = TinySpec(), show_progress: bool = True) -> Path:
     """The cached model for `spec`, training it first when absent."""
-    out = out or default_dir()
+    out = out or default_dir(spec)
     if cached_model(out, spec) is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         train(out, spec, show_progress)
@@ -122,16 +151,23 @@ def ensure_model(out: Path | None = None, spec: TinySpec = TinySpec(), show_prog
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="default: $QUANTKIT_TINY_GQA or ~/.cache/quantkit/tiny-gqa-wikitext")
+    ap.add_argument("--out", type=Path, default=None, help="default: $QUANTKIT_TINY_GQA or ~/.cache/quantkit/tiny-gqa-wikitext-s{steps}")
     ap.add_argument("--steps", type=int, default=TinySpec.steps)
     ap.add_argument("--seed", type=int, default=TinySpec.seed)
     ap.add_argument("--bf16", action="store_true", help="train under bf16 autocast (slower on CPUs without bf16 instructions)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--force", action="store_true", help="train even when a model with these settings is cached")
+    ap.add_argument("--time-steps", action="store_true",
+                    help="only time a training step in fp32 and under bf16 autocast, train nothing")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    out = args.out or default_dir()
+    if args.time_steps:
+        fp32, bf16 = step_seconds(TinySpec(), False), step_seconds(TinySpec(), True)
+        print(f"step seconds, {args.threads} threads, load {os.getloadavg()[0]:.2f}: fp32 {fp32:.3f}, "
+              f"bf16 autocast {bf16:.3f} ({bf16 / fp32:.2f}x)")
+        return
     spec = TinySpec(steps=args.steps, seed=args.seed, bf16=args.bf16)
+    out = args.out or default_dir(spec)
     if args.force or cached_model(out, spec) is None:
         out.parent.mkdir(parents=True, exist_ok=True)
         train(out, spec)

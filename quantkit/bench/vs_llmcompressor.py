@@ -13,7 +13,9 @@ For each model and method, alternately: `quantkit quantize` in a child process (
 pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` in its own venv
 (tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), both with the same
 OMP/torch thread count. The two calibration token hashes are compared (the run stops if they
-differ). Each tool's perplexity ratio is to the float model scored by the same code.
+differ). Each tool's perplexity ratio is to the float model scored by the same code. The last
+column is the whole `quantkit quantize` child process (interpreter start, imports, checkpoint
+writing included), for the time a user waits.
 `--tools ours` or `--tools peer` runs one tool (to split a long run under the machine's heavy-job
 lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order);
@@ -51,12 +53,14 @@ METHODS = {
 MODELS = {"tiny": (128, "all"), "stories": (64, "attention")}  # group size, llm-compressor targets
 
 
-def model_path(name: str) -> Path:
+def model_path(name: str, tiny_steps: int | None = None) -> Path:
+    """The model's folder; `tiny` is trained (and cached) first when absent, with `tiny_steps`
+    training steps (default: train_tiny's)."""
     if name == "stories":
         return SHARED / "stories260K-hf"
-    from quantkit.bench.train_tiny import ensure_model
+    from quantkit.bench.train_tiny import TinySpec, ensure_model
 
-    return ensure_model()
+    return ensure_model(spec=TinySpec() if tiny_steps is None else TinySpec(steps=tiny_steps))
 
 
 def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
@@ -75,7 +79,8 @@ def run_ours(model: Path, out: Path, method: str, group: int, threads: int, floa
     run = quantize_in_child(model, out, args, threads)
     ppl, ratio = ppl_ratio_ours(out, float_ppl)
     meta = json.loads((out / "quantkit_meta.json").read_text())
-    return {"wall_s": run.quantize_s, "ppl": ppl, "ratio": ratio, "hash": meta["calibration_token_sha256"]}
+    return {"wall_s": run.quantize_s, "process_s": round(run.process_s, 2), "ppl": ppl, "ratio": ratio,
+            "hash": meta["calibration_token_sha256"]}
 
 
 def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
@@ -96,9 +101,10 @@ def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targ
             "hash": r["calib_token_sha256"]}
 
 
-def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str]) -> list[dict]:
+def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str],
+                tiny_steps: int | None = None) -> list[dict]:
     group, targets = MODELS[name]
-    model = model_path(name)
+    model = model_path(name, tiny_steps)
     float_ours = ppl_ratio_ours(model, None)[0] if "ours" in tools else None
     print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
@@ -140,14 +146,14 @@ def _cell(side: dict | None, fmt: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print("| model | method | quantkit ppl (x float) | llm-compressor ppl (x float) | quantkit s | llm-compressor s "
-          "| time ours/theirs |")
-    print("|---|---|---|---|---|---|---|")
+          "| time ours/theirs | quantkit CLI process s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         o, p = r.get("ours"), r.get("peer")
         ratio = f"{o['wall_s'] / p['wall_s']:.2f}x" if o and p else "-"
         print(f"| {r['model']} | {r['method']} | {_cell(o, '{ppl:.3f} ({ratio:.4f}x)')} "
               f"| {_cell(p, '{ppl:.3f} ({ratio:.4f}x)')} | {_cell(o, '{wall_s:.2f}')} | {_cell(p, '{wall_s:.2f}')} "
-              f"| {ratio} |")
+              f"| {ratio} | {_cell(o, '{process_s}') if o and 'process_s' in o else '-'} |")
 
 
 def main() -> None:
@@ -158,6 +164,8 @@ def main() -> None:
     ap.add_argument("--tools", default="ours,peer", help="ours, peer or both: one tool per run splits a long run")
     ap.add_argument("--table", type=Path, nargs="*", default=None,
                     help="print the table from the ROW lines of earlier runs' output files, run nothing")
+    ap.add_argument("--tiny-steps", type=int, default=None,
+                    help="the GQA test model trained for this many steps (default: train_tiny's)")
     ap.add_argument("--llmc-python", type=Path, default=Path(os.environ.get("QUANTKIT_LLMC_PYTHON", DEFAULT_LLMC)))
     args = ap.parse_args()
     if args.table is not None:
@@ -174,7 +182,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
         for name in args.models.split(","):
             rows += bench_model(name, [m.strip() for m in args.methods.split(",")], args.threads, args.llmc_python,
-                                Path(tmp), tools)
+                                Path(tmp), tools, args.tiny_steps)
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
     print_table(merge_rows(rows))
 

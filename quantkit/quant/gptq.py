@@ -11,6 +11,7 @@ through the Cholesky factor of H^-1; updates are applied lazily, `block_size` co
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,8 @@ import torch
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, minmax_params, quantize_codes
 
 log = logging.getLogger(__name__)
+
+SUB_BLOCK = 16  # columns per inner lazy batch (see _quantize_columns)
 
 
 def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -132,34 +135,60 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
                       zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ's lazy-batch loop over W^T [K, N] (updated in place), permuted column order; U [K, K]
     is the upper Cholesky factor of H^-1. Fills `scales`/`zeros` [groups, N] for groups found on
-    the way (static groups come filled). Returns the codes [K, N] and the objective per row [N]."""
+    the way (static groups come filled). Returns the codes [K, N] and the objective per row [N].
+
+    The updates are lazy at two levels, so no per-column step touches more than a few rows:
+    a row of W^T gets the errors of the earlier columns of its sub-block (`SUB_BLOCK` columns)
+    as one vector-matrix product just before it is quantized; each finished sub-block updates
+    the rest of its block, and each finished block the rest of W^T, as one GEMM."""
     k, n = wt.shape
     gsize = scheme.group_len(k)
-    codes = torch.zeros_like(wt)
+    sub = math.gcd(SUB_BLOCK, gsize)  # group starts fall on sub-block starts, with every earlier error applied
+    codes = torch.empty_like(wt)
     losses = torch.zeros(n, dtype=torch.float32, device=wt.device)
+    diag = u.diagonal().tolist()  # Python floats: no 0-d tensor per column
     scale = zero = None
     for i1 in range(0, k, block_size):
         i2 = min(i1 + block_size, k)
         w1 = wt[i1:i2].clone()  # [B, N]
-        err1 = torch.zeros_like(w1)
+        err1 = torch.empty_like(w1)
         u1 = u[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            col = i1 + i
-            if static is not None:
-                scale, zero = static[int(perm[col]) // gsize]
-            elif col % gsize == 0:
-                # the group lies inside this block (block_size is a multiple of the group size),
-                # so w1 holds its columns with every earlier error already applied
-                scale, zero = _group_params(w1[i : i + gsize].T, scheme)
-                scales[col // gsize], zeros[col // gsize] = scale, zero
-            q = quantize_codes(w1[i].unsqueeze(1), scale, zero, scheme.maxq)[:, 0]
-            codes[col] = q
-            e = (w1[i] - scale * (q - zero)) / u1[i, i]  # [N]
-            losses += e**2 / 2
-            w1[i:] -= u1[i, i:].unsqueeze(1) * e.unsqueeze(0)  # rank-1: [B - i, 1] x [1, N]
-            err1[i] = e
+        for s1 in range(0, i2 - i1, sub):
+            s2 = min(s1 + sub, i2 - i1)
+            for i in range(s1, s2):
+                col = i1 + i
+                if static is not None:
+                    scale, zero = static[int(perm[col]) // gsize]
+                elif col % gsize == 0:
+                    scale, zero = _group_params(_group_rows(wt, w1, i1, i, gsize).T, scheme)
+                    scales[col // gsize], zeros[col // gsize] = scale, zero
+                x = w1[i] if i == s1 else torch.addmv(w1[i], err1[s1:i].T, u1[s1:i, i], alpha=-1)  # [N]
+                _quantize_row(x, scale, zero, scheme.maxq, diag[col], codes[col], err1[i])
+            if s2 < i2 - i1:
+                w1[s2:] -= u1[s1:s2, s2:].T @ err1[s1:s2]  # [B - s2, S] @ [S, N]
+        losses += err1.square().sum(0) / 2
         wt[i2:] -= u[i1:i2, i2:].T @ err1  # [K - i2, B] @ [B, N]
     return codes, losses
+
+
+def _group_rows(wt: torch.Tensor, w1: torch.Tensor, i1: int, i: int, gsize: int) -> torch.Tensor:
+    """The rows of W^T [gsize, N] of the group starting at row i1 + i, with every earlier error applied.
+
+    A group starts a sub-block, so w1 (the block) holds its rows up to date. A group longer than
+    the block (group size -1 with K > block_size) starts at row 0, before any error exists: its
+    rows past the block are still wt's, as in the reference, which takes them from the whole W."""
+    if i + gsize <= w1.shape[0]:
+        return w1[i : i + gsize]
+    return torch.cat([w1[i:], wt[i1 + w1.shape[0] : i1 + i + gsize]])
+
+
+def _quantize_row(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int, d: float,
+                  q_out: torch.Tensor, err_out: torch.Tensor) -> None:
+    """Codes of one row of W^T x [N] into q_out, and GPTQ's scaled error (x - dequant) / d into err_out.
+    The same arithmetic as quantize_codes / dequantize_codes, written in place."""
+    torch.div(x, scale, out=q_out).round_().add_(zero).clamp_(0, maxq)
+    torch.sub(q_out, zero, out=err_out).mul_(scale)
+    torch.sub(x, err_out, out=err_out).div_(d)
 
 
 def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor,

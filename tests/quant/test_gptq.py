@@ -122,3 +122,38 @@ def test_stacked_rows_quantize_as_each_linear_alone(act_order):
         assert same > 0.999, same  # equal but for float ties (the block update is one GEMM over all rows)
         assert torch.equal(part.g_idx, alone.weight.g_idx)
         torch.testing.assert_close(float(losses.sum()), alone.loss, rtol=1e-3, atol=0)
+
+
+def _columns_one_by_one(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook GPTQ loop (no lazy batches, no act-order): quantize column j of W [N, K],
+    spread its scaled error over every later column at once. Returns codes [N, K], scales [groups, N]."""
+    from quantkit.format.primitives import minmax_params, quantize_codes
+
+    w = w.clone()
+    codes, scales = torch.zeros_like(w), []
+    for j in range(w.shape[1]):
+        if j % scheme.group_len(w.shape[1]) == 0:
+            scale, zero = minmax_params(w[:, j : j + scheme.group_len(w.shape[1])], scheme.bits, scheme.sym)
+            scales.append(scale)
+        codes[:, j] = quantize_codes(w[:, j : j + 1], scale, zero, scheme.maxq)[:, 0]
+        err = (w[:, j] - scale * (codes[:, j] - zero)) / u[j, j]
+        w[:, j:] -= err.unsqueeze(1) * u[j, j:].unsqueeze(0)
+    return codes, torch.stack(scales)
+
+
+@pytest.mark.parametrize("group,block", [(32, 128), (128, 128), (128, 256), (-1, 128), (48, 96)])
+@pytest.mark.parametrize("sym", [True, False])
+def test_lazy_batches_match_the_column_by_column_loop(group, block, sym):
+    # the two-level lazy updates (sub-blocks, blocks) reorder float sums only: the same codes
+    # but for rounding ties, and group scales taken from columns with every earlier error applied
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    k = 192
+    x = correlated_inputs(k, 2048)
+    w = torch.randn(96, k, generator=torch.Generator().manual_seed(2))
+    scheme = QuantScheme(4, group, sym)
+    h = hessian(x)
+    r = gptq_quantize(w, h, scheme, GPTQOptions(block_size=block))
+    codes, scales = _columns_one_by_one(w, inverse_hessian_cholesky(h, 0.01, 0)[0], scheme)
+    assert (r.weight.qweight == codes).float().mean() > 0.999
+    torch.testing.assert_close(r.weight.scales, scales, rtol=1e-3, atol=0)
