@@ -66,6 +66,7 @@ class QuantizeConfig:
     awq_grid: int = 20
     awq_search_tokens: int = 2048  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
     load_plan: Path | None = None
+    quantize_lm_head: bool = False  # GPTQModel's lm_head=True: lm_head packed like the decoder linears (RTN)
     recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
 
     def __post_init__(self):
@@ -93,6 +94,9 @@ class QuantizeConfig:
             object.__setattr__(self, "static_groups", True)
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
+        if self.quantize_lm_head and self.layout_format != "gptq":
+            raise QuantkitError("--quantize-lm-head is written in the GPTQ layout only (quantization_config lm_head, "
+                                "as GPTQModel and vLLM read it); use --format gptq")
         check_device_name(self.device)
         refuse_out_over_source(self.model, self.out)
 

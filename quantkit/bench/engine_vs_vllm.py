@@ -63,18 +63,19 @@ def make_dense(out: Path) -> Path:
     return dense
 
 
-def make_gptq(dense: Path, out: Path) -> Path:
-    """`dense` quantized: RTN, 4-bit, symmetric, group 128, GPTQ v1 layout."""
+def make_gptq(dense: Path, out: Path, lm_head: bool = False) -> Path:
+    """`dense` quantized: RTN, 4-bit, symmetric, group 128, GPTQ v1 layout (lm_head too with `lm_head`)."""
     from quantkit.calibration.synthetic import make_corpus
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.quant.pipeline import quantize_model
 
     calib = out / "calib.txt"
     calib.write_text("\n\n".join(make_corpus(16, seed=1)))
-    q = out / "gptq"
+    q = out / ("gptq-lm-head" if lm_head else "gptq")
     q.mkdir()
     cfg = QuantizeConfig(model=str(dense), out=q, method="rtn", format="gptq", bits=4, group_size=128, sym=True,
-                         calib=CalibConfig(source=str(calib), nsamples=4, seqlen=64), device="cpu")
+                         calib=CalibConfig(source=str(calib), nsamples=4, seqlen=64), device="cpu",
+                         quantize_lm_head=lm_head)
     quantize_model(cfg, out_dir=q, show_progress=False)
     return q
 

@@ -1,14 +1,15 @@
 """Decode speed of the engine on a 4-bit GPTQ checkpoint against the same model in float, one process.
 
   python -m quantkit.bench.int4_engine [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
-                                       [--rounds 3] [--dtype auto]
+                                       [--rounds 3] [--dtype auto] [--models-dir DIR] [--make-only]
 
 Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads,
 8 KV heads, vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN
-checkpoint in the GPTQ v1 layout (symmetric, group 128). Both load in --dtype (auto: the engine's
-pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B prompts to
+checkpoint in the GPTQ v1 layout (symmetric, group 128), with lm_head float and with lm_head packed too
+(`quantize --quantize-lm-head`). All load in --dtype (auto: the engine's pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B prompts to
 max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out.
 Rounds alternate float and 4-bit; the median counts. Weight memory is the engine's start-up figure.
+--models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
 """
 
 from __future__ import annotations
@@ -36,8 +37,18 @@ def decode_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
     return len(prompts) * (max_tokens - 1) / (full - first)
 
 
-def main() -> None:
+def checkpoints(root: Path) -> dict[str, Path]:
+    """The float model and its two 4-bit checkpoints under `root`, made where missing."""
     from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
+
+    root.mkdir(parents=True, exist_ok=True)
+    dense = root / "bf16" if (root / "bf16" / "config.json").is_file() else make_dense(root)
+    made = {name: root / name for name in ("gptq", "gptq-lm-head") if (root / name / "config.json").is_file()}
+    return {"float": dense, "4-bit GPTQ": made.get("gptq") or make_gptq(dense, root),
+            "4-bit GPTQ + lm_head": made.get("gptq-lm-head") or make_gptq(dense, root, lm_head=True)}
+
+
+def main() -> None:
     from quantkit.engine import LLM
     from quantkit.engine.config import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
@@ -49,6 +60,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--models-dir", type=Path, default=None, help="make the checkpoints here once and reuse them")
+    ap.add_argument("--make-only", action="store_true", help="only make the checkpoints in --models-dir")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
@@ -57,28 +70,30 @@ def main() -> None:
     prompts = {b: [torch.randint(3, 32000, (args.prompt_len,), generator=g).tolist() for _ in range(b)]
                for b in batches}
     with tempfile.TemporaryDirectory() as tmp:
-        dense = make_dense(Path(tmp))
-        models = {"float": dense, "4-bit GPTQ": make_gptq(dense, Path(tmp))}
+        models = checkpoints(args.models_dir or Path(tmp))
+        if args.make_only:
+            return
         llms = {name: LLM(str(path), dtype=dtype, max_model_len=1024, max_num_seqs=max(batches),
                           num_threads=args.threads) for name, path in models.items()}
-        for llm in llms.values():  # warm-up, not counted
+        for name, llm in llms.items():  # warm-up, not counted
             _wall(llm, prompts[batches[0]][:1], 2)
+            print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}", flush=True)
         rates = {(name, b): [] for name in llms for b in batches}
         loads = [os.getloadavg()[0]]
         for _ in range(args.rounds):
             for b in batches:
                 for name, llm in llms.items():
                     rates[name, b].append(decode_tok_s(llm, prompts[b], args.max_tokens))
+                    print(f"  round: batch {b} {name} {rates[name, b][-1]:.1f} tok/s", flush=True)
             loads.append(os.getloadavg()[0])
     print(f"{dtype}, {args.threads} threads, prompts of {args.prompt_len} tokens, {args.max_tokens} out, median "
           f"of {args.rounds} alternating rounds; load average {min(loads):.2f}-{max(loads):.2f}")
-    for name, llm in llms.items():
-        print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}")
     for b in batches:
-        f, q = (statistics.median(rates[n, b]) for n in llms)
-        print(f"batch {b}: decode tok/s float {f:.1f}, 4-bit {q:.1f} ({q / f:.2f}x); rounds float "
-              + ", ".join(f"{r:.1f}" for r in rates["float", b]) + "; 4-bit "
-              + ", ".join(f"{r:.1f}" for r in rates["4-bit GPTQ", b]), flush=True)
+        f = statistics.median(rates["float", b])
+        parts = [f"{n} {statistics.median(rates[n, b]):.1f} ({statistics.median(rates[n, b]) / f:.2f}x)"
+                 for n in llms if n != "float"]
+        rounds = "; ".join(f"{n} " + ", ".join(f"{r:.1f}" for r in rates[n, b]) for n in llms)
+        print(f"batch {b}: decode tok/s float {f:.1f}, " + ", ".join(parts) + f"; rounds {rounds}", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def quantize(
     awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
     load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
+    quantize_lm_head: bool = typer.Option(False, "--quantize-lm-head/--no-quantize-lm-head", help="Pack lm_head in 4/8 bits too (round to nearest), marked lm_head: true in quantization_config as GPTQModel's lm_head=True writes it; GPTQ layout only."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
     threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
@@ -84,7 +85,8 @@ def quantize(
         desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
         calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
         force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
-        awq_duo_scaling=awq_duo_scaling, awq_search_tokens=awq_search_tokens, load_plan=load_plan, recipe=None if recipe is None else recipe.to_dict(),
+        awq_duo_scaling=awq_duo_scaling, awq_search_tokens=awq_search_tokens, load_plan=load_plan,
+        quantize_lm_head=quantize_lm_head, recipe=None if recipe is None else recipe.to_dict(),
     )
     if dry_run:
         report = quantize_model(cfg, None)

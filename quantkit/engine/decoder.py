@@ -183,7 +183,8 @@ class Decoder(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 logits_rows: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] int64 -> logits [len(logits_rows), vocab] fp32."""
-        x = self.model.embed_tokens(input_ids)  # [T, hidden]
+        # x: [T, hidden] in the compute dtype (the norms'); the table may be held in 16 bits (weights.table_dtype)
+        x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)
         cos, sin = cos_sin(self.inv_freq, positions, x.dtype)
         ops = ops_for(x)
         residual = None

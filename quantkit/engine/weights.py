@@ -26,6 +26,7 @@ from quantkit.model.quant_linear import QuantLinear
 from quantkit.format.arch import get_submodule, spec_for
 
 log = logging.getLogger("quantkit.engine")
+EMBED = "model.embed_tokens.weight"
 
 
 def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Decoder, QuantInfo | None]:
@@ -39,13 +40,16 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
         model = Decoder(shape)
     quantized = replace_packed_linears(model, reader, info, dtype)
     state = {}
+    head_dtype = reader.get("lm_head.weight").dtype if "lm_head.weight" in reader.keys() else None
+    tied = "lm_head" not in quantized and (shape.tie_word_embeddings or "lm_head.weight" not in reader.keys())
     for key in reader.keys():
         if key.rpartition(".")[0] in quantized or "rotary_emb" in key:
             continue
         t = reader.get(key)
-        state[key] = t.to(dtype) if t.is_floating_point() else t
-    if shape.tie_word_embeddings or "lm_head.weight" not in state:
-        state["lm_head.weight"] = state.get("model.embed_tokens.weight")
+        state[key] = t.to(table_dtype(t.dtype, dtype) if key == EMBED and not tied else dtype) \
+            if t.is_floating_point() else t
+    if tied:
+        state["lm_head.weight"] = state.get(EMBED)
     missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if v is not None},
                                                 strict=False, assign=True)
     if unexpected:
@@ -58,9 +62,35 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
     model = model.to(device).eval()
     if device.type == "cpu":
         repack_quant_linears(model, dtype)
+        if not tied:
+            hold_lm_head_bf16(model, head_dtype, dtype)
         prepack_float_linears(model, dtype)
     log.info(WeightMemory.of(model).describe())
     return model, info
+
+
+def table_dtype(stored: torch.dtype, compute: torch.dtype) -> torch.dtype:
+    """The dtype the embedding table is held in: a 16-bit checkpoint's own when computing in fp32 (the
+    decoder widens only the gathered rows, losslessly: half the bytes of an fp32 table), else `compute`."""
+    return stored if compute == torch.float32 and stored in (torch.bfloat16, torch.float16) else compute
+
+
+def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, compute: torch.dtype) -> bool:
+    """A float lm_head stored in bf16, computed in fp32: held in bf16 and run by quantkit's bf16-weight kernel
+    (kernels/bf16_cpu.py: widened to fp32 exactly, half the bytes; measured faster than fp32 F.linear and
+    prepacked oneDNN at M = 1, 2, 8 on 32000 x 1024, docs/BENCHMARKS.md). Lossless: the fp32 copy was widened
+    from those bf16 values. Returns whether it was replaced."""
+    from quantkit.kernels.bf16_cpu import Bf16Linear, unavailable
+
+    head = model.lm_head
+    if stored != torch.bfloat16 or compute != torch.float32 or type(head) is not torch.nn.Linear \
+            or head.bias is not None:
+        return False
+    if (why := unavailable()) is not None:
+        log.info("lm_head: fp32 (the bf16 kernel is unavailable: %s)", why)
+        return False
+    model.lm_head = Bf16Linear(head.weight.detach())
+    return True
 
 
 def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype) -> Counter:
@@ -108,15 +138,33 @@ def fuse_float_projections(model: torch.nn.Module, concat) -> int:
     return n
 
 
+def module_bytes(module: torch.nn.Module) -> int:
+    """Resident bytes of one module's weights: a QuantLinear's packed form, else its tensors."""
+    if isinstance(module, QuantLinear):
+        return module.weight_bytes()
+    tensors = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _describe_part(nbytes: int, module: torch.nn.Module) -> str:
+    kind = "packed" if isinstance(module, QuantLinear) else \
+        str(next(iter(module.parameters()), next(iter(module.buffers()), torch.empty(0))).dtype).removeprefix("torch.")
+    return f"{nbytes / 1024**2:.1f} MiB {kind}"
+
+
 @dataclass(frozen=True)
 class WeightMemory:
-    """Resident weight bytes, against the same model held densely in bf16."""
+    """Resident weight bytes, against the same model held densely in bf16, with the parts that dominate
+    a 4-bit model: the packed linears, the embedding table and lm_head (0 when tied to the embedding)."""
 
     resident: int
     bf16_equivalent: int
     paths: dict[str, int]  # how the quantized linears run on CPU (empty for a float model)
-    quantized: int = 0  # resident bytes of the quantized linears
+    quantized: int = 0  # resident bytes of the quantized linears (a quantized lm_head included)
     quantized_bf16: int = 0  # the same linears held densely in bf16
+    embedding: int = 0
+    lm_head: int = 0
+    parts: str = ""  # "embedding 31.2 MiB bfloat16, lm_head 17.6 MiB packed"
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> WeightMemory:
@@ -134,13 +182,34 @@ class WeightMemory:
             seen.add(id(t))
             resident += t.numel() * t.element_size()
             dense += 2 * t.numel()
-        return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16)
+        embed, head = _embedding_and_head(model)
+        if embed is None:
+            return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16)
+        e_bytes = module_bytes(embed)
+        h_bytes = 0 if _tied(embed, head) else module_bytes(head)
+        parts = f"embedding {_describe_part(e_bytes, embed)}, lm_head " + \
+            ("tied to the embedding" if h_bytes == 0 else _describe_part(h_bytes, head))
+        return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16,
+                   e_bytes, h_bytes, parts)
 
     def describe(self) -> str:
         mib = 1024**2
         text = (f"weights: {self.resident / mib:.1f} MiB resident, {self.resident / self.bf16_equivalent:.2f}x "
                 f"of the model in bf16 ({self.bf16_equivalent / mib:.1f} MiB)")
+        if self.parts:
+            text += f"; {self.parts}"
         if self.paths:
             text += (f"; quantized linears {self.quantized / mib:.1f} MiB, {self.quantized / self.quantized_bf16:.2f}x "
                      "of theirs in bf16: " + ", ".join(f"{n} {p}" for p, n in sorted(self.paths.items())))
         return text
+
+
+def _embedding_and_head(model: torch.nn.Module):
+    backbone = getattr(model, "model", None)
+    embed, head = getattr(backbone, "embed_tokens", None), getattr(model, "lm_head", None)
+    return (None, None) if embed is None or head is None else (embed, head)
+
+
+def _tied(embed: torch.nn.Module, head: torch.nn.Module) -> bool:
+    w = getattr(head, "weight", None)
+    return isinstance(w, torch.Tensor) and w.data_ptr() == embed.weight.data_ptr()

@@ -60,7 +60,7 @@ def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInf
         raise QuantkitError(f"{reader.path}: packed weights found but config.json has no quantization_config")
     for prefix in sorted(quantized):
         parent_name, _, attr = prefix.rpartition(".")
-        parent = get_submodule(model, parent_name)
+        parent = get_submodule(model, parent_name) if parent_name else model  # (a quantized lm_head)
         packed = read_packed(reader, prefix, info, getattr(parent, attr, None), dtype)
         setattr(parent, attr, QuantLinear(packed, backend=backend))
     return quantized

@@ -31,6 +31,7 @@ from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
+from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
 from quantkit.quant.methods import LayerContext, make_method
 from quantkit.format.packing import packable
@@ -151,6 +152,8 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     spec_for(config_dict)
     reader = ShardReader(path)
     plan = plan_quantization(cfg, path, config_dict, reader)
+    if cfg.quantize_lm_head:
+        refuse_tied(config_dict)
     if cfg.dry_run or out_dir is None:
         return QuantizeReport(plan, [], None, time.perf_counter() - start, 0, None)
 
@@ -184,6 +187,9 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             release_freed_memory()
             advance()
     for key in [k for k in reader.keys() if not k.startswith(spec.layers + ".")]:
+        if cfg.quantize_lm_head and key == f"{LM_HEAD}.weight":
+            writer.add(quantize_lm_head(reader.get(key), cfg.scheme, cfg.layout).tensors)
+            continue
         writer.add({key: reader.get(key)})  # one at a time: embeddings and lm_head are the largest tensors
     writer.finish()
     reader.close()

@@ -1,0 +1,104 @@
+"""A checkpoint quantized with --quantize-lm-head, loaded by the engine: lm_head runs packed, and greedy
+decoding equals the dequantized reference (every packed linear, lm_head included, as a float nn.Linear in
+transformers). And a bf16 checkpoint's embedding table and float lm_head stay bf16 in an fp32 engine, losslessly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantkit.engine import LLM, SamplingParams
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def lm_head_dir(tiny_llama, tmp_path_factory):
+    from tests_support.cli import run_cli
+
+    out = tmp_path_factory.mktemp("lmhead") / "ckpt"
+    code, output = run_cli("quantize", tiny_llama, "--out", out, "--method", "rtn", "--group-size", "64",
+                           "--quantize-lm-head")
+    assert code == 0, output
+    return out
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(3)
+    return [[1] + torch.randint(3, 512, (1 + (11 * i) % 40,), generator=g).tolist() for i in range(12)]
+
+
+def _dequantized_reference(ckpt):
+    """The checkpoint in transformers with every QuantLinear replaced by a float nn.Linear of its weight."""
+    from quantkit.format.arch import get_submodule
+    from quantkit.format.packing import dequantize
+    from quantkit.model.loader import load_model
+    from quantkit.model.quant_linear import QuantLinear
+
+    hf, _ = load_model(ckpt, torch.float32)
+    for name, m in [(n, m) for n, m in hf.named_modules() if isinstance(m, QuantLinear)]:
+        linear = torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+        linear.weight.data = dequantize(m.packed(), torch.float32)
+        if m.bias is not None:
+            linear.bias.data = m.bias.float()
+        parent, _, attr = name.rpartition(".")
+        setattr(get_submodule(hf, parent) if parent else hf, attr, linear)
+    return hf
+
+
+def _greedy_hf(hf, prompts):
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            out.append(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
+                                   do_sample=False)[0, len(p):].tolist())
+    return out
+
+
+def test_quantized_lm_head_round_trip(lm_head_dir):
+    from quantkit.engine.weights import WeightMemory
+    from quantkit.model.quant_linear import QuantLinear
+
+    qc = json.loads((lm_head_dir / "config.json").read_text())["quantization_config"]
+    assert qc["lm_head"] is True and qc["quant_method"] == "gptq"
+    llm = LLM(str(lm_head_dir), dtype="float32", max_model_len=256, max_num_seqs=12)
+    model = llm.engine.model
+    assert isinstance(model.lm_head, QuantLinear) and model.lm_head.cpu_path.startswith("int4")
+    memory = WeightMemory.of(model)
+    assert memory.lm_head == model.lm_head.weight_bytes() and "lm_head" in memory.parts and "packed" in memory.parts
+    prompts = _prompts()
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))]
+    assert got == _greedy_hf(_dequantized_reference(lm_head_dir), prompts)
+
+
+def test_bf16_embedding_table_stays_bf16_and_is_lossless(tiny_llama, tmp_path):
+    from quantkit.engine.weights import WeightMemory
+    from quantkit.kernels.bf16_cpu import Bf16Linear, unavailable
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.bfloat16)
+    hf.save_pretrained(tmp_path)
+    for f in tiny_llama.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=256, max_num_seqs=12)
+    model = llm.engine.model
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.model.norm.weight.dtype == torch.float32
+    memory = WeightMemory.of(model)
+    assert memory.embedding == 2 * model.model.embed_tokens.weight.numel() and "embedding" in memory.parts
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    prompts = _prompts()
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    model.model.embed_tokens.weight.data = model.model.embed_tokens.weight.data.float()  # the fp32 table
+    assert got == [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    if unavailable() is None:  # the float lm_head of a bf16 checkpoint runs bf16 through the kernel
+        assert isinstance(model.lm_head, Bf16Linear) and model.lm_head.weight.dtype == torch.bfloat16
+        assert "lm_head 0.1 MiB bfloat16" in memory.parts
+        fp32 = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+        fp32.weight.data = model.lm_head.weight.float()
+        model.lm_head = fp32  # the fp32 reference: same greedy tokens
+        assert got == [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
