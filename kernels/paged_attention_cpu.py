@@ -8,9 +8,9 @@ build, `cpu_attention()` returns None and the reason is logged once; the engine 
 
 Cascade (shared-prefix) attention: when several sequences start with the same cache blocks (a prefix
 cache hit), `SharedPrefix` names those blocks and the sequences' query rows. A first pass
-(`shared_prefix_state_`) runs all those queries over the shared blocks in batched GEMMs (one per kv
-head: the group's query rows of every member sequence against the prefix keys), so the prefix is read
-once per step instead of once per sequence, and at GEMM speed; the C++ per-sequence pass then skips
+(`shared_prefix_state_` in the C++ file) runs all those queries over the shared blocks in GEMMs (per
+kv head and tile of 64 queries: their query rows of every member sequence against the prefix keys),
+so the prefix is read once per tile of sequences instead of once per sequence, and at GEMM speed; the C++ per-sequence pass then skips
 those blocks and continues the online softmax from the first pass's state, which is the log-sum-exp
 merge of the two parts. The reference is cascade_attention_reference.py.
 """
@@ -45,7 +45,6 @@ class SharedPrefix:
     skip_blocks: torch.Tensor  # int32 [S]: leading blocks of sequence s covered by its group (0: none)
 
 
-PREFIX_QUERY_TILE = 256  # queries per GEMM of the first pass: bounds its scores at kv_heads x tile x group x prefix
 _NONE_I32 = torch.empty(0, dtype=torch.int32)
 _NONE_F32 = torch.empty(0, dtype=torch.float32)
 
@@ -79,31 +78,7 @@ def paged_attention_cpu(q: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     m = torch.empty(q.shape[:2], dtype=torch.float32)
     l = torch.empty(q.shape[:2], dtype=torch.float32)
     for g in shared.groups:
-        shared_prefix_state_(q, key_cache, value_cache, g, scale, acc, m, l)
+        mod.shared_prefix_state_(q, key_cache, value_cache, g.blocks, g.tokens, scale, acc, m, l)
     return mod.paged_attention(q, key_cache, value_cache, block_tables, seq_lens, query_start, scale,
                                shared.skip_blocks, acc, m, l)
 
-
-def shared_prefix_state_(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: PrefixGroup,
-                         scale: float, acc: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> None:
-    """The cascade's first pass: the online-softmax state of the group's queries over its blocks
-    (no mask: they precede every query), written at the queries' rows of acc [T, heads, D] (sum of
-    exp(s - m) * v), m (max scaled score) and l (sum of exp(s - m)) [T, heads], all fp32."""
-    n_blocks, (block_size, kv_heads, d) = group.blocks.numel(), key_cache.shape[1:]
-    heads = q.shape[1]
-    rows = heads // kv_heads  # query heads per kv head
-    # k [kv_heads, D, L], v [kv_heads, L, D] fp32, L = prefix tokens: one gathered copy per step and layer
-    k = key_cache.index_select(0, group.blocks).view(n_blocks * block_size, kv_heads, d).permute(1, 2, 0).float()
-    v = value_cache.index_select(0, group.blocks).view(n_blocks * block_size, kv_heads, d).transpose(0, 1).float()
-    for tokens in group.tokens.split(PREFIX_QUERY_TILE):
-        n = tokens.numel()
-        idx = tokens.long()
-        # qg [kv_heads, n * rows, D]: row i * rows + j is query i, query head kv * rows + j
-        qg = q.index_select(0, idx).float().view(n, kv_heads, rows, d).transpose(0, 1).reshape(kv_heads, n * rows, d)
-        s = torch.bmm(qg, k).mul_(scale)  # [kv_heads, n * rows, L]
-        mx = s.amax(dim=-1, keepdim=True)
-        p = s.sub_(mx).exp_()
-        out = torch.bmm(p, v)  # [kv_heads, n * rows, D]
-        acc[idx] = out.view(kv_heads, n, rows, d).transpose(0, 1).reshape(n, heads, d)
-        m[idx] = mx.view(kv_heads, n, rows).transpose(0, 1).reshape(n, heads)
-        l[idx] = p.sum(dim=-1).view(kv_heads, n, rows).transpose(0, 1).reshape(n, heads)

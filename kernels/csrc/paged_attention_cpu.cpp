@@ -28,6 +28,7 @@
 namespace {
 
 constexpr int64_t QUERY_TILE = 16;
+constexpr int64_t PREFIX_TILE = 64;  // queries per work item of the shared prefix pass
 
 struct WorkItem {
   int64_t seq, kv_head, q_begin, q_end;  // queries [q_begin, q_end) of the flat batch
@@ -88,8 +89,8 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
 }
 
 // The online-softmax state of every (query, query head) after the shared prefix blocks, fp32:
-// acc [T, heads, D], m and l [T, heads]. Written by the cascade's first pass (shared_prefix_state_ in
-// paged_attention_cpu.py, batched GEMMs), read by paged_attention.
+// acc [T, heads, D], m and l [T, heads]. Written by the cascade's first pass (shared_prefix_state_ below,
+// GEMMs), read by paged_attention.
 struct PrefixState {
   float *acc, *m, *l;
 };
@@ -155,6 +156,85 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& key_cache, const 
 
 }  // namespace
 
+// Cascade attention, first pass: the queries `tokens` (int32 [Q], rows of q) of every sequence that
+// starts with the cache blocks `blocks` (int32 [P], each fully visible to all those queries) attend
+// to those blocks; the online-softmax state goes to acc [T, heads, D] (sum of exp(s - m) * v), m (max
+// scaled score) and l (sum of exp(s - m)) [T, heads], fp32, at the queries' rows, for paged_attention
+// to continue from. Work items are (kv head, tile of PREFIX_TILE queries), in one parallel region:
+// an item gathers its head's prefix keys and values once ([L, D] fp32, L = P * block_size) and runs
+// two GEMMs, [tile x group, D] x [D, L] and [tile x group, L] x [L, D] (at::mm, single-threaded
+// inside the region), so the prefix is read once per tile of sequences, at GEMM speed.
+void shared_prefix_state_(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
+                          torch::Tensor blocks, torch::Tensor tokens, double scale, torch::Tensor acc,
+                          torch::Tensor m, torch::Tensor l) {
+  TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "q must be [T, heads, D] and the caches [num_blocks, block_size, kv_heads, D]");
+  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() && q.scalar_type() == value_cache.scalar_type() &&
+                  q.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "q and the caches must be contiguous and share a dtype");
+  TORCH_CHECK(blocks.scalar_type() == torch::kInt32 && tokens.scalar_type() == torch::kInt32 &&
+                  blocks.is_contiguous() && tokens.is_contiguous(),
+              "blocks and tokens must be contiguous int32");
+  TORCH_CHECK(acc.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kFloat32 &&
+                  l.scalar_type() == torch::kFloat32 && acc.is_contiguous() && m.is_contiguous() &&
+                  l.is_contiguous() && acc.sizes() == q.sizes() && m.numel() == q.size(0) * q.size(1) &&
+                  l.numel() == m.numel(),
+              "the state must be contiguous fp32: acc like q, m and l [T, heads]");
+  const int64_t heads = q.size(1), d = q.size(2), block_size = key_cache.size(1), kv_heads = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == d && heads % kv_heads == 0, "q and the cache disagree on heads or head_dim");
+  const int64_t group = heads / kv_heads, n_tokens = tokens.size(0), n_blocks = blocks.size(0);
+  const int64_t keys = n_blocks * block_size, token_stride = kv_heads * d;
+  const int32_t* tok = tokens.data_ptr<int32_t>();
+  const int32_t* blk = blocks.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n_tokens; ++i) TORCH_CHECK(tok[i] >= 0 && tok[i] < q.size(0), "token row out of range");
+  for (int64_t b = 0; b < n_blocks; ++b)
+    TORCH_CHECK(blk[b] >= 0 && blk[b] < key_cache.size(0), "block id out of range");
+  if (n_tokens == 0 || n_blocks == 0) return;
+  const int64_t tiles = (n_tokens + PREFIX_TILE - 1) / PREFIX_TILE;
+  float* accp = acc.data_ptr<float>();
+  float* mp = m.data_ptr<float>();
+  float* lp = l.data_ptr<float>();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "shared_prefix_state", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kp = key_cache.data_ptr<scalar_t>();
+    const scalar_t* vp = value_cache.data_ptr<scalar_t>();
+    at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t h = item / tiles, t0 = (item % tiles) * PREFIX_TILE;
+        const int64_t n = std::min(PREFIX_TILE, n_tokens - t0), rows = n * group;
+        auto k = torch::empty({keys, d}, f32), v = torch::empty({keys, d}, f32), qh = torch::empty({rows, d}, f32);
+        float *kf = k.data_ptr<float>(), *vf = v.data_ptr<float>(), *qf = qh.data_ptr<float>();
+        for (int64_t b = 0; b < n_blocks; ++b)  // head h of the prefix tokens, in order
+          for (int64_t t = 0; t < block_size; ++t) {
+            const int64_t src = (static_cast<int64_t>(blk[b]) * block_size + t) * token_stride + h * d;
+            const int64_t dst = (b * block_size + t) * d;
+            for (int64_t i = 0; i < d; ++i) {
+              kf[dst + i] = static_cast<float>(kp[src + i]);
+              vf[dst + i] = static_cast<float>(vp[src + i]);
+            }
+          }
+        for (int64_t r = 0; r < rows; ++r) {  // row r: query tok[t0 + r / group], head h * group + r % group
+          const scalar_t* src = qp + (static_cast<int64_t>(tok[t0 + r / group]) * heads + h * group + r % group) * d;
+          for (int64_t i = 0; i < d; ++i) qf[r * d + i] = static_cast<float>(src[i]) * static_cast<float>(scale);
+        }
+        auto s = at::mm(qh, k.t());  // [rows, keys]
+        auto mx = std::get<0>(s.max(1, /*keepdim=*/true));
+        s.sub_(mx).exp_();
+        auto out = at::mm(s, v);  // [rows, D]
+        auto sum = s.sum(1);
+        const float *op = out.data_ptr<float>(), *mxp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t idx = static_cast<int64_t>(tok[t0 + r / group]) * heads + h * group + r % group;
+          std::copy(op + r * d, op + (r + 1) * d, accp + idx * d);
+          mp[idx] = mxp[r];
+          lp[idx] = sp[r];
+        }
+      }
+    });
+  });
+}
+
 // See the top of this file for the shapes. Returns out [T, heads, D] in q's dtype.
 // skip_blocks int32 [S] or empty: sequence s starts at block skip_blocks[s], continuing from the
 // state (acc, m, l) that the shared prefix pass left for its queries when skip_blocks[s] > 0.
@@ -217,6 +297,8 @@ void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "causal attention of each sequence's new queries over its paged KV cache, read in place");
+  m.def("shared_prefix_state_", &shared_prefix_state_,
+        "cascade first pass: the queries of the sequences sharing prefix blocks over those blocks, state out");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");
