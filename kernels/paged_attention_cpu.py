@@ -10,9 +10,9 @@ Cascade (shared-prefix) attention: when several sequences start with the same ca
 cache hit), `SharedPrefix` names those blocks and the sequences' query rows. A first pass
 (`shared_prefix_state_` in the C++ file) runs all those queries over the shared blocks in GEMMs (per
 kv head and tile of 64 queries: their query rows of every member sequence against the prefix keys),
-so the prefix is read once per tile of sequences instead of once per sequence, and at GEMM speed; the C++ per-sequence pass then skips
-those blocks and continues the online softmax from the first pass's state, which is the log-sum-exp
-merge of the two parts. The reference is cascade_attention_reference.py.
+so the prefix is read once per tile of sequences instead of once per sequence, and at GEMM speed;
+the per-sequence pass then skips those blocks and continues the online softmax from the first
+pass's state, which is the log-sum-exp merge of the two parts. The reference is cascade_attention_reference.py.
 """
 
 from __future__ import annotations
@@ -81,4 +81,3 @@ def paged_attention_cpu(q: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         mod.shared_prefix_state_(q, key_cache, value_cache, g.blocks, g.tokens, scale, acc, m, l)
     return mod.paged_attention(q, key_cache, value_cache, block_tables, seq_lens, query_start, scale,
                                shared.skip_blocks, acc, m, l)
-

@@ -110,7 +110,7 @@ def test_a_prefix_past_the_first_query_raises(attn):
     q, kc = torch.zeros(2, 4, 8), torch.zeros(4, 4, 2, 8)
     tables = torch.tensor([[0, 1], [0, 2]], dtype=torch.int32)
     lens, starts = torch.tensor([6, 6], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
-    too_long = SharedPrefix([PrefixGroup(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32))],
-                            torch.tensor([2, 2], dtype=torch.int32))
+    two = torch.tensor([0, 1], dtype=torch.int32)
+    too_long = SharedPrefix([PrefixGroup(blocks=two, tokens=two)], skip_blocks=torch.tensor([2, 2], dtype=torch.int32))
     with pytest.raises(RuntimeError, match="not all visible"):
         attn(q, kc, kc, tables, lens, starts, 1.0, too_long)
