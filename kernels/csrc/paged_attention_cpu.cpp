@@ -28,6 +28,7 @@
 namespace {
 
 constexpr int64_t QUERY_TILE = 16;
+constexpr int64_t PREFIX_TILE = 64;  // queries per work item of the shared prefix pass
 
 struct WorkItem {
   int64_t seq, kv_head, q_begin, q_end;  // queries [q_begin, q_end) of the flat batch
@@ -41,61 +42,95 @@ inline float dot(const T* a, const float* b, int64_t d) {
   return acc;
 }
 
+// The query rows of one work item in fp32: q pre-scaled, and the online softmax's running max m,
+// running sum l and unnormalised accumulator acc.
+struct Rows {
+  int64_t n, d;
+  std::vector<float> q, acc, m, l;
+  Rows(int64_t n, int64_t d)
+      : n(n), d(d), q(n * d), acc(n * d, 0.f), m(n, -std::numeric_limits<float>::infinity()), l(n, 0.f) {}
+};
+
+// Folds one cache block (keys kb, values vb; rows of token_stride elements) into every row's online
+// softmax. Row r sees the block's first visible[r] keys (all of them when visible is null); s is
+// scratch of block_size floats.
+template <typename T>
+void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int64_t block_size,
+                const int64_t* visible, float* s) {
+  const int64_t d = rows.d;
+  for (int64_t r = 0; r < rows.n; ++r) {
+    const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
+    if (valid <= 0) continue;
+    const float* qr = rows.q.data() + r * d;
+    float block_max = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < valid; ++t) {
+      s[t] = dot(kb + t * token_stride, qr, d);
+      block_max = std::max(block_max, s[t]);
+    }
+    const float m_new = std::max(rows.m[r], block_max);
+    const float alpha = std::exp(rows.m[r] - m_new);  // 0 on the first block (m = -inf)
+    float* ar = rows.acc.data() + r * d;
+    float sum = 0.f;
+    for (int64_t t = 0; t < valid; ++t) {
+      s[t] = std::exp(s[t] - m_new);
+      sum += s[t];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) ar[i] *= alpha;
+    for (int64_t t = 0; t < valid; ++t) {
+      const T* vr = vb + t * token_stride;
+      const float p = s[t];
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) ar[i] += p * static_cast<float>(vr[i]);
+    }
+    rows.l[r] = rows.l[r] * alpha + sum;
+    rows.m[r] = m_new;
+  }
+}
+
+// The online-softmax state of every (query, query head) after the shared prefix blocks, fp32:
+// acc [T, heads, D], m and l [T, heads]. Written by the cascade's first pass (shared_prefix_state_ below,
+// GEMMs), read by paged_attention.
+struct PrefixState {
+  float *acc, *m, *l;
+};
+
+// Row r of a work item over queries [q_begin, q_end) of kv head h: query q_begin + r / group,
+// query head h * group + r % group.
+inline int64_t row_index(int64_t q_begin, int64_t r, int64_t group, int64_t kv_head, int64_t heads) {
+  return (q_begin + r / group) * heads + kv_head * group + r % group;
+}
+
 template <typename T>
 void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const int32_t* table, int64_t seq_len,
                  int64_t chunk_begin, int64_t chunk_len, T* out, int64_t heads, int64_t kv_heads, int64_t d,
-                 int64_t block_size, float scale) {
+                 int64_t block_size, float scale, int64_t skip_blocks, const PrefixState* prefix) {
   const int64_t group = heads / kv_heads;
-  const int64_t rows = (w.q_end - w.q_begin) * group;
-  // row r: query w.q_begin + r / group, query head kv_head * group + r % group; q pre-scaled, fp32
-  std::vector<float> qf(rows * d), acc(rows * d, 0.f), m(rows, -std::numeric_limits<float>::infinity()),
-      l(rows, 0.f), s(block_size);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* src = q + ((w.q_begin + r / group) * heads + w.kv_head * group + r % group) * d;
-    for (int64_t i = 0; i < d; ++i) qf[r * d + i] = static_cast<float>(src[i]) * scale;
+  Rows rows((w.q_end - w.q_begin) * group, d);
+  std::vector<float> s(block_size);
+  std::vector<int64_t> visible(rows.n);
+  for (int64_t r = 0; r < rows.n; ++r) {
+    const int64_t idx = row_index(w.q_begin, r, group, w.kv_head, heads);
+    for (int64_t i = 0; i < d; ++i) rows.q[r * d + i] = static_cast<float>(q[idx * d + i]) * scale;
+    if (skip_blocks > 0) {  // continue the softmax from the shared prefix pass
+      std::copy(prefix->acc + idx * d, prefix->acc + (idx + 1) * d, rows.acc.begin() + r * d);
+      rows.m[r] = prefix->m[idx];
+      rows.l[r] = prefix->l[idx];
+    }
   }
   const int64_t first_pos = seq_len - chunk_len;  // position of the chunk's first query
   const int64_t last_key = first_pos + (w.q_end - 1 - chunk_begin);  // the tile's last query sees up to here
   const int64_t token_stride = kv_heads * d;
-  for (int64_t b = 0; b * block_size <= last_key; ++b) {
+  for (int64_t b = skip_blocks; b * block_size <= last_key; ++b) {
     const int64_t base = static_cast<int64_t>(table[b]) * block_size * token_stride + w.kv_head * d;
-    const T* kb = kc + base;
-    const T* vb = vc + base;
-    const int64_t t0 = b * block_size;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = first_pos + (w.q_begin + r / group - chunk_begin);
-      const int64_t valid = std::min(block_size, pos - t0 + 1);  // causal: keys t0 .. pos
-      if (valid <= 0) continue;
-      const float* qr = qf.data() + r * d;
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < valid; ++t) {
-        s[t] = dot(kb + t * token_stride, qr, d);
-        block_max = std::max(block_max, s[t]);
-      }
-      const float m_new = std::max(m[r], block_max);
-      const float alpha = std::exp(m[r] - m_new);  // 0 on the first block (m = -inf)
-      float* ar = acc.data() + r * d;
-      float sum = 0.f;
-      for (int64_t t = 0; t < valid; ++t) {
-        s[t] = std::exp(s[t] - m_new);
-        sum += s[t];
-      }
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) ar[i] *= alpha;
-      for (int64_t t = 0; t < valid; ++t) {
-        const T* vr = vb + t * token_stride;
-        const float p = s[t];
-#pragma omp simd
-        for (int64_t i = 0; i < d; ++i) ar[i] += p * static_cast<float>(vr[i]);
-      }
-      l[r] = l[r] * alpha + sum;
-      m[r] = m_new;
-    }
+    for (int64_t r = 0; r < rows.n; ++r)  // causal: the row's query at pos sees keys b * block_size .. pos
+      visible[r] = first_pos + (w.q_begin + r / group - chunk_begin) - b * block_size + 1;
+    fold_block(rows, kc + base, vc + base, token_stride, block_size, visible.data(), s.data());
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* dst = out + ((w.q_begin + r / group) * heads + w.kv_head * group + r % group) * d;
-    const float inv = 1.f / l[r];
-    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(acc[r * d + i] * inv);
+  for (int64_t r = 0; r < rows.n; ++r) {
+    T* dst = out + row_index(w.q_begin, r, group, w.kv_head, heads) * d;
+    const float inv = 1.f / rows.l[r];
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(rows.acc[r * d + i] * inv);
   }
 }
 
@@ -121,11 +156,102 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& key_cache, const 
 
 }  // namespace
 
+// Cascade attention, first pass: the queries `tokens` (int32 [Q], rows of q) of every sequence that
+// starts with the cache blocks `blocks` (int32 [P], each fully visible to all those queries) attend
+// to those blocks; the online-softmax state goes to acc [T, heads, D] (sum of exp(s - m) * v), m (max
+// scaled score) and l (sum of exp(s - m)) [T, heads], fp32, at the queries' rows, for paged_attention
+// to continue from. Work items are (kv head, tile of PREFIX_TILE queries), in one parallel region:
+// an item gathers its head's prefix keys and values once ([L, D] fp32, L = P * block_size) and runs
+// two GEMMs, [tile x group, D] x [D, L] and [tile x group, L] x [L, D] (at::mm, single-threaded
+// inside the region), so the prefix is read once per tile of sequences, at GEMM speed.
+void shared_prefix_state_(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
+                          torch::Tensor blocks, torch::Tensor tokens, double scale, torch::Tensor acc,
+                          torch::Tensor m, torch::Tensor l) {
+  TORCH_CHECK(q.dim() == 3 && key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "q must be [T, heads, D] and the caches [num_blocks, block_size, kv_heads, D]");
+  TORCH_CHECK(q.scalar_type() == key_cache.scalar_type() && q.scalar_type() == value_cache.scalar_type() &&
+                  q.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous(),
+              "q and the caches must be contiguous and share a dtype");
+  TORCH_CHECK(blocks.scalar_type() == torch::kInt32 && tokens.scalar_type() == torch::kInt32 &&
+                  blocks.is_contiguous() && tokens.is_contiguous(),
+              "blocks and tokens must be contiguous int32");
+  TORCH_CHECK(acc.scalar_type() == torch::kFloat32 && m.scalar_type() == torch::kFloat32 &&
+                  l.scalar_type() == torch::kFloat32 && acc.is_contiguous() && m.is_contiguous() &&
+                  l.is_contiguous() && acc.sizes() == q.sizes() && m.numel() == q.size(0) * q.size(1) &&
+                  l.numel() == m.numel(),
+              "the state must be contiguous fp32: acc like q, m and l [T, heads]");
+  const int64_t heads = q.size(1), d = q.size(2), block_size = key_cache.size(1), kv_heads = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == d && heads % kv_heads == 0, "q and the cache disagree on heads or head_dim");
+  const int64_t group = heads / kv_heads, n_tokens = tokens.size(0), n_blocks = blocks.size(0);
+  const int64_t keys = n_blocks * block_size, token_stride = kv_heads * d;
+  const int32_t* tok = tokens.data_ptr<int32_t>();
+  const int32_t* blk = blocks.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n_tokens; ++i) TORCH_CHECK(tok[i] >= 0 && tok[i] < q.size(0), "token row out of range");
+  for (int64_t b = 0; b < n_blocks; ++b)
+    TORCH_CHECK(blk[b] >= 0 && blk[b] < key_cache.size(0), "block id out of range");
+  if (n_tokens == 0 || n_blocks == 0) return;
+  const int64_t tiles = (n_tokens + PREFIX_TILE - 1) / PREFIX_TILE;
+  float* accp = acc.data_ptr<float>();
+  float* mp = m.data_ptr<float>();
+  float* lp = l.data_ptr<float>();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "shared_prefix_state", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    const scalar_t* kp = key_cache.data_ptr<scalar_t>();
+    const scalar_t* vp = value_cache.data_ptr<scalar_t>();
+    at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t h = item / tiles, t0 = (item % tiles) * PREFIX_TILE;
+        const int64_t n = std::min(PREFIX_TILE, n_tokens - t0), rows = n * group;
+        auto k = torch::empty({keys, d}, f32), v = torch::empty({keys, d}, f32), qh = torch::empty({rows, d}, f32);
+        float *kf = k.data_ptr<float>(), *vf = v.data_ptr<float>(), *qf = qh.data_ptr<float>();
+        for (int64_t b = 0; b < n_blocks; ++b)  // head h of the prefix tokens, in order
+          for (int64_t t = 0; t < block_size; ++t) {
+            const int64_t src = (static_cast<int64_t>(blk[b]) * block_size + t) * token_stride + h * d;
+            const int64_t dst = (b * block_size + t) * d;
+            for (int64_t i = 0; i < d; ++i) {
+              kf[dst + i] = static_cast<float>(kp[src + i]);
+              vf[dst + i] = static_cast<float>(vp[src + i]);
+            }
+          }
+        for (int64_t r = 0; r < rows; ++r) {  // row r: query tok[t0 + r / group], head h * group + r % group
+          const scalar_t* src = qp + (static_cast<int64_t>(tok[t0 + r / group]) * heads + h * group + r % group) * d;
+          for (int64_t i = 0; i < d; ++i) qf[r * d + i] = static_cast<float>(src[i]) * static_cast<float>(scale);
+        }
+        auto s = at::mm(qh, k.t());  // [rows, keys]
+        auto mx = std::get<0>(s.max(1, /*keepdim=*/true));
+        s.sub_(mx).exp_();
+        auto out = at::mm(s, v);  // [rows, D]
+        auto sum = s.sum(1);
+        const float *op = out.data_ptr<float>(), *mxp = mx.data_ptr<float>(), *sp = sum.data_ptr<float>();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t idx = static_cast<int64_t>(tok[t0 + r / group]) * heads + h * group + r % group;
+          std::copy(op + r * d, op + (r + 1) * d, accp + idx * d);
+          mp[idx] = mxp[r];
+          lp[idx] = sp[r];
+        }
+      }
+    });
+  });
+}
+
 // See the top of this file for the shapes. Returns out [T, heads, D] in q's dtype.
+// skip_blocks int32 [S] or empty: sequence s starts at block skip_blocks[s], continuing from the
+// state (acc, m, l) that the shared prefix pass left for its queries when skip_blocks[s] > 0.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
                               torch::Tensor block_tables, torch::Tensor seq_lens, torch::Tensor query_start,
-                              double scale) {
+                              double scale, torch::Tensor skip_blocks, torch::Tensor acc, torch::Tensor m,
+                              torch::Tensor l) {
   check_inputs(q, key_cache, value_cache, block_tables, seq_lens, query_start);
+  const bool cascade = skip_blocks.numel() > 0;
+  TORCH_CHECK(!cascade || (skip_blocks.scalar_type() == torch::kInt32 && skip_blocks.numel() == seq_lens.size(0) &&
+                           acc.scalar_type() == torch::kFloat32 && acc.sizes() == q.sizes() && acc.is_contiguous() &&
+                           m.is_contiguous() && l.is_contiguous() && m.numel() == q.size(0) * q.size(1) &&
+                           l.numel() == m.numel()),
+              "skip_blocks must be int32 [S] with the fp32 state of the shared prefix pass");
+  const int32_t* skips = cascade ? skip_blocks.data_ptr<int32_t>() : nullptr;
+  const PrefixState state = cascade ? PrefixState{acc.data_ptr<float>(), m.data_ptr<float>(), l.data_ptr<float>()}
+                                    : PrefixState{nullptr, nullptr, nullptr};
   const int64_t heads = q.size(1), d = q.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2);
   const int64_t width = block_tables.size(1);
@@ -136,6 +262,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor key_cache, torch::T
     const int64_t n = starts[s + 1] - starts[s];
     TORCH_CHECK(n >= 0 && n <= lens[s], "sequence ", s, " has more queries than tokens");
     TORCH_CHECK((lens[s] + block_size - 1) / block_size <= width, "sequence ", s, " needs more blocks than its table");
+    TORCH_CHECK(!cascade || (skips[s] >= 0 && (n == 0 || skips[s] * block_size <= lens[s] - n + 1)),
+                "sequence ", s, ": its shared prefix blocks are not all visible to its first query");
     for (int64_t h = 0; h < kv_heads; ++h)
       for (int64_t b = starts[s]; b < starts[s + 1]; b += QUERY_TILE)
         items.push_back({s, h, b, std::min<int64_t>(b + QUERY_TILE, starts[s + 1])});
@@ -153,7 +281,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor key_cache, torch::T
         const WorkItem& w = items[i];
         attend_item<scalar_t>(w, qp, kp, vp, tables + w.seq * width, lens[w.seq], starts[w.seq],
                               starts[w.seq + 1] - starts[w.seq], op, heads, kv_heads, d, block_size,
-                              static_cast<float>(scale));
+                              static_cast<float>(scale), cascade ? skips[w.seq] : 0, &state);
       }
     });
   });
@@ -169,6 +297,8 @@ void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "causal attention of each sequence's new queries over its paged KV cache, read in place");
+  m.def("shared_prefix_state_", &shared_prefix_state_,
+        "cascade first pass: the queries of the sequences sharing prefix blocks over those blocks, state out");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");

@@ -2,7 +2,9 @@
 
 The metadata is built once per step by the model runner and passed explicitly to every layer
 (no module-global context). On CPU, where the C++ kernel builds (quantkit.kernels.paged_attention_cpu),
-one call per layer covers every sequence, reading the paged cache in place. Otherwise sequences whose
+one call per layer covers every sequence, reading the paged cache in place, with the blocks that
+several sequences share (prefix cache hits) attended once for all of them (cascade attention,
+quantkit.engine.shared_prefix). Otherwise sequences whose
 chunk is a single token (decodes) run batched; longer chunks (prefills, possibly chunked, possibly
 after a prefix hit) run one by one with exact causal masking.
 """
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quantkit.kernels.paged_attention_cpu import cpu_attention, paged_attention_cpu
+from quantkit.engine.shared_prefix import plan_shared_prefix
+from quantkit.kernels.paged_attention_cpu import SharedPrefix, cpu_attention, paged_attention_cpu
 from quantkit.kernels.paged_attention_reference import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
@@ -34,6 +37,7 @@ class AttentionMetadata:
     decode_buckets: list[tuple[torch.Tensor, int]]  # (rows of the decode arrays, blocks they need); CPU path
     seq_lens_t: torch.Tensor | None = None  # int32 [B]; set when the C++ CPU kernel runs the step
     query_start_t: torch.Tensor | None = None  # int32 [B + 1]; likewise
+    shared_prefix: SharedPrefix | None = None  # blocks several sequences share; C++ CPU kernel only
 
 
 DECODE_BUCKET = 16  # CPU: decodes attended together, by length, so padding to the longest stays small
@@ -89,7 +93,8 @@ def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[l
         empty = torch.empty(0, dtype=torch.int64)
         return AttentionMetadata(slots, table, list(seq_lens), starts, empty, empty, empty.int(), [], [],
                                  seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32),
-                                 query_start_t=torch.tensor(starts, dtype=torch.int32))
+                                 query_start_t=torch.tensor(starts, dtype=torch.int32),
+                                 shared_prefix=plan_shared_prefix(seq_lens, query_lens, block_ids, block_size))
     decodes = [i for i, n in enumerate(query_lens) if n == 1]
     decode_lens = [seq_lens[i] for i in decodes]
     return AttentionMetadata(
@@ -133,7 +138,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache
     write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
     if meta.seq_lens_t is not None:
         return paged_attention_cpu(q, key_cache, value_cache, meta.block_tables, meta.seq_lens_t,
-                                   meta.query_start_t, scale)
+                                   meta.query_start_t, scale, meta.shared_prefix)
     out = torch.empty_like(q)
     if meta.decode_rows.numel():
         tables = meta.block_tables[meta.decode_rows]

@@ -6,19 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantkit.kernels import cpu_ext
 from quantkit.kernels.paged_attention_reference import paged_prefill_attention_reference
 from tests_support.kernel_inputs import random_paged
-
-
-@pytest.fixture(scope="module")
-def attn():
-    if (missing := cpu_ext.toolchain_missing()) is not None:
-        pytest.skip(missing)
-    from quantkit.kernels.paged_attention_cpu import cpu_attention, paged_attention_cpu
-
-    assert cpu_attention() is not None, cpu_ext.cpu_extension_unavailable("quantkit_attn")
-    return paged_attention_cpu
 
 
 def reference(q, kc, vc, tables, seq_lens, chunks, scale):

@@ -1,0 +1,73 @@
+"""Attention of workload (b)'s steps, per layer: per-sequence paged attention against cascade
+(shared-prefix) attention, same inputs, one after the other.
+
+  python -m quantkit.bench.cascade_attention [--threads 2] [--sequences 32] [--prefix 512] [--repeats 20]
+
+Shapes of the vLLM comparison's model (16 heads, 8 KV heads, head_dim 64, block 16, fp32): every
+sequence starts with the same `prefix` tokens' blocks. Two steps: a decode (one query per sequence,
+32 own tokens cached past the prefix) and a prefill after a prefix hit (the 32 own prompt tokens of
+every sequence over the cached prefix). Prints ms per layer call (median of --repeats) and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from quantkit.engine.shared_prefix import plan_shared_prefix
+from quantkit.kernels.paged_attention_cpu import paged_attention_cpu
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 64, 16
+
+
+def step_inputs(n_seqs: int, prefix: int, own: int, chunk: int, seed: int = 0):
+    """Caches and metadata of one step: n_seqs sequences of prefix + own tokens, the last `chunk` new."""
+    g = torch.Generator().manual_seed(seed)
+    shared, per_seq = prefix // BLOCK, -(-(prefix + own) // BLOCK) - prefix // BLOCK
+    kc = torch.randn(shared + n_seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM, generator=g)
+    vc = torch.randn(kc.shape, generator=g)
+    block_ids = [list(range(shared)) + list(range(shared + i * per_seq, shared + (i + 1) * per_seq))
+                 for i in range(n_seqs)]
+    seq_lens, chunks = [prefix + own] * n_seqs, [chunk] * n_seqs
+    q = torch.randn(n_seqs * chunk, HEADS, HEAD_DIM, generator=g)
+    tables = torch.tensor(block_ids, dtype=torch.int32)
+    starts = torch.tensor([i * chunk for i in range(n_seqs + 1)], dtype=torch.int32)
+    plan = plan_shared_prefix(seq_lens, chunks, block_ids, BLOCK)
+    return (q, kc, vc, tables, torch.tensor(seq_lens, dtype=torch.int32), starts, HEAD_DIM ** -0.5), plan
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sequences", type=int, default=32)
+    ap.add_argument("--prefix", type=int, default=512)
+    ap.add_argument("--own", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"{args.sequences} sequences on a {args.prefix}-token prefix + {args.own} own, {args.threads} threads, "
+          f"fp32, ms per layer")
+    print("| step | per-sequence | cascade | speed-up |\n|---|---|---|---|")
+    for name, chunk in (("decode", 1), (f"prefill of {args.own} after a prefix hit", args.own)):
+        own = args.own + (1 if chunk == 1 else 0)
+        inputs, plan = step_inputs(args.sequences, args.prefix, own, chunk)
+        plain = median_ms(lambda: paged_attention_cpu(*inputs), args.repeats)
+        cascade = median_ms(lambda: paged_attention_cpu(*inputs, plan), args.repeats)
+        print(f"| {name} | {plain:.2f} | {cascade:.2f} | {plain / cascade:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
