@@ -277,8 +277,12 @@ class AsyncLLM:
                 stream = self._streams.get(rid)
             error = None
             try:
-                if stream is not None:  # else the consumer already left
+                if stream is not None:
                     self.engine.add_request(prompt, params, rid, arrival, reject_bad_prompt=True)
+                else:  # the consumer left before the engine saw it (a server counts it as aborted): the
+                    # engine counts it too, as aborted, or as an error when the prompt is bad
+                    self.engine.add_request(prompt, params, rid, arrival)
+                    self.engine.abort_request(rid)
             except QuantkitError as exc:
                 error = exc
             with self._cond:  # counted before the consumer hears back
