@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--models", default="tiny,stories")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tools", default="ours,peer", help="ours, peer or both: one tool per run splits a long run")
+    ap.add_argument("--tools", default="ours,peer", help="ours, peer, or ours,peer (both): one tool per run splits a long run")
     ap.add_argument("--table", type=Path, nargs="*", default=None,
                     help="print the table from the ROW lines of earlier runs' output files, run nothing")
     ap.add_argument("--tiny-steps", type=int, default=None,
@@ -173,6 +173,8 @@ def main() -> None:
         print_table(merge_rows([json.loads(ln[len("ROW "):]) for ln in lines]))
         return
     tools = set(args.tools.split(","))
+    if not tools or not tools <= {"ours", "peer"}:
+        raise SystemExit(f"--tools takes ours, peer or ours,peer (got {args.tools!r})")
     if "peer" in tools and not args.llmc_python.is_file():
         raise SystemExit(f"llm-compressor's python not found at {args.llmc_python} (--llmc-python)")
     torch.set_num_threads(args.threads)
