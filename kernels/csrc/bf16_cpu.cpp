@@ -1,84 +1,141 @@
-// quantkit's bf16-weight linear for CPUs without native bf16: y = x @ W.T with x fp32 [M, K], W bf16 [N, K]
-// (the checkpoint's rows, as stored), y fp32 [M, N]. Each bf16 weight is widened to fp32 exactly (its 16 bits
-// become the top half of an fp32) and multiplied in fp32 (AVX2 + FMA), so the result is fp32 F.linear on the
-// widened weight up to summation order, reading half the bytes of an fp32 weight. For small M (decode):
-// each row of W is read once and used for every row of x (M <= 8 accumulators). Rows of W are split over
-// torch's thread pool (at::parallel_for).
+// quantkit's bf16-weight linear for CPUs without native bf16: y = x @ W.T with x fp32 [M, K], W bf16 [N, K],
+// y fp32 [M, N]. Each bf16 weight is widened to fp32 exactly (its 16 bits become the top half of an fp32) and
+// multiplied in fp32, so the result is fp32 F.linear on the widened weight up to summation order, reading half
+// the bytes of an fp32 weight.
+//
+// The weight is held in panels (`pack`): panel p holds rows 16p .. 16p + 15 of W (zero rows past N) as
+// [K][16], so the 16 weights of one k for 16 outputs are contiguous and widen into one 512-bit vector (two
+// 256-bit ones on AVX2). The kernel is an outer-product GEMM: a tile of MR rows of x by NP panels keeps
+// MR x NP vector accumulators in registers; for each k it widens NP weight vectors and adds x[m, k] (broadcast)
+// times each into every accumulator. No horizontal sums, each widened vector serves MR rows of x, and each
+// thread's panels (NP x 16 x K bf16, 96 KiB at K = 1024) stay in L2 while every tile of x passes over them,
+// so W is read from memory once per call at any M. Groups of NP panels are split over torch's thread pool.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
-#include <cstring>
+#include <utility>
 
 namespace {
 
-constexpr int kMaxM = 8;
+constexpr int64_t kPanel = 16;  // outputs per panel
+constexpr int64_t kRowsPerPass = 131072;  // x elements (rows x K) per pass over W
 
-inline __m256 widen8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+#if defined(__AVX512F__)
+constexpr int VPP = 1;  // vectors per panel row
+using Vec = __m512;
+inline Vec widen(const uint16_t* p, int) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec bcast(float v) { return _mm512_set1_ps(v); }
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+constexpr int MR = 8, NP = 3;  // 24 accumulators + 3 weight vectors + 1 broadcast of 32 registers
+#else
+constexpr int VPP = 2;
+using Vec = __m256;
+inline Vec widen(const uint16_t* p, int half) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * half));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline Vec bcast(float v) { return _mm256_set1_ps(v); }
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+constexpr int MR = 6, NP = 1;  // 12 accumulators + 2 weight vectors + 1 broadcast of 16 registers
+#endif
+constexpr int kLanes = static_cast<int>(kPanel) / VPP;
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-inline float widen1(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Rows [n0, n1) of y for M rows of x (M <= kMaxM).
-template <int M>
-void rows(const float* x, const uint16_t* w, float* y, int64_t n0, int64_t n1, int64_t K, int64_t N) {
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* wr = w + n * K;
-    __m256 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K8; k += 8) {
-      __m256 wv = widen8(wr + k);
-      for (int m = 0; m < M; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + k), wv, acc[m]);
+// y[m, n0 + c] for m < mr, c < 16 * np (only the first `cols` columns are written): x rows K apart, the
+// panels at w (K x 16 each, consecutive), y rows ldy apart.
+template <int mr, int np>
+void tile(const float* x, const uint16_t* w, float* y, int64_t K, int64_t ldy, int64_t cols) {
+  Vec acc[mr][np * VPP];
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < np * VPP; ++j) acc[i][j] = zero();
+  for (int64_t k = 0; k < K; ++k) {
+    Vec wv[np * VPP];
+    for (int j = 0; j < np; ++j)
+      for (int v = 0; v < VPP; ++v) wv[j * VPP + v] = widen(w + (j * K + k) * kPanel, v);
+    for (int i = 0; i < mr; ++i) {
+      const Vec b = bcast(x[i * K + k]);
+      for (int j = 0; j < np * VPP; ++j) acc[i][j] = fma(b, wv[j], acc[i][j]);
     }
-    for (int m = 0; m < M; ++m) {
-      float s = hsum(acc[m]);
-      for (int64_t k = K8; k < K; ++k) s += x[m * K + k] * widen1(wr[k]);
-      y[m * N + n] = s;
-    }
+  }
+  if (cols == np * kPanel) {
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < np * VPP; ++j) store(y + i * ldy + j * kLanes, acc[i][j]);
+    return;
+  }
+  alignas(64) float row[np * kPanel];  // the last group of panels: write only the columns that exist
+  for (int i = 0; i < mr; ++i) {
+    for (int j = 0; j < np * VPP; ++j) store(row + j * kLanes, acc[i][j]);
+    std::copy(row, row + cols, y + i * ldy);
   }
 }
 
-using RowsFn = void (*)(const float*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t);
-constexpr RowsFn kRows[kMaxM] = {rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
+using TileFn = void (*)(const float*, const uint16_t*, float*, int64_t, int64_t, int64_t);
+
+template <int mr, int... P>
+constexpr std::array<TileFn, sizeof...(P)> panel_row(std::integer_sequence<int, P...>) {
+  return {tile<mr, P + 1>...};
+}
+
+template <int... M>
+constexpr std::array<std::array<TileFn, NP>, sizeof...(M)> tile_table(std::integer_sequence<int, M...>) {
+  return {panel_row<M + 1>(std::make_integer_sequence<int, NP>{})...};
+}
+
+constexpr auto kTiles = tile_table(std::make_integer_sequence<int, MR>{});  // kTiles[mr - 1][np - 1]
 
 }  // namespace
 
-torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w) {
+// W bf16 [N, K] -> panels bf16 [ceil(N / 16), K, 16] (rows past N zero).
+torch::Tensor pack(torch::Tensor w) {
+  TORCH_CHECK(w.dtype() == torch::kBFloat16 && w.dim() == 2, "w must be bf16 [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
+  auto padded = torch::zeros({panels * kPanel, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({panels, kPanel, K}).transpose(1, 2).contiguous();
+}
+
+// x fp32 [M, K] @ W.T -> fp32 [M, N], W given as pack(W) and its row count N.
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be fp32 [M, K]");
-  TORCH_CHECK(w.dtype() == torch::kBFloat16 && w.dim() == 2 && w.size(1) == x.size(1), "w must be bf16 [N, K]");
+  TORCH_CHECK(packed.dtype() == torch::kBFloat16 && packed.dim() == 3 && packed.size(2) == kPanel &&
+                  packed.size(1) == x.size(1) && packed.is_contiguous() && N > (packed.size(0) - 1) * kPanel &&
+                  N <= packed.size(0) * kPanel,
+              "packed must be pack(W) of a bf16 W [N, K] with K = x.size(1)");
   x = x.contiguous();
-  w = w.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   auto y = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxM) {  // chunks of up to 8 rows of x
-    const int mc = static_cast<int>(std::min<int64_t>(kMaxM, M - m0));
-    at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-      kRows[mc - 1](xp + m0 * K, wp, yp + m0 * N, n0, n1, K, N);
+  const int64_t groups = (panels + NP - 1) / NP;
+  const int64_t rows_per_pass = std::max<int64_t>(MR, kRowsPerPass / K / MR * MR);
+  for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {  // rows of x that stay in L2 while W passes by
+    const int64_t m1 = std::min(M, m0 + rows_per_pass);
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t p = g * NP, np = std::min<int64_t>(NP, panels - p);
+        const int64_t n = p * kPanel, cols = std::min<int64_t>(np * kPanel, N - n);
+        for (int64_t m = m0; m < m1; m += MR) {
+          const int64_t mr = std::min<int64_t>(MR, m1 - m);
+          kTiles[mr - 1][np - 1](xp + m * K, wp + p * K * kPanel, yp + m * N + n, K, N, cols);
+        }
+      }
     });
   }
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_linear", &bf16_linear, "x fp32 [M, K] @ W.T, W bf16 [N, K] widened to fp32 -> fp32 [M, N] (AVX2/FMA)");
+  m.def("pack", &pack, "bf16 W [N, K] -> the kernel's panels [ceil(N / 16), K, 16]");
+  m.def("bf16_linear", &bf16_linear, "x fp32 [M, K] @ W.T from pack(W), widened to fp32 -> fp32 [M, N]");
 }

@@ -78,7 +78,7 @@ def table_dtype(stored: torch.dtype, compute: torch.dtype) -> torch.dtype:
 def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, compute: torch.dtype) -> bool:
     """A float lm_head stored in bf16, computed in fp32: held in bf16 and run by quantkit's bf16-weight kernel
     (kernels/bf16_cpu.py: widened to fp32 exactly, half the bytes; measured faster than fp32 F.linear and
-    prepacked oneDNN at M = 1, 2, 8 on 32000 x 1024, docs/BENCHMARKS.md). Lossless: the fp32 copy was widened
+    prepacked oneDNN at M = 1 to 64 on 32000 x 1024, docs/BENCHMARKS.md). Lossless: the fp32 copy was widened
     from those bf16 values. Returns whether it was replaced."""
     from quantkit.kernels.bf16_cpu import Bf16Linear, unavailable
 
