@@ -60,7 +60,7 @@ def _greedy_pair(path, prompts, max_tokens=12):
             ids = torch.tensor([p])
             want.append(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                     do_sample=False)[0, len(p):].tolist())
-    llm = LLM(str(path), max_model_len=256, max_num_seqs=8)
+    llm = LLM(str(path), max_model_len=256, max_num_seqs=8, dtype="float32")  # token-identical is an fp32 claim
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))]
     return got, want
 

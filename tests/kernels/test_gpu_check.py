@@ -38,7 +38,7 @@ def test_dry_run_writes_every_section_with_numbers(tmp_path):
     assert re.search(r"^2 decoder layers \(hidden 128.*\): \d+\.\d M parameters", report, re.M)
     assert re.search(r"^\| 2 \| \d+\.\d \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d\d \| n/a \| \d+\.\d\d \|$", report, re.M)
     for label in (r"float \(bf16 on disk\)", r"GPTQ 4-bit \(W4A16 kernel\)"):  # tokens, s, tok/s, kernel calls
-        assert re.search(rf"^\| {label} \| float32 \| 16 \| \d+\.\d\d \| \d+\.\d \| [1-9]\d* \|$", report, re.M), label
+        assert re.search(rf"^\| {label} \| (float32|bfloat16) \| 16 \| \d+\.\d\d \| \d+\.\d \| [1-9]\d* \|$", report, re.M), label
     assert {s["name"] for s in json.loads((out / "gpu_check.json").read_text())["steps"]} == {s.name for s in STEPS}
 
 
