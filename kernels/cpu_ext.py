@@ -12,6 +12,7 @@ pure-torch path, so a machine without a toolchain loses speed, never correctness
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -39,6 +40,15 @@ def toolchain_missing() -> str | None:
     return None
 
 
+def headers_flag() -> str:
+    """A define naming the digest of csrc's headers: torch's builder versions an extension by its
+    sources and flags only, so a changed header must change a flag to trigger a rebuild."""
+    digest = hashlib.sha256()
+    for header in sorted(CSRC.glob("*.h")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return f"-DQUANTKIT_HEADERS_DIGEST={digest.hexdigest()[:16]}"
+
+
 @functools.cache
 def load_cpu_extension(name: str, sources: tuple[str, ...]):
     """The compiled module `name` built from `sources` (file names under kernels/csrc), or None."""
@@ -51,7 +61,7 @@ def load_cpu_extension(name: str, sources: tuple[str, ...]):
     out = build_dir() / name
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return load(name=name, sources=[str(CSRC / s) for s in sources], extra_cflags=CFLAGS,
+        return load(name=name, sources=[str(CSRC / s) for s in sources], extra_cflags=CFLAGS + [headers_flag()],
                     extra_ldflags=LDFLAGS, build_directory=str(out), verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:  # a compile or link error: keep the torch path
         _failures[name] = f"build failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"

@@ -1,4 +1,4 @@
-"""The decoder's fused elementwise ops in C++ on CPU, fp32 (in the extension quantkit_attn, built by
+"""The decoder's fused elementwise ops in C++ on CPU, fp32 or bf16 (in the extension quantkit_attn, built by
 paged_attention_cpu.cpu_attention): RMSNorm, residual add + RMSNorm, SiLU-and-mul, rotary. Same
 signatures as fused_ops_reference.py, the test oracle; results are computed in place where the
 inputs are this step's temporaries (the caller's x, residual, q and k are overwritten)."""
@@ -10,10 +10,12 @@ import torch
 from quantkit.kernels import fused_ops_reference
 from quantkit.kernels.paged_attention_cpu import cpu_attention
 
+DTYPES = (torch.float32, torch.bfloat16)  # what fused_ops_cpu.cpp computes (fp32 arithmetic, bf16 rounding)
+
 
 def available(x: torch.Tensor) -> bool:
-    """The fused ops run x's dtype and device: fp32 on CPU with the extension built."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and cpu_attention() is not None
+    """The fused ops run x's dtype and device: fp32 or bf16 on CPU with the extension built."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and cpu_attention() is not None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

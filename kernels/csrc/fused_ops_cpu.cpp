@@ -1,105 +1,197 @@
-// Fused elementwise ops of the decoder on CPU, fp32 (one pass over the data, no temporaries).
+// Fused elementwise ops of the decoder on CPU, fp32 or bf16 (one pass over the data, no temporaries).
 // Bindings: paged_attention_cpu.cpp (one extension, quantkit_attn). References: kernels/fused_ops_reference.py.
 //
 //   rms_norm(x [T, H], w [H], eps)              -> w * x / sqrt(mean(x^2) + eps)
 //   add_rms_norm_(x [T, H], residual [T, H], w, eps)   residual += x; x = rms_norm(residual) (both in place)
 //   silu_and_mul(gate [T, I], up [T, I])        -> silu(gate) * up
 //   rotary_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D])   rotate-half RoPE, in place
+//
+// Every tensor of one call shares x's dtype. Arithmetic is fp32; in bf16, each value is rounded to
+// bf16 where the torch reference's op would round it (`rnd<T>`: the identity for fp32), so the
+// results equal the reference's up to the order of the mean-of-squares sum and libm's exp.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 
+#include "vec_avx512.h"  // the vector bodies, where QUANTKIT_AVX512
+
 namespace {
 
-void check_rows(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32, name, " must be float32");
+// v rounded to T and widened back: where the reference's bf16 op stores its result
+template <typename T>
+inline float rnd(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+void check_rows(const torch::Tensor& x, const torch::Tensor& like, const char* name) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
+              name, " must be float32 or bfloat16");
+  TORCH_CHECK(x.scalar_type() == like.scalar_type(), name, " must have x's dtype");
   TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
 }
 
-inline void norm_row(const float* src, const float* w, float* dst, int64_t h, float eps) {
+// dst = w * rnd(src / rms(src)), src already holding the residual stream
+template <typename T>
+inline void norm_row(const T* src, const T* w, T* dst, int64_t h, float eps) {
+#if defined(QUANTKIT_AVX512)
+  using namespace vec512;
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < h; i += 16) {
+    const __m512 v = load16(src + i, first(h - i));
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(h) + eps));
+  for (int64_t i = 0; i < h; i += 16) {
+    const __mmask16 k = first(h - i);
+    store16(dst + i, _mm512_mul_ps(load16(w + i, k), round16<T>(_mm512_mul_ps(load16(src + i, k), inv))), k);
+  }
+#else
   float sq = 0.f;
 #pragma omp simd reduction(+ : sq)
-  for (int64_t i = 0; i < h; ++i) sq += src[i] * src[i];
+  for (int64_t i = 0; i < h; ++i) {
+    const float v = static_cast<float>(src[i]);
+    sq += v * v;
+  }
   const float inv = 1.f / std::sqrt(sq / static_cast<float>(h) + eps);
 #pragma omp simd
-  for (int64_t i = 0; i < h; ++i) dst[i] = w[i] * (src[i] * inv);
+  for (int64_t i = 0; i < h; ++i)
+    dst[i] = static_cast<T>(static_cast<float>(w[i]) * rnd<T>(static_cast<float>(src[i]) * inv));
+#endif
 }
+
+// residual += x (rounded to T), then x = norm(residual)
+template <typename T>
+inline void add_norm_row(T* x, T* residual, const T* w, int64_t h, float eps) {
+#if defined(QUANTKIT_AVX512)
+  for (int64_t i = 0; i < h; i += 16) {
+    const __mmask16 k = vec512::first(h - i);
+    vec512::store16(residual + i, _mm512_add_ps(vec512::load16(residual + i, k), vec512::load16(x + i, k)), k);
+  }
+#else
+#pragma omp simd
+  for (int64_t i = 0; i < h; ++i) residual[i] = static_cast<T>(static_cast<float>(residual[i]) + static_cast<float>(x[i]));
+#endif
+  norm_row(residual, w, x, h, eps);
+}
+
+template <typename T>
+inline void silu_mul_range(const T* gate, const T* up, T* out, int64_t begin, int64_t end) {
+#if defined(QUANTKIT_AVX512)
+  using namespace vec512;
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 k = first(end - i);
+    const __m512 g = load16(gate + i, k);
+    const __m512 silu = round16<T>(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+    store16(out + i, _mm512_mul_ps(silu, load16(up + i, k)), k);
+  }
+#else
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = static_cast<float>(gate[i]);
+    out[i] = static_cast<T>(rnd<T>(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
+  }
+#endif
+}
+
+// The ops' dtypes; the bodies' loops live in the helpers above (a pragma cannot sit inside a macro argument).
+#define QK_DISPATCH(x, NAME, ...) \
+  AT_DISPATCH_SWITCH((x).scalar_type(), NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 }  // namespace
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
-  check_rows(x, "x");
-  check_rows(weight, "weight");
+  check_rows(x, x, "x");
+  check_rows(weight, x, "weight");
   const int64_t h = x.size(-1), rows = x.numel() / h;
   TORCH_CHECK(weight.numel() == h, "weight must have the last dimension of x");
   auto out = torch::empty_like(x);
-  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) norm_row(xp + r * h, wp, op + r * h, h, static_cast<float>(eps));
+  QK_DISPATCH(x, "rms_norm", [&] {
+    const scalar_t *xp = x.data_ptr<scalar_t>(), *wp = weight.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) norm_row(xp + r * h, wp, op + r * h, h, static_cast<float>(eps));
+    });
   });
   return out;
 }
 
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
-  check_rows(x, "x");
-  check_rows(residual, "residual");
-  check_rows(weight, "weight");
+  check_rows(x, x, "x");
+  check_rows(residual, x, "residual");
+  check_rows(weight, x, "weight");
   TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual differ in shape");
   const int64_t h = x.size(-1), rows = x.numel() / h;
   TORCH_CHECK(weight.numel() == h, "weight must have the last dimension of x");
-  float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      float *xr = xp + r * h, *rr = rp + r * h;
-#pragma omp simd
-      for (int64_t i = 0; i < h; ++i) rr[i] += xr[i];
-      norm_row(rr, wp, xr, h, static_cast<float>(eps));
-    }
+  QK_DISPATCH(x, "add_rms_norm_", [&] {
+    scalar_t *xp = x.data_ptr<scalar_t>(), *rp = residual.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) add_norm_row(xp + r * h, rp + r * h, wp, h, static_cast<float>(eps));
+    });
   });
 }
 
 torch::Tensor silu_and_mul(torch::Tensor gate, torch::Tensor up) {
-  check_rows(gate, "gate");
-  check_rows(up, "up");
+  check_rows(gate, gate, "gate");
+  check_rows(up, gate, "up");
   TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up differ in shape");
   auto out = torch::empty_like(gate);
-  const float *gp = gate.data_ptr<float>(), *up_ = up.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), 4096, [&](int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) op[i] = gp[i] / (1.f + std::exp(-gp[i])) * up_[i];
+  QK_DISPATCH(gate, "silu_and_mul", [&] {
+    const scalar_t *gp = gate.data_ptr<scalar_t>(), *up_ = up.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, gate.numel(), 4096, [&](int64_t b, int64_t e) { silu_mul_range(gp, up_, op, b, e); });
   });
   return out;
 }
 
 namespace {
 
-inline void rotate_row(float* x, const float* c, const float* s, int64_t half) {
-  // rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); cos/sin repeat over the halves
+template <typename T>
+inline void rotate_row(T* x, const T* c, const T* s, int64_t half) {
+  // rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); cos/sin repeat over the halves.
+  // Each product is rounded before the sum, as the reference's x * cos + rotate_half(x) * sin.
+#if defined(QUANTKIT_AVX512)
+  using namespace vec512;
+  for (int64_t i = 0; i < half; i += 16) {
+    const __mmask16 k = first(half - i);
+    const __m512 a = load16(x + i, k), b = load16(x + i + half, k);
+    const __m512 lo = _mm512_sub_ps(round16<T>(_mm512_mul_ps(a, load16(c + i, k))),
+                                    round16<T>(_mm512_mul_ps(b, load16(s + i, k))));
+    const __m512 hi = _mm512_add_ps(round16<T>(_mm512_mul_ps(b, load16(c + i + half, k))),
+                                    round16<T>(_mm512_mul_ps(a, load16(s + i + half, k))));
+    store16(x + i, lo, k);
+    store16(x + i + half, hi, k);
+  }
+#else
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
-    const float a = x[i], b = x[i + half];
-    x[i] = a * c[i] - b * s[i];
-    x[i + half] = b * c[i + half] + a * s[i + half];
+    const float a = static_cast<float>(x[i]), b = static_cast<float>(x[i + half]);
+    const float c1 = static_cast<float>(c[i]), s1 = static_cast<float>(s[i]);
+    const float c2 = static_cast<float>(c[i + half]), s2 = static_cast<float>(s[i + half]);
+    x[i] = static_cast<T>(rnd<T>(a * c1) + rnd<T>(-b * s1));
+    x[i + half] = static_cast<T>(rnd<T>(b * c2) + rnd<T>(a * s2));
   }
+#endif
 }
 
 }  // namespace
 
 void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin) {
-  for (auto* t : {&q, &k, &cos, &sin}) check_rows(*t, "q, k, cos and sin");
+  for (auto* t : {&q, &k, &cos, &sin}) check_rows(*t, q, "q, k, cos and sin");
   const int64_t tokens = q.size(0), d = q.size(2), hq = q.size(1), hk = k.size(1);
   TORCH_CHECK(k.size(0) == tokens && k.size(2) == d && d % 2 == 0, "q and k must be [T, heads, D] with even D");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == tokens && cos.size(1) == d, "cos/sin must be [T, D]");
-  float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>();
-  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  at::parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      for (int64_t h = 0; h < hq; ++h) rotate_row(qp + (t * hq + h) * d, cp + t * d, sp + t * d, d / 2);
-      for (int64_t h = 0; h < hk; ++h) rotate_row(kp + (t * hk + h) * d, cp + t * d, sp + t * d, d / 2);
-    }
+  QK_DISPATCH(q, "rotary_", [&] {
+    scalar_t *qp = q.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>();
+    const scalar_t *cp = cos.data_ptr<scalar_t>(), *sp = sin.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        for (int64_t h = 0; h < hq; ++h) rotate_row(qp + (t * hq + h) * d, cp + t * d, sp + t * d, d / 2);
+        for (int64_t h = 0; h < hk; ++h) rotate_row(kp + (t * hk + h) * d, cp + t * d, sp + t * d, d / 2);
+      }
+    });
   });
 }

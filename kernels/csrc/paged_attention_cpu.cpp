@@ -15,15 +15,19 @@
 // at::parallel_for; an item holds the tile's queries for all `group` query heads of its kv head as
 // rows, so each key and value row read from the cache serves group x tile query rows while it is
 // in L1. Softmax is online per cache block (running max m, running sum l, rescaled accumulator),
-// in fp32 whatever the cache dtype. The loops over D are plain loops that -O3 -march=native
-// vectorises (the dot products through `omp simd reduction`).
+// in fp32 whatever the cache dtype. On AVX-512 (head dims 32-128, multiples of 32 or 96) the block step is
+// attention_avx512.h's; elsewhere the loops over D are plain loops that -O3 -march=native vectorises
+// (the dot products through `omp simd reduction`).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#include "attention_avx512.h"  // fold_block's vector path, where QUANTKIT_AVX512
 
 namespace {
 
@@ -58,6 +62,12 @@ template <typename T>
 void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int64_t block_size,
                 const int64_t* visible, float* s) {
   const int64_t d = rows.d;
+#if defined(QUANTKIT_AVX512)
+  if constexpr (!std::is_same_v<T, double>)  // fp32, bf16, fp16 caches
+    if (avx512::supports(d))
+      return avx512::fold_rows(rows.n, d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kb, vb,
+                               token_stride, block_size, visible, s);
+#endif
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
     if (valid <= 0) continue;

@@ -75,9 +75,8 @@ def slot_mapping(seq_lens: list[int], query_lens: list[int], block_ids: list[lis
 
 
 def use_cpu_kernel(device: torch.device, dtype: torch.dtype) -> bool:
-    """The C++ kernel runs fp32 CPU caches (bf16 keeps SDPA's path: its greedy near-tie parity with
-    fp32 is what the tests pin, and this CPU has no native bf16 to measure the kernel on)."""
-    return device.type == "cpu" and dtype == torch.float32 and cpu_attention() is not None
+    """The C++ kernel runs fp32 and bf16 CPU caches (softmax and accumulation in fp32 either way)."""
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_attention() is not None
 
 
 def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int,

@@ -22,36 +22,47 @@ def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,hidden", [(1, 1024), (37, 64), (5, 20)])
-def test_rms_norm(fused, rows, hidden):
-    x, w = randn(rows, hidden), randn(hidden, seed=1)
-    torch.testing.assert_close(fused.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))
+def test_rms_norm(fused, rows, hidden, dtype):
+    x, w = randn(rows, hidden).to(dtype), randn(hidden, seed=1).to(dtype)
+    got = fused.rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, ref.rms_norm(x, w, 1e-5))
 
 
-def test_add_rms_norm_in_place(fused):
-    x, r, w = randn(9, 96), randn(9, 96, seed=1), randn(96, seed=2)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_in_place(fused, dtype):
+    x, r, w = randn(9, 96).to(dtype), randn(9, 96, seed=1).to(dtype), randn(96, seed=2).to(dtype)
     want_h, want_r = ref.add_rms_norm(x, r, w, 1e-6)
     h, res = fused.add_rms_norm(x, r, w, 1e-6)
     torch.testing.assert_close(h, want_h)
-    torch.testing.assert_close(res, want_r)
+    torch.testing.assert_close(res, want_r, rtol=0, atol=0)  # one rounded add, as torch's
     assert h.data_ptr() == x.data_ptr() and res.data_ptr() == r.data_ptr()  # in place: no temporaries
 
 
-def test_silu_and_mul(fused):
-    g, u = randn(13, 2816) * 4, randn(13, 2816, seed=1)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(fused, dtype):
+    g, u = (randn(13, 2816) * 4).to(dtype), randn(13, 2816, seed=1).to(dtype)
     torch.testing.assert_close(fused.silu_and_mul(g, u), ref.silu_and_mul(g, u))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hk,d", [(16, 8, 64), (4, 4, 8)])
-def test_rotary_in_place(fused, hq, hk, d):
+def test_rotary_in_place(fused, hq, hk, d, dtype):
     t = 11
-    q, k = randn(t, hq, d), randn(t, hk, d, seed=1)
+    q, k = randn(t, hq, d).to(dtype), randn(t, hk, d, seed=1).to(dtype)
     ang = randn(t, d // 2, seed=2)
     emb = torch.cat((ang, ang), dim=-1)
-    want_q, want_k = ref.rotary(q, k, emb.cos(), emb.sin())
-    got_q, got_k = fused.rotary(q, k, emb.cos(), emb.sin())
-    torch.testing.assert_close(got_q, want_q)
-    torch.testing.assert_close(got_k, want_k)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    want_q, want_k = ref.rotary(q, k, cos, sin)
+    got_q, got_k = fused.rotary(q, k, cos, sin)
+    exact = dict(rtol=0, atol=0) if dtype == torch.bfloat16 else {}  # bf16: the reference's roundings, one by one
+    torch.testing.assert_close(got_q, want_q, **exact)
+    torch.testing.assert_close(got_k, want_k, **exact)
 
 
 def test_partial_rotary_takes_the_reference(fused):
@@ -64,5 +75,10 @@ def test_partial_rotary_takes_the_reference(fused):
 
 
 def test_rejects_other_dtypes(fused):
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         fused.silu_and_mul(torch.zeros(2, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64))
+
+
+def test_rejects_mixed_dtypes(fused):
+    with pytest.raises(RuntimeError, match="x's dtype"):
+        fused.rms_norm(torch.zeros(2, 4, dtype=torch.bfloat16), torch.ones(4), 1e-6)
