@@ -35,6 +35,10 @@ ROWS = 16  # output rows per block
 # From M = DENSE_FROM_M on, dequantize-a-tile-then-matmul beats the kernel (python -m
 # quantkit.bench.int4_cpu on this project's CPU, 2 threads, the issue's four shapes; docs/BENCHMARKS.md).
 DENSE_FROM_M = 512
+# bf16 activations on a CPU whose oneDNN computes bf16 natively (AVX-512 BF16 / AMX): the dense path
+# is a bf16 GEMM on the dequantized tile, ahead of the fp32-FMA kernel from M = 64 (and behind at 32)
+# on the four shapes measured (docs/BENCHMARKS.md, "4-bit linears in bf16").
+DENSE_FROM_M_BF16 = 48
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 
@@ -101,12 +105,18 @@ def int4_blocked_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor |
     return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
+def dense_threshold(dtype: torch.dtype) -> int:
+    """The M from which `int4_blocked_linear` dequantizes tiles instead of running the kernel."""
+    native_bf16 = dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return DENSE_FROM_M_BF16 if native_bf16 else DENSE_FROM_M
+
+
 def _dense_tiles(ext, x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
-    """x fp32 [M, K] @ W.T with W dequantized DENSE_TILE_ROWS rows at a time (the large-M path)."""
+    """x [M, K] @ W.T with W dequantized DENSE_TILE_ROWS rows at a time, in x's dtype (the large-M path)."""
     n, out = w.out_features, x.new_empty(x.shape[0], w.out_features)
     for n0 in range(0, n, DENSE_TILE_ROWS):
         n1 = min(n, n0 + DENSE_TILE_ROWS)
-        tile = ext.int4_dequantize(w.packed, w.scale_zero, n, w.group_size, n0, n1)
+        tile = ext.int4_dequantize(w.packed, w.scale_zero, n, w.group_size, n0, n1).to(x.dtype)
         if n1 - n0 == n:
             return torch.nn.functional.linear(x, tile)
         out[:, n0:n1] = torch.nn.functional.linear(x, tile)
@@ -114,21 +124,23 @@ def _dense_tiles(ext, x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
 
 
 def int4_blocked_linear(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None,
-                        dense_from_m: int = DENSE_FROM_M) -> torch.Tensor:
-    """x [M, K] (fp32 or bf16) @ W.T (+ bias) -> [M, N] in x's dtype, computed in fp32.
+                        dense_from_m: int | None = None) -> torch.Tensor:
+    """x [M, K] (fp32 or bf16) @ W.T (+ bias) -> [M, N] in x's dtype.
 
-    M < dense_from_m: the AVX2 kernel on the packed weight; else dequantize tiles and multiply.
+    M < dense_from_m (default: `dense_threshold(x.dtype)`): the AVX2 kernel on the packed weight, in fp32;
+    else dequantize tiles and multiply densely in x's dtype (bf16 tiles for bf16 x: oneDNN's bf16 GEMM).
     Raises RuntimeError when the extension is not built (callers check `unavailable()` first).
     """
     ext = extension()
     if ext is None:
         raise RuntimeError(f"the int4 CPU kernel is unavailable: {unavailable()}")
-    xf = x if x.dtype == torch.float32 else x.float()
-    xf = xf.index_select(1, w.perm) if w.perm is not None else xf.contiguous()
-    if xf.shape[0] < dense_from_m:
-        out = ext.int4_linear(xf, w.packed, w.scale_zero, w.out_features, w.group_size)
+    if dense_from_m is None:
+        dense_from_m = dense_threshold(x.dtype)
+    xp = x.index_select(1, w.perm) if w.perm is not None else x.contiguous()
+    if xp.shape[0] < dense_from_m:
+        out = ext.int4_linear(xp.float(), w.packed, w.scale_zero, w.out_features, w.group_size)
     else:
-        out = _dense_tiles(ext, xf, w)
+        out = _dense_tiles(ext, xp, w)
     if bias is not None:
-        out = out + bias.float()
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+        out = out + bias.to(out.dtype)
+    return out.to(x.dtype)

@@ -1,11 +1,12 @@
 """4-bit linears on CPU, one process: quantkit's AVX2 kernel, its dequantize-a-tile-then-matmul path,
-torch's int4pack kernel, and fp32 dense (oneDNN prepacked), with ratios to dense.
+torch's int4pack kernel, and dense (oneDNN prepacked) in the activations' dtype, with ratios to dense.
 
   python -m quantkit.bench.int4_cpu [--threads 2] [--shapes 1024x2816,2816x1024,1024x1024,4096x4096]
                                     [--ms 1,8,64,256] [--group-size 128] [--int4pack-max-m 8]
+                                    [--dtype float32|bfloat16]
 
 Shapes are N x K (out x in features). Times are the best of --reps calls, in ms. The last column is
-the path `int4_blocked_linear` picks at that M (kernel below DENSE_FROM_M, dense tiles from it).
+the path `int4_blocked_linear` picks at that M (kernel below `dense_threshold(dtype)`, dense tiles from it).
 """
 
 from __future__ import annotations
@@ -22,31 +23,33 @@ def _time(fn, reps: int) -> float:
     return best_ms(fn, reps)
 
 
-def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: int, reps: int) -> None:
+def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: int, reps: int,
+                dtype: torch.dtype) -> None:
     from quantkit.format.packing import pack
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_int import int4_linear, repack_int4
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import DENSE_FROM_M, int4_blocked_linear, repack
+    from quantkit.kernels.int4_cpu import dense_threshold, int4_blocked_linear, repack
 
     linear = torch.nn.Linear(k, n, bias=False)
-    dense = PrepackedLinear(linear)
     p = pack(rtn_quantize(linear.weight.detach(), QuantScheme(4, group_size, True)), "gptq")
-    ours, theirs = repack(p), repack_int4(p, torch.float32)
-    print(f"\n[{n} x {k}] group {group_size}")
-    print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'fp32 prepacked':>14} "
+    dense = PrepackedLinear(linear.to(dtype))
+    ours, theirs = repack(p), repack_int4(p, dtype)
+    threshold = dense_threshold(dtype)
+    print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; dense tiles from M = {threshold}")
+    print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'dense prepacked':>15} "
           f"{'dense/ours':>10} {'int4pack/ours':>13}  picks")
     for m in ms:
-        x = torch.randn(m, k)
+        x = torch.randn(m, k).to(dtype)
         kern = _time(lambda: int4_blocked_linear(x, ours, None, dense_from_m=m + 1), reps)
         tiles = _time(lambda: int4_blocked_linear(x, ours, None, dense_from_m=0), reps)
         tp = _time(lambda: int4_linear(x, theirs, None, kernel_max_m=m), 1) if m <= int4pack_max_m else None
         fp = _time(lambda: dense(x), reps)
-        best = kern if m < DENSE_FROM_M else tiles
-        picks = "kernel" if m < DENSE_FROM_M else "dense-tile"
+        best = kern if m < threshold else tiles
+        picks = "kernel" if m < threshold else "dense-tile"
         tp_s = f"{tp:>14.3f}" if tp is not None else f"{'-':>14}"
         ratio = f"{tp / best:>13.1f}" if tp is not None else f"{'-':>13}"
-        print(f"{m:>5} {kern:>9.3f} {tiles:>15.3f} {tp_s} {fp:>14.3f} {fp / best:>10.2f} {ratio}  {picks}",
+        print(f"{m:>5} {kern:>9.3f} {tiles:>15.3f} {tp_s} {fp:>15.3f} {fp / best:>10.2f} {ratio}  {picks}",
               flush=True)
 
 
@@ -58,18 +61,21 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--int4pack-max-m", type=int, default=8, help="largest M to time torch's int4pack at (slow)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the activations' dtype")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     from quantkit.kernels.int4_cpu import unavailable
 
     if (why := unavailable()) is not None:
         raise SystemExit(f"the int4 CPU kernel is unavailable: {why}")
-    print(f"fp32 activations, {args.threads} threads, best of {args.reps} (ms); load average "
+    print(f"{args.dtype} activations, {args.threads} threads, best of {args.reps} (ms); load average "
           f"{os.getloadavg()[0]:.2f}; ratios are against ours at the path it picks")
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             n, k = map(int, shape.split("x"))
-            bench_shape(n, k, [int(m) for m in args.ms.split(",")], args.group_size, args.int4pack_max_m, args.reps)
+            bench_shape(n, k, [int(m) for m in args.ms.split(",")], args.group_size, args.int4pack_max_m, args.reps,
+                        dtype)
 
 
 if __name__ == "__main__":
