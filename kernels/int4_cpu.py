@@ -1,5 +1,6 @@
-"""quantkit's own 4-bit CPU linear (kernels/csrc/int4_cpu.cpp, AVX2 + FMA), its packed layout, and
-the pure-torch reference of that layout.
+"""quantkit's own 4-bit CPU linear (kernels/csrc/int4_cpu.cpp, AVX2 + FMA; for bf16 activations on CPUs
+with AVX-512 BF16, kernels/csrc/int4_bf16_avx512.h), its packed layout, and the pure-torch reference of
+that layout.
 
 torch's `_weight_int4pack_mm_for_cpu` has no fast path without AVX-512 (13.8 ms at M=1 on a
 [2816 x 1024] weight on this project's AVX2 CPU, against 0.25 ms for fp32 dense); this kernel reads
@@ -36,9 +37,11 @@ ROWS = 16  # output rows per block
 # quantkit.bench.int4_cpu on this project's CPU, 2 threads, the issue's four shapes; docs/BENCHMARKS.md).
 DENSE_FROM_M = 512
 # bf16 activations on a CPU whose oneDNN computes bf16 natively (AVX-512 BF16 / AMX): the dense path
-# is a bf16 GEMM on the dequantized tile, ahead of the fp32-FMA kernel from M = 64 (and behind at 32)
-# on the four shapes measured (docs/BENCHMARKS.md, "4-bit linears in bf16").
+# is a bf16 GEMM on the dequantized tile, ahead of the AVX2 kernel from M = 64 (behind at 32), and of
+# the AVX-512 BF16 kernel from M = 192 (behind at 128), on the four shapes measured (docs/BENCHMARKS.md,
+# "4-bit linears in bf16").
 DENSE_FROM_M_BF16 = 48
+DENSE_FROM_M_BF16_KERNEL = 160
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 
@@ -105,10 +108,19 @@ def int4_blocked_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor |
     return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
-def dense_threshold(dtype: torch.dtype) -> int:
-    """The M from which `int4_blocked_linear` dequantizes tiles instead of running the kernel."""
+def dense_threshold(dtype: torch.dtype, bf16_kernel: bool = False) -> int:
+    """The M from which `int4_blocked_linear` dequantizes tiles instead of running a kernel (`bf16_kernel`:
+    bf16 activations run the AVX-512 BF16 kernel)."""
+    if dtype == torch.bfloat16 and bf16_kernel:
+        return DENSE_FROM_M_BF16_KERNEL
     native_bf16 = dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return DENSE_FROM_M_BF16 if native_bf16 else DENSE_FROM_M
+
+
+def bf16_kernel(w: Int4Blocked) -> bool:
+    """Whether bf16 activations run the AVX-512 BF16 kernel (vdpbf16ps, kernels/csrc/int4_bf16_avx512.h) on
+    `w`: built on CPUs with AVX-512 BF16, for even group sizes (it takes input columns in pairs)."""
+    return hasattr(extension(), "int4_linear_bf16") and w.group_size % 2 == 0
 
 
 def _dense_tiles(ext, x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
@@ -127,18 +139,23 @@ def int4_blocked_linear(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | No
                         dense_from_m: int | None = None) -> torch.Tensor:
     """x [M, K] (fp32 or bf16) @ W.T (+ bias) -> [M, N] in x's dtype.
 
-    M < dense_from_m (default: `dense_threshold(x.dtype)`): the AVX2 kernel on the packed weight, in fp32;
-    else dequantize tiles and multiply densely in x's dtype (bf16 tiles for bf16 x: oneDNN's bf16 GEMM).
+    M < dense_from_m (default: `dense_threshold`): a kernel on the packed weight, accumulating in
+    fp32 (bf16 x: the AVX-512 BF16 one where `bf16_kernel(w)`; else the AVX2 one on x widened to fp32);
+    from it, dequantize tiles and multiply densely in x's dtype (bf16 tiles for bf16 x: oneDNN's bf16 GEMM).
     Raises RuntimeError when the extension is not built (callers check `unavailable()` first).
     """
     ext = extension()
     if ext is None:
         raise RuntimeError(f"the int4 CPU kernel is unavailable: {unavailable()}")
+    use_bf16 = x.dtype == torch.bfloat16 and bf16_kernel(w)
     if dense_from_m is None:
-        dense_from_m = dense_threshold(x.dtype)
+        dense_from_m = dense_threshold(x.dtype, use_bf16)
     xp = x.index_select(1, w.perm) if w.perm is not None else x.contiguous()
     if xp.shape[0] < dense_from_m:
-        out = ext.int4_linear(xp.float(), w.packed, w.scale_zero, w.out_features, w.group_size)
+        if use_bf16:
+            out = ext.int4_linear_bf16(xp, w.packed, w.scale_zero, w.out_features, w.group_size)
+        else:
+            out = ext.int4_linear(xp.float(), w.packed, w.scale_zero, w.out_features, w.group_size)
     else:
         out = _dense_tiles(ext, xp, w)
     if bias is not None:

@@ -1,12 +1,13 @@
-"""4-bit linears on CPU, one process: quantkit's AVX2 kernel, its dequantize-a-tile-then-matmul path,
-torch's int4pack kernel, and dense (oneDNN prepacked) in the activations' dtype, with ratios to dense.
+"""4-bit linears on CPU, one process: quantkit's kernel (AVX2, or AVX-512 BF16 for bf16 activations where
+built), its dequantize-a-tile-then-matmul path, torch's int4pack kernel, and dense (oneDNN prepacked) in
+the activations' dtype, with ratios to dense.
 
   python -m quantkit.bench.int4_cpu [--threads 2] [--shapes 1024x2816,2816x1024,1024x1024,4096x4096]
                                     [--ms 1,8,64,256] [--group-size 128] [--int4pack-max-m 8]
                                     [--dtype float32|bfloat16]
 
 Shapes are N x K (out x in features). Times are the best of --reps calls, in ms. The last column is
-the path `int4_blocked_linear` picks at that M (kernel below `dense_threshold(dtype)`, dense tiles from it).
+the path `int4_blocked_linear` picks at that M (kernel below `dense_threshold`, dense tiles from it).
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_int import int4_linear, repack_int4
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import dense_threshold, int4_blocked_linear, repack
+    from quantkit.kernels.int4_cpu import bf16_kernel, dense_threshold, int4_blocked_linear, repack
 
     linear = torch.nn.Linear(k, n, bias=False)
     p = pack(rtn_quantize(linear.weight.detach(), QuantScheme(4, group_size, True)), "gptq")
     dense = PrepackedLinear(linear.to(dtype))
     ours, theirs = repack(p), repack_int4(p, dtype)
-    threshold = dense_threshold(dtype)
-    print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; dense tiles from M = {threshold}")
+    kernel_bf16 = dtype == torch.bfloat16 and bf16_kernel(ours)
+    threshold = dense_threshold(dtype, kernel_bf16)
+    print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; kernel: {'AVX-512 BF16' if kernel_bf16 else 'AVX2'}, "
+          f"dense tiles from M = {threshold}")
     print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'dense prepacked':>15} "
           f"{'dense/ours':>10} {'int4pack/ours':>13}  picks")
     for m in ms:

@@ -106,7 +106,7 @@ class AsyncLLM:
             raise QuantkitError(f"max_queued_requests must be at least 1 (got {max_queued_requests})")
         self.cfg = engine_config
         self.max_queued_requests = max_queued_requests
-        self.state = "loading"  # "loading" | "ready" | "draining" | "dead"
+        self.state = "loading"  # "loading" | "ready" | "draining" | "stopped" (shut down) | "dead" (failed)
         self.error: str | None = None
         self.engine = None  # the LLMEngine once loaded (read-only use from outside the engine thread)
         self.tokenizer = None  # the event loop's own tokenizer (never `engine.tokenizer`: the engine thread's)
@@ -224,8 +224,8 @@ class AsyncLLM:
             self._cond.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
-        if self.state != "dead":
-            self.state, self.error = "dead", "the engine was shut down"
+        if self.state != "dead":  # a failure stays one; otherwise this was a clean stop
+            self.state, self.error = "stopped", "the engine was shut down"
 
     def _in_flight(self) -> bool:
         with self._cond:

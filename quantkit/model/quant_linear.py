@@ -12,7 +12,7 @@ class QuantLinear(nn.Module):
     """Holds qweight/qzeros/scales(/g_idx, bias) as buffers under the names the checkpoint uses.
 
     On CUDA the forward runs the W4A16 kernel on the packed weights. On CPU the weight stays
-    quantized: 4-bit weights are repacked once for quantkit's AVX2 kernel (`quantkit.kernels.int4_cpu`,
+    quantized: 4-bit weights are repacked once for quantkit's kernels (`quantkit.kernels.int4_cpu`,
     any shape and group size); where that kernel does not build, into torch's CPU int4 layout (or
     int8, per channel), run by torch's kernels for small M and dequantized per call for large M
     (`quantkit.kernels.cpu_int`). Weights none of these take (grouped 8-bit, other bit widths, odd
@@ -51,7 +51,9 @@ class QuantLinear(nn.Module):
         reason = int4_unsupported(p)
         ours_missing = int4_cpu.unavailable() if p.bits == 4 else "not 4-bit"
         if ours_missing is None:
-            self._cpu, self.cpu_path = int4_cpu.repack(p), "int4 (quantkit AVX2 kernel)"
+            w = int4_cpu.repack(p)
+            bf16 = dtype == torch.bfloat16 and int4_cpu.bf16_kernel(w)
+            self._cpu, self.cpu_path = w, f"int4 (quantkit {'AVX-512 BF16' if bf16 else 'AVX2'} kernel)"
         elif reason is None:
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
         elif p.bits == 8:

@@ -59,7 +59,7 @@ async def serve(settings: ServeSettings, say: Callable[[str], None] = print, app
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         failure = state.error if state.engine_state == "dead" and not draining else None  # before our own stop
-        if state.engine_state not in ("dead", "loading") and not draining:
+        if state.engine_state not in ("dead", "loading", "stopped") and not draining:
             await state.llm.shutdown(0)
     return failure
 

@@ -37,12 +37,12 @@ class ServerState:
         return self.llm.engine if self.engine_state in ("ready", "draining") else None
 
     def require_ready(self):
-        """The loaded LLMEngine (read-only use), or 503 while loading/draining, 500 once the engine died."""
+        """The loaded LLMEngine (read-only use), or 503 while loading, draining or stopped, 500 once the engine died."""
         state = self.engine_state
         if state == "loading":
             raise APIError(503, "the model is still loading; retry when /health answers 200",
                            headers={"Retry-After": "1"})
-        if state == "draining":
+        if state in ("draining", "stopped"):  # stopped: the drain is over, uvicorn not yet
             raise APIError(503, "the server is shutting down and admits no new requests")
         if state == "dead":
             raise APIError(500, f"the engine failed: {self.error}")

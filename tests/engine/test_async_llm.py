@@ -229,7 +229,7 @@ def test_shutdown_drains_then_aborts_the_rest(stories_dir):
 
     drained, aborted, state = asyncio.run(main())
     assert drained.outputs[0].finish_reason == "length" and len(drained.outputs[0].token_ids) == 12
-    assert aborted.finished and aborted.outputs[0].finish_reason == "abort" and state == "dead"
+    assert aborted.finished and aborted.outputs[0].finish_reason == "abort" and state == "stopped"
 
 
 @pytest.mark.slow
@@ -285,4 +285,4 @@ def test_shutdown_while_loading_never_starts_the_loop(stories_dir):
         return llm.state, llm._thread
 
     state, thread = asyncio.run(main())
-    assert state == "dead" and thread is None
+    assert state == "stopped" and thread is None

@@ -138,3 +138,39 @@ def test_kernel_takes_fp32_scales(kernel, m):
     want = int4_blocked_reference(x, w, None)
     torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=m + 1), want, **TOL)
     torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=0), want, **TOL)
+
+
+@pytest.fixture(scope="module")
+def bf16_kernel(kernel):
+    if not hasattr(kernel, "int4_linear_bf16"):
+        pytest.skip("the AVX-512 BF16 int4 kernel is built only where the compiler targets AVX-512 BF16")
+    return kernel
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 33])
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize(("layout", "sym", "group_size", "act_order"), [
+    ("gptq", True, 32, False), ("gptq_v2", False, 32, True), ("awq", False, 32, False), ("gptq", False, -1, False)])
+def test_bf16_kernel_matches_the_reference(bf16_kernel, m, n, k, layout, sym, group_size, act_order):
+    """bf16 x: the vdpbf16ps kernel's fp32 sums against the reference on the same (exactly widened) x."""
+    p = checkpoint(n, k, group_size, layout, sym, act_order, seed=m)
+    w = repack(p)
+    assert int4_cpu.bf16_kernel(w)
+    xb = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).bfloat16()
+    xp = xb.index_select(1, w.perm) if w.perm is not None else xb
+    got = bf16_kernel.int4_linear_bf16(xp.contiguous(), w.packed, w.scale_zero, n, w.group_size)  # fp32 [M, N]
+    torch.testing.assert_close(got, int4_blocked_reference(xb.float(), w, None), **TOL)
+    out = int4_blocked_linear(xb, w, p.bias, dense_from_m=m + 1)  # the same kernel through the wrapper
+    assert out.dtype == torch.bfloat16  # rounded once: within a bf16 ulp (2^-8 relative) of the fp32 result
+    torch.testing.assert_close(out.float(), int4_blocked_reference(xb.float(), w, p.bias).float(), rtol=8e-3, atol=1e-3)
+
+
+def test_bf16_kernel_rejects_odd_groups(bf16_kernel):
+    # one block of 16 rows, K = 6 in two groups of 3: the kernel takes input columns in pairs
+    w = int4_cpu.Int4Blocked(torch.zeros(1, 6, 8, dtype=torch.uint8), torch.ones(1, 2, 2, 16, dtype=torch.float16),
+                             16, 3, None)
+    assert not int4_cpu.bf16_kernel(w)  # the wrapper keeps the AVX2 kernel for it
+    with pytest.raises(RuntimeError, match="even"):
+        bf16_kernel.int4_linear_bf16(torch.zeros(1, 6, dtype=torch.bfloat16), w.packed, w.scale_zero, 16, 3)
+    assert int4_blocked_linear(torch.ones(2, 6, dtype=torch.bfloat16), w, None).shape == (2, 16)

@@ -70,6 +70,7 @@ def settings_for(model, **kw) -> ServeSettings:
     engine_kw = {k: kw.pop(k) for k in list(kw) if k in engine_keys}
     engine_kw.setdefault("num_threads", 1)
     engine_kw.setdefault("max_num_seqs", 16)
+    engine_kw.setdefault("dtype", "float32")  # the serving tests compare with fp32 references; bf16: tests/engine
     return ServeSettings(EngineConfig(model=str(model), **engine_kw), port=free_port(), **kw)
 
 

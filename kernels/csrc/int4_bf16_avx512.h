@@ -1,0 +1,122 @@
+// The int4 linear for bf16 activations on CPUs with AVX-512 BF16 (vdpbf16ps): x bf16 [M, K] @ W.T ->
+// fp32 [M, N], on the same packed layout as int4_cpu.cpp's AVX2 kernel (Int4Blocked). Included by
+// int4_cpu.cpp; compiled where the compiler targets AVX-512 BF16/BW/VL (QUANTKIT_INT4_BF16).
+//
+// One vdpbf16ps multiplies 16 output rows by two input columns: lane i accumulates
+//   x[k] * w[i, k] + x[k + 1] * w[i, k + 1]
+// from 32 bf16 values, so the codes of a block for columns k, k + 1 (16 packed bytes) become 32 bf16
+// lanes by one byte shuffle, a widening, a mask and a shift. A code c (0..15) is taken as the bf16
+// 128 + c (bits 0x4300 | c, exact), so no conversion is needed: the extra 128 * x sums to
+// 128 * xsum over a group and is removed with the zero point (z + 128). Products of bf16 values are
+// exact in fp32 and the sums are fp32, so the result differs from the fp32 kernel's only by the
+// order of the sums and the cancellation of 128 * xsum (about 2^-24 * 128 * group size relative to
+// |x|, far below the bf16 output's rounding).
+#pragma once
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define QUANTKIT_INT4_BF16 1
+
+#include <immintrin.h>
+
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace int4bf16 {
+
+constexpr int kRows = 16;
+
+template <typename T>
+struct Args {
+  const uint16_t* x;   // bf16 bits [M, K]
+  const float* xsum;   // [M, G]
+  const uint8_t* w;    // [NB, K, 8]
+  const T* sz;         // [NB, G, 2, 16]
+  float* out;          // [M, N]
+  int64_t M, K, N, G, gs;
+};
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Columns k, k + 1 of one block (its bytes at p = block + k * 8: byte kk * 8 + j holds row j in the low
+// nibble and row j + 8 in the high one, for column k + kk) -> lane pair i: (128 + code(i, k), 128 + code(i, k + 1)).
+inline __m512bh unpack_pair(const uint8_t* p) {
+  // byte t <- byte (t % 2) * 8 + t / 2: then the low nibble of byte t is 16-bit lane t (row t / 2,
+  // column k + t % 2) and its high nibble lane 16 + t (row 8 + t / 2)
+  const __m128i order = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), order);
+  const __m256i w = _mm256_cvtepu8_epi16(bytes);
+  const __m256i lo = _mm256_and_si256(w, _mm256_set1_epi16(15));
+  const __m256i hi = _mm256_srli_epi16(w, 4);
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return (__m512bh)_mm512_or_si512(v, _mm512_set1_epi16(0x4300));
+}
+
+// (x[k], x[k + 1]) in every lane pair
+inline __m512bh pair(const uint16_t* x) {
+  int32_t two;
+  std::memcpy(&two, x, sizeof two);
+  return (__m512bh)_mm512_set1_epi32(two);
+}
+
+// Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs.
+template <int MT, typename T>
+void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+  constexpr int U = MT >= 4 ? 2 : (MT >= 2 ? 4 : 8);  // independent vdpbf16ps chains: U * MT >= 8
+  const uint8_t* w = a.w + b * a.K * 8;
+  const T* sz = a.sz + b * a.G * 2 * kRows;
+  const uint16_t* x[MT];
+  for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
+  __m512 out[MT];
+  for (int m = 0; m < MT; ++m) out[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m512 acc[U][MT];
+    for (int u = 0; u < U; ++u)
+      for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_setzero_ps();
+    const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
+    int64_t k = k0;
+    for (; k + 2 * U <= k1; k += 2 * U)
+      for (int u = 0; u < U; ++u) {
+        const __m512bh codes = unpack_pair(w + (k + 2 * u) * 8);
+        for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbf16_ps(acc[u][m], pair(x[m] + k + 2 * u), codes);
+      }
+    for (; k < k1; k += 2) {
+      const __m512bh codes = unpack_pair(w + k * 8);
+      for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbf16_ps(acc[0][m], pair(x[m] + k), codes);
+    }
+    const T* s = sz + g * 2 * kRows;
+    const __m512 scale = load16(s), zero = _mm512_add_ps(load16(s + kRows), _mm512_set1_ps(128.f));
+    for (int m = 0; m < MT; ++m) {
+      __m512 d = acc[0][m];
+      for (int u = 1; u < U; ++u) d = _mm512_add_ps(d, acc[u][m]);
+      const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]);
+      out[m] = _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zero, d), scale, out[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm512_storeu_ps(o + m * kRows, out[m]);
+}
+
+template <typename T>
+void block(const Args<T>& a, int64_t b) {
+  float o[4 * kRows];
+  const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
+  auto store = [&](int64_t m0, int64_t mt) {
+    for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
+  };
+  int64_t m0 = 0;
+  for (; m0 + 4 <= a.M; m0 += 4) { tile<4>(a, b, m0, o); store(m0, 4); }
+  switch (a.M - m0) {
+    case 3: tile<3>(a, b, m0, o); store(m0, 3); break;
+    case 2: tile<2>(a, b, m0, o); store(m0, 2); break;
+    case 1: tile<1>(a, b, m0, o); store(m0, 1); break;
+    default: break;
+  }
+}
+
+}  // namespace int4bf16
+
+#endif
