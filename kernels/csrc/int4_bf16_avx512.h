@@ -63,10 +63,10 @@ inline __m512bh pair(const uint16_t* x) {
   return (__m512bh)_mm512_set1_epi32(two);
 }
 
-// Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs.
+// Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  constexpr int U = MT >= 4 ? 2 : (MT >= 2 ? 4 : 8);  // independent vdpbf16ps chains: U * MT >= 8
+  constexpr int U = MT >= 8 ? 1 : (MT >= 4 ? 2 : (MT >= 2 ? 4 : 8));  // independent vdpbf16ps chains: U * MT >= 8
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const uint16_t* x[MT];
@@ -102,12 +102,13 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
 
 template <typename T>
 void block(const Args<T>& a, int64_t b) {
-  float o[4 * kRows];
+  float o[8 * kRows];
   const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
   auto store = [&](int64_t m0, int64_t mt) {
     for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
   };
-  int64_t m0 = 0;
+  int64_t m0 = 0;  // 8 rows of x per unpacking of the block's codes, then 4, then the rest
+  for (; m0 + 8 <= a.M; m0 += 8) { tile<8>(a, b, m0, o); store(m0, 8); }
   for (; m0 + 4 <= a.M; m0 += 4) { tile<4>(a, b, m0, o); store(m0, 4); }
   switch (a.M - m0) {
     case 3: tile<3>(a, b, m0, o); store(m0, 3); break;
