@@ -18,6 +18,7 @@ from quantkit.errors import QuantkitError
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park", "One day, a bird"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 ENDLESS = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+IN_FLIGHT = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)  # still running when polled
 
 
 def config(stories_dir, **kw) -> EngineConfig:
@@ -211,7 +212,7 @@ def test_shutdown_drains_then_aborts_the_rest(stories_dir):
     async def main():
         llm = AsyncLLM(config(stories_dir))
         await llm.start()
-        short = asyncio.create_task(collect(llm, PROMPTS[0], GREEDY, "short"))
+        short = asyncio.create_task(collect(llm, PROMPTS[0], IN_FLIGHT, "short"))
         await wait_until(lambda: llm.num_running() == 1)
         await llm.shutdown(30)  # drains: the short request completes
         drained = await short
@@ -228,7 +229,7 @@ def test_shutdown_drains_then_aborts_the_rest(stories_dir):
         return drained[-1], (await endless)[-1], llm2.state
 
     drained, aborted, state = asyncio.run(main())
-    assert drained.outputs[0].finish_reason == "length" and len(drained.outputs[0].token_ids) == 12
+    assert drained.outputs[0].finish_reason == "length" and len(drained.outputs[0].token_ids) == 200
     assert aborted.finished and aborted.outputs[0].finish_reason == "abort" and state == "stopped"
 
 

@@ -12,7 +12,7 @@ def offline(stories_server):
     """The offline engine's greedy tokens for PROMPTS (LLM.generate on the same checkpoint)."""
     from quantkit.engine import LLM, SamplingParams
 
-    llm = LLM(stories_server.state.settings.engine.model, num_threads=1)
+    llm = LLM(stories_server.state.settings.engine.model, num_threads=1, dtype="float32")  # the server's dtype
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24))
     return llm, outs
 

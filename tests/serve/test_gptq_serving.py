@@ -26,7 +26,7 @@ def test_gptq_checkpoint_serves_the_engines_greedy_tokens(gptq_stories):
     from quantkit.engine import LLM, SamplingParams
 
     prompts = ["Once upon a time", "The cat"]
-    ref = LLM(str(gptq_stories), num_threads=1).generate(prompts, SamplingParams(temperature=0, max_tokens=16))
+    ref = LLM(str(gptq_stories), num_threads=1, dtype="float32").generate(prompts, SamplingParams(temperature=0, max_tokens=16))
     with serve_in_thread(settings_for(gptq_stories, served_model_names=("q",))) as srv:
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=60)
         for prompt, r in zip(prompts, ref):

@@ -21,7 +21,8 @@ def server(tmp_path_factory, stories_dir):
     keys = tmp_path_factory.mktemp("limits") / "keys.toml"
     keys.write_text(f'[[keys]]\nname = "open"\nkey = "{OPEN_KEY}"\n'
                     f'[[keys]]\nname = "burst"\nkey = "{BURST_KEY}"\nrequests_per_minute = {RPM}\n')
-    settings = stories_settings(stories_dir, api_keys_file=keys, max_queued_requests=8, max_num_seqs=4)
+    settings = stories_settings(stories_dir, api_keys_file=keys, max_queued_requests=8, max_num_seqs=4,
+                                max_model_len=512)  # stories260K's whole context: long generations below
     with serve_in_thread(settings) as running:
         yield running
 
@@ -34,14 +35,14 @@ def quiescent_after(server):
 
 def test_overload_surplus_gets_429_at_once_and_admitted_complete(server):
     # long enough generations that the queue stays full for many /ready polls (hundreds of engine steps)
-    max_tokens = 224  # the prompt (< 32 tokens) + this stays within max_model_len 256
+    max_tokens = 480  # the prompt (< 32 tokens) + this stays within max_model_len 512
     ready_codes: list[int] = []
     stop = threading.Event()
 
     def watch_ready():
         while not stop.is_set():
             ready_codes.append(httpx.get(server.url + "/ready", timeout=5).status_code)
-            time.sleep(0.02)
+            time.sleep(0.005)
 
     async def one(client, i):
         start = time.monotonic()

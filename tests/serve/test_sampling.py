@@ -21,7 +21,7 @@ def test_greedy_tokens_equal_the_offline_engine(stories_server):
     from quantkit.engine import LLM, SamplingParams
 
     prompts = ["Once upon a time", "Tom had a red ball"]
-    llm = LLM(stories_server.state.settings.engine.model, num_threads=1)
+    llm = LLM(stories_server.state.settings.engine.model, num_threads=1, dtype="float32")  # the server's dtype
     refs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20))
     for prompt, ref in zip(prompts, refs):
         body = completion(stories_server.url, prompt=prompt, max_tokens=20, temperature=0, logprobs=0,
