@@ -164,16 +164,51 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& key_cache, const 
               "block_tables, seq_lens and query_start must describe the same sequences");
 }
 
+// The cascade's first pass for one work item (kv head h, the `rows` query rows of tokens tok[0 ..]) by the
+// AVX-512 block step: the prefix blocks are read in place and each stays in L1 while all the item's rows
+// fold it in, so there is no gathered fp32 copy of the prefix and no GEMM set-up. Returns false where the
+// block step does not apply (no AVX-512, fp64, a head dim it does not take): the caller's GEMMs run.
+template <typename T>
+bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok, const int32_t* blk, int64_t n_blocks,
+                        int64_t rows_n, int64_t h, int64_t heads, int64_t group, int64_t d, int64_t block_size,
+                        int64_t token_stride, float scale, float* acc, float* m, float* l) {
+#if defined(QUANTKIT_AVX512)
+  if constexpr (!std::is_same_v<T, double>) {
+    if (!avx512::supports(d)) return false;
+    Rows rows(rows_n, d);
+    for (int64_t r = 0; r < rows_n; ++r) {  // row r: query tok[r / group], head h * group + r % group
+      const T* src = q + (static_cast<int64_t>(tok[r / group]) * heads + h * group + r % group) * d;
+      for (int64_t i = 0; i < d; ++i) rows.q[r * d + i] = static_cast<float>(src[i]) * scale;
+    }
+    std::vector<float> s(block_size);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t base = static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d;
+      avx512::fold_rows(rows.n, d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kc + base, vc + base,
+                        token_stride, block_size, nullptr, s.data());
+    }
+    for (int64_t r = 0; r < rows_n; ++r) {
+      const int64_t idx = static_cast<int64_t>(tok[r / group]) * heads + h * group + r % group;
+      std::copy(rows.acc.begin() + r * d, rows.acc.begin() + (r + 1) * d, acc + idx * d);
+      m[idx] = rows.m[r];
+      l[idx] = rows.l[r];
+    }
+    return true;
+  }
+#endif
+  return false;
+}
+
 }  // namespace
 
 // Cascade attention, first pass: the queries `tokens` (int32 [Q], rows of q) of every sequence that
 // starts with the cache blocks `blocks` (int32 [P], each fully visible to all those queries) attend
 // to those blocks; the online-softmax state goes to acc [T, heads, D] (sum of exp(s - m) * v), m (max
 // scaled score) and l (sum of exp(s - m)) [T, heads], fp32, at the queries' rows, for paged_attention
-// to continue from. Work items are (kv head, tile of PREFIX_TILE queries), in one parallel region:
-// an item gathers its head's prefix keys and values once ([L, D] fp32, L = P * block_size) and runs
-// two GEMMs, [tile x group, D] x [D, L] and [tile x group, L] x [L, D] (at::mm, single-threaded
-// inside the region), so the prefix is read once per tile of sequences, at GEMM speed.
+// to continue from. Work items are (kv head, tile of PREFIX_TILE queries), in one parallel region.
+// On AVX-512 an item folds the prefix blocks in place into all its rows, block by block
+// (prefix_item_folded). Elsewhere it gathers its head's prefix keys and values once ([L, D] fp32,
+// L = P * block_size) and runs two GEMMs, [tile x group, D] x [D, L] and [tile x group, L] x [L, D]
+// (at::mm, single-threaded inside the region). Either way the prefix is read once per tile of sequences.
 void shared_prefix_state_(torch::Tensor q, torch::Tensor key_cache, torch::Tensor value_cache,
                           torch::Tensor blocks, torch::Tensor tokens, double scale, torch::Tensor acc,
                           torch::Tensor m, torch::Tensor l) {
@@ -213,6 +248,9 @@ void shared_prefix_state_(torch::Tensor q, torch::Tensor key_cache, torch::Tenso
       for (int64_t item = begin; item < end; ++item) {
         const int64_t h = item / tiles, t0 = (item % tiles) * PREFIX_TILE;
         const int64_t n = std::min(PREFIX_TILE, n_tokens - t0), rows = n * group;
+        if (prefix_item_folded(qp, kp, vp, tok + t0, blk, n_blocks, rows, h, heads, group, d, block_size, token_stride,
+                               static_cast<float>(scale), accp, mp, lp))
+          continue;
         auto k = torch::empty({keys, d}, f32), v = torch::empty({keys, d}, f32), qh = torch::empty({rows, d}, f32);
         float *kf = k.data_ptr<float>(), *vf = v.data_ptr<float>(), *qf = qh.data_ptr<float>();
         for (int64_t b = 0; b < n_blocks; ++b)  // head h of the prefix tokens, in order
