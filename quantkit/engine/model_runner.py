@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.engine.attention import build_metadata
+from quantkit.engine.attention import build_metadata, use_cpu_kernel
 from quantkit.engine.decoder import Decoder
 from quantkit.engine.scheduler import SchedulerOutput
 
@@ -22,6 +22,9 @@ class ModelRunner:
     def __init__(self, model: Decoder, num_blocks: int, block_size: int, num_swap_blocks: int,
                  dtype: torch.dtype, device: torch.device):
         s = model.shape
+        # The C++ CPU kernels load here (compiled on a machine's first use, or after their sources moved),
+        # while a server's /health still answers 503: not inside the first request's step.
+        use_cpu_kernel(device, dtype)
         self.model = model
         self.block_size = block_size
         self.device = device
