@@ -59,7 +59,8 @@ def finish_reasons(chunks: list[str]) -> list[str]:
 
 def test_sigterm_drains_in_flight_refuses_new_and_exits_0(server_process):
     proc, url = server_process("--shutdown-timeout", "60")
-    first, result, t = stream_in_thread(url, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True})
+    # in flight long enough (hundreds of engine steps) that the probe below lands while it drains
+    first, result, t = stream_in_thread(url, {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True})
     assert first.wait(60)
     proc.send_signal(signal.SIGTERM)
     wait_health(url, want=503, timeout=30)
