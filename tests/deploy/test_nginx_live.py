@@ -58,7 +58,8 @@ def completions(url: str, i: int, max_tokens: int = 12) -> int:
 def test_streams_pass_token_by_token(gateway):
     url, *_ = gateway
     arrivals, events = [], []
-    body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": True}
+    # long enough for many events even where the engine outpaces the event loop and a chunk carries several tokens
+    body = {"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         buffer = ""

@@ -85,12 +85,14 @@ def test_cancelled_and_abandoned_consumers_abort_their_requests(stories_dir):
         llm = AsyncLLM(config(stories_dir))
         await llm.start()
 
+        started = asyncio.Event()
+
         async def consume(rid):
             async for _ in llm.generate(PROMPTS[0], ENDLESS, rid):
-                pass
+                started.set()
 
         task = asyncio.create_task(consume("cancelled"))
-        await wait_until(lambda: llm.num_running() == 1)
+        await asyncio.wait_for(started.wait(), 20)  # cancelled at its first output, long before its 400th token
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
