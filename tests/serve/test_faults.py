@@ -25,11 +25,13 @@ def server(stories_dir):
         yield running
 
 
-def stream_events(url: str, prompt: str, **fields) -> list[dict | str]:
+def stream_events(url: str, prompt: str, headers_seen: threading.Event | None = None, **fields) -> list[dict | str]:
     out = []
     with httpx.stream("POST", url + "/v1/completions", timeout=60,
                       json={"prompt": prompt, "stream": True, **LONG, **fields}) as r:
         assert r.status_code == 200
+        if headers_seen is not None:
+            headers_seen.set()
         for line in r.iter_lines():
             if line.startswith("data: "):
                 out.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
@@ -39,10 +41,13 @@ def stream_events(url: str, prompt: str, **fields) -> list[dict | str]:
 def test_an_exception_in_one_step_fails_its_requests_with_500_and_the_server_goes_on(server):
     runner, failed = server.engine.runner, threading.Event()
     real_execute = runner.execute
+    seen = [threading.Event(), threading.Event()]  # each stream's client has its 200 and headers
 
     def execute_once_broken(out):
-        # A decode step of all four: every stream has sent its headers, so the fault reaches them mid-stream.
-        if not failed.is_set() and len(out.chunks) >= 4 and all(c.request.num_output_tokens for c in out.chunks):
+        # A decode step of all four once both streams' clients hold their headers: the fault reaches them
+        # mid-stream (the engine may make a stream's first tokens before the server sends its headers).
+        if (not failed.is_set() and len(out.chunks) >= 4 and all(c.request.num_output_tokens for c in out.chunks)
+                and all(e.is_set() for e in seen)):
             failed.set()
             raise RuntimeError("injected fault")
         return real_execute(out)
@@ -50,7 +55,7 @@ def test_an_exception_in_one_step_fails_its_requests_with_500_and_the_server_goe
     runner.execute = execute_once_broken
     try:
         with ThreadPoolExecutor(4) as pool:
-            streams = [pool.submit(stream_events, server.url, f"Once upon a time {i}") for i in range(2)]
+            streams = [pool.submit(stream_events, server.url, f"Once upon a time {i}", seen[i]) for i in range(2)]
             plain = [pool.submit(httpx.post, server.url + "/v1/completions", timeout=60,
                                  json={"prompt": f"A dog {i}", **LONG}) for i in range(2)]
             events = [f.result(timeout=90) for f in streams]
