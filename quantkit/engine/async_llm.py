@@ -121,21 +121,26 @@ class AsyncLLM:
         self._thread: threading.Thread | None = None
 
     async def start(self) -> None:
-        """Load the model in a background thread (a server binds its port first), then start the loop."""
-        from quantkit.engine.llm_engine import LLMEngine
+        """Load the model in the engine thread (a server binds its port first), then start its loop.
 
+        The engine is built in the thread that steps it: torch's OpenMP pool belongs to the thread
+        that runs a parallel region, and a second thread with a pool of its own (one that only loaded
+        the weights) puts more OpenMP threads in the process than cores, so libgomp stops spinning
+        between regions and wakes its workers through the kernel: at 32 sequences on two cores, steps
+        took 1.4x as long (docs/BENCHMARKS.md, "Serving")."""
+        loop = asyncio.get_running_loop()
+        loaded = loop.create_future()
+        self._thread = threading.Thread(target=self._main, args=(loop, loaded), name="quantkit-engine", daemon=True)
+        self._thread.start()
         try:
-            self.engine = await asyncio.to_thread(LLMEngine, self.cfg)
+            await loaded
         except Exception as exc:
             self.state, self.error = "dead", f"loading the model failed: {exc}"
             raise
-        self._stats = self.engine.get_stats()
-        self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # copied before the engine thread uses it
-        if self.state != "loading":  # shut down while loading: never start the loop
+        if self.state != "loading":  # shut down while loading: the loop stops at once
+            self._request_stop()
             return
         self.state = "ready"
-        self._thread = threading.Thread(target=self._run, name="quantkit-engine", daemon=True)
-        self._thread.start()
 
     # ---- the event loop's side ----
 
@@ -219,13 +224,16 @@ class AsyncLLM:
         grace = time.monotonic() + 5.0  # the aborts' final outputs reach their streams within a step
         while self._in_flight() and time.monotonic() < grace and self._alive():
             await asyncio.sleep(0.01)
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
+        self._request_stop()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
         if self.state != "dead":  # a failure stays one; otherwise this was a clean stop
             self.state, self.error = "stopped", "the engine was shut down"
+
+    def _request_stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
 
     def _in_flight(self) -> bool:
         with self._cond:
@@ -235,6 +243,23 @@ class AsyncLLM:
         return self._thread is not None and self._thread.is_alive()
 
     # ---- the engine thread ----
+
+    def _main(self, loop: asyncio.AbstractEventLoop, loaded: asyncio.Future) -> None:
+        from quantkit.engine.llm_engine import LLMEngine
+
+        def settle(error: BaseException | None) -> None:  # on the event loop
+            if not loaded.done():
+                loaded.set_exception(error) if error is not None else loaded.set_result(None)
+
+        try:
+            engine = LLMEngine(self.cfg)
+            tokenizer = copy.deepcopy(engine.tokenizer)  # the event loop's copy, before this thread uses its own
+        except Exception as exc:  # noqa: BLE001 - handed to start(), which raises it on the event loop
+            _Stream.call(loop, settle, exc)
+            return
+        self.engine, self.tokenizer, self._stats = engine, tokenizer, engine.get_stats()
+        _Stream.call(loop, settle, None)
+        self._run()
 
     def _run(self) -> None:
         failures, trimmed = 0, True

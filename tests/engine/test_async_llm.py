@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from quantkit.engine import LLM, EngineConfig, SamplingParams
 from quantkit.engine.async_llm import AsyncLLM, EngineDeadError, EngineNotReadyError, QueueFullError
 from quantkit.errors import QuantkitError
+from quantkit.engine.stats import StepStats
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park", "One day, a bird"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -285,7 +287,38 @@ def test_shutdown_while_loading_never_starts_the_loop(stories_dir):
             await collect(llm, PROMPTS[0], GREEDY, "early")
         await llm.shutdown(1)
         await asyncio.wait_for(starting, 60)
-        return llm.state, llm._thread
+        llm._thread.join(10)  # the engine thread loaded the model, then stopped without a step
+        return llm.state, llm._thread, llm.engine
 
-    state, thread = asyncio.run(main())
-    assert state == "stopped" and thread is None
+    state, thread, engine = asyncio.run(main())
+    assert state == "stopped" and not thread.is_alive() and engine.last_step == StepStats()
+
+
+def test_the_engine_is_built_and_stepped_in_one_thread(stories_dir, monkeypatch):
+    """torch's OpenMP pool is per thread: an engine loaded in one thread and stepped in another leaves
+    two pools in the process, more OpenMP threads than cores, and libgomp then sleeps between regions."""
+    from quantkit.engine import llm_engine
+
+    threads = {"init": set(), "step": set()}
+    init, step = llm_engine.LLMEngine.__init__, llm_engine.LLMEngine.step
+
+    def traced_init(self, *a, **k):
+        threads["init"].add(threading.get_ident())
+        init(self, *a, **k)
+
+    def traced_step(self, *a, **k):
+        threads["step"].add(threading.get_ident())
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", traced_init)
+    monkeypatch.setattr(llm_engine.LLMEngine, "step", traced_step)
+
+    async def main():
+        llm = AsyncLLM(config(stories_dir))
+        await llm.start()
+        await collect(llm, PROMPTS[0], GREEDY, "r")
+        await llm.shutdown(5)
+        return llm._thread.ident
+
+    engine_thread = asyncio.run(main())
+    assert threads == {"init": {engine_thread}, "step": {engine_thread}}
