@@ -67,6 +67,12 @@ def start(cmd: list[str], env: dict, url: str, timeout: float = 600) -> subproce
     raise SystemExit(f"{url} not ready after {timeout} s")
 
 
+def prompt_seed(concurrency: int) -> int:
+    """Each concurrency gets prompts of its own: with one seed for all, the prompts of one level would
+    hit the prefix cache the level before filled (both servers cache prefixes)."""
+    return concurrency
+
+
 def measure(name: str, cmd: list[str], env: dict, port: int, args) -> dict:
     url = f"http://127.0.0.1:{port}"
     proc = start(cmd, env, url)
@@ -74,7 +80,7 @@ def measure(name: str, cmd: list[str], env: dict, port: int, args) -> dict:
         results = {}
         for conc, n in args.concurrency:
             cfg = BenchConfig(url, num_prompts=n, max_concurrency=conc, random_input_len=args.input_len,
-                              random_output_len=args.output_len, ignore_eos=True, seed=0,
+                              random_output_len=args.output_len, ignore_eos=True, seed=prompt_seed(conc),
                               extra_body={"skip_special_tokens": False})  # a random model emits <s> too
             results[conc] = asyncio.run(run(cfg))
             r = results[conc]
@@ -91,15 +97,15 @@ def measure(name: str, cmd: list[str], env: dict, port: int, args) -> dict:
 
 
 def offline(args, conc: int, n: int) -> float:
-    """Output tokens/s of the offline engine (LLM.generate) on the same prompts, all at once."""
+    """Output tokens/s of the offline engine (LLM.generate) on the same prompts, `conc` sequences at a time."""
     from quantkit.bench.serve import random_prompts
     from quantkit.engine import LLM, SamplingParams
 
     cfg = BenchConfig("offline", num_prompts=n, random_input_len=args.input_len, tokenizer=args.model,
-                      random_output_len=args.output_len, seed=0)
+                      random_output_len=args.output_len, seed=prompt_seed(conc))
     prompts = asyncio.run(random_prompts(None, cfg))
     llm = LLM(args.model, num_threads=args.threads, dtype=args.dtype, max_model_len=args.max_model_len,
-              max_num_seqs=64)
+              max_num_seqs=conc)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
