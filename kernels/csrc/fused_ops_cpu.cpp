@@ -3,7 +3,7 @@
 //
 //   rms_norm(x [T, H], w [H], eps)              -> w * x / sqrt(mean(x^2) + eps)
 //   add_rms_norm_(x [T, H], residual [T, H], w, eps)   residual += x; x = rms_norm(residual) (both in place)
-//   silu_and_mul(gate [T, I], up [T, I])        -> silu(gate) * up
+//   silu_and_mul(gate [T, I], up [T, I])        -> silu(gate) * up (rows may be strided)
 //   rotary_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D])   rotate-half RoPE, in place
 //
 // Every tensor of one call shares x's dtype. Arithmetic is fp32; in bf16, each value is rounded to
@@ -135,14 +135,26 @@ void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight
 }
 
 torch::Tensor silu_and_mul(torch::Tensor gate, torch::Tensor up) {
-  check_rows(gate, gate, "gate");
-  check_rows(up, gate, "up");
+  // Rows may be strided (the two halves of a fused gate|up output): only each row must be contiguous.
+  TORCH_CHECK(gate.scalar_type() == torch::kFloat32 || gate.scalar_type() == torch::kBFloat16,
+              "gate must be float32 or bfloat16");
+  TORCH_CHECK(up.scalar_type() == gate.scalar_type(), "up must have gate's dtype");
   TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up differ in shape");
-  auto out = torch::empty_like(gate);
+  const int64_t i_size = gate.size(-1);
+  auto g2 = gate.reshape({-1, i_size}), u2 = up.reshape({-1, i_size});  // views where the rows allow
+  TORCH_CHECK(g2.stride(1) == 1 && u2.stride(1) == 1, "gate and up rows must be contiguous");
+  const int64_t rows = g2.size(0), gs = g2.stride(0), us = u2.stride(0);
+  auto out = torch::empty(gate.sizes(), gate.options());
   QK_DISPATCH(gate, "silu_and_mul", [&] {
-    const scalar_t *gp = gate.data_ptr<scalar_t>(), *up_ = up.data_ptr<scalar_t>();
+    const scalar_t *gp = g2.data_ptr<scalar_t>(), *up_ = u2.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, gate.numel(), 4096, [&](int64_t b, int64_t e) { silu_mul_range(gp, up_, op, b, e); });
+    at::parallel_for(0, rows * i_size, 4096, [&](int64_t b, int64_t e) {
+      while (b < e) {  // [b, e) in row-major order of out, cut at row ends
+        const int64_t r = b / i_size, c = b - r * i_size, n = std::min(e - b, i_size - c);
+        silu_mul_range(gp + r * gs, up_ + r * us, op + r * i_size, c, c + n);
+        b += n;
+      }
+    });
   });
   return out;
 }

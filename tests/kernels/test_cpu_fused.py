@@ -51,6 +51,17 @@ def test_silu_and_mul(fused, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,i", [(13, 2816), (1, 20), (5, 4095)])
+def test_silu_and_mul_on_the_halves_of_a_fused_output(fused, dtype, rows, i):
+    gate_up = (randn(rows, 2 * i) * 4).to(dtype)  # a fused gate|up linear's output
+    g, u = gate_up.chunk(2, dim=-1)  # strided rows, no copy
+    got = fused.silu_and_mul(g, u)
+    torch.testing.assert_close(got, ref.silu_and_mul(g, u))
+    torch.testing.assert_close(got, fused.silu_and_mul(g.contiguous(), u.contiguous()), rtol=0, atol=0)
+    assert got.is_contiguous() and got.shape == (rows, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hk,d", [(16, 8, 64), (4, 4, 8)])
 def test_rotary_in_place(fused, hq, hk, d, dtype):
     t = 11
