@@ -1,9 +1,13 @@
 """Where an engine step's time goes, on the workloads of the vLLM comparison (engine_vs_vllm.py).
 
   python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
-                                         [--decode-batch 8]
+                                         [--decode-batch 8] [--prefill 8:256] [--model PATH]
 
 --decode-batch N adds a workload "c xN": N requests of (c)'s shape (128 in, 128 out) decoding together.
+--prefill N:LEN adds "prefill NxLEN": N random prompts of LEN tokens, one token out (one prefill step when
+N x LEN fits the step's token budget), on fresh prompts each repeat (no prefix-cache hits).
+--model PATH profiles that checkpoint instead of the random 1024-hidden Llama (`--workloads ""` with it
+when its vocabulary is smaller than (a)-(c)'s token ids).
 
 --paths: `cpp` is the engine as it runs (the C++ paged attention and fused ops where they build),
 `torch` the same engine with both switched off in this process (the fallback path: the torch
@@ -131,6 +135,15 @@ def batched_c(n: int):
     return Workload(f"c x{n}", [torch.randint(3, 32000, (128,), generator=g).tolist() for _ in range(n)], 128)
 
 
+def prefill(n: int, length: int, vocab: int, seed: int):
+    """n random prompts of `length` tokens, one token out."""
+    from quantkit.bench.engine_vs_vllm import Workload
+
+    g = torch.Generator().manual_seed(seed)
+    return Workload(f"prefill {n}x{length}", [torch.randint(3, vocab, (length,), generator=g).tolist()
+                                              for _ in range(n)], 1)
+
+
 def main() -> None:
     from quantkit.bench.engine_vs_vllm import MAX_MODEL_LEN, make_dense, workloads
     from quantkit.engine import LLM, SamplingParams
@@ -142,21 +155,32 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--paths", default="cpp", help="torch, cpp or both (torch,cpp)")
     ap.add_argument("--decode-batch", type=int, default=0, help="also N requests of (c)'s shape together")
+    ap.add_argument("--prefill", help="N:LEN: also N prompts of LEN tokens, one token out")
+    ap.add_argument("--repeats", type=int, default=1, help="profile each workload this many times")
+    ap.add_argument("--model", help="a checkpoint to profile (default: the random 1024-hidden Llama)")
     args = ap.parse_args()
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(str(make_dense(Path(tmp))), dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64,
-                  num_threads=args.threads)
-    print(f"random Llama (hidden 1024, 8 layers), {dtype}, {torch.get_num_threads()} threads")
+        model = args.model or str(make_dense(Path(tmp)))
+        llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads)
+    name = args.model or "random Llama (hidden 1024, 8 layers)"
+    print(f"{name}, {dtype}, {torch.get_num_threads()} threads")
     print("| workload | path | tok/s | steps | ms/step | " + " | ".join(PARTS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(PARTS))
     chosen = [w for w in workloads() if w.name in args.workloads.split(",")]
     if args.decode_batch:
         chosen.append(batched_c(args.decode_batch))
+    if args.prefill:
+        n, length = (int(v) for v in args.prefill.split(":"))
+        vocab = llm.engine.tokenizer.vocab_size
+        chosen += [prefill(n, length, vocab, seed) for seed in range(args.repeats)]
+    chosen = [w for w in chosen for _ in range(1 if w.name.startswith("prefill") else args.repeats)]
     for w in chosen:
         for path in args.paths.split(","):
             with torch_path() if path == "torch" else contextlib.nullcontext():
                 llm.generate(w.prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
+                if w.name.startswith("prefill"):  # every prompt token computed in the timed run
+                    llm.engine.kv.pool.reset_prefix_cache()
                 parts, wall, tokens, steps = profile(llm, w.prompts, w.max_tokens)
             total = sum(parts.values())
             cells = " | ".join(f"{parts[p] / total:5.1%}" for p in PARTS)
