@@ -66,11 +66,10 @@ def serve(
                                                "or this Python's."),
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, streaming) until SIGTERM."""
-    import asyncio
 
     from quantkit.commands.generate import parse_size
     from quantkit.engine.config import EngineConfig
-    from quantkit.serve.runner import event_loop_factory, serve as run
+    from quantkit.serve.runner import serve_until_stopped
     from quantkit.serve.settings import ServeSettings, read_chat_template
 
     if log_level not in ("debug", "info", "warning", "error"):
@@ -94,8 +93,7 @@ def serve(
                             "or --pipeline-parallel-size above 1")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     bound_kernel_caches(KERNEL_CACHE_ENTRIES)  # before the model runs: RSS stays flat under traffic
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        failure = runner.run(run(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True)))
+    failure = serve_until_stopped(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True))
     if failure:
         raise QuantkitError(f"the model failed to load: {failure}")
 

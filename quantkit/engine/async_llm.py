@@ -82,10 +82,7 @@ class _Stream:
         return item
 
     def admit(self, error: BaseException | None) -> None:
-        def settle():
-            if not self.admitted.done():
-                self.admitted.set_exception(error) if error is not None else self.admitted.set_result(None)
-        self.call(self.loop, settle)
+        self.call(self.loop, _settle, self.admitted, error)
 
     @staticmethod
     def call(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
@@ -93,6 +90,12 @@ class _Stream:
             loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
             pass
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    """On the future's event loop: resolve it once, with `error` or None."""
+    if not future.done():
+        future.set_exception(error) if error is not None else future.set_result(None)
 
 
 def _deliver(items: list[tuple[_Stream, RequestOutput]]) -> None:
@@ -247,18 +250,14 @@ class AsyncLLM:
     def _main(self, loop: asyncio.AbstractEventLoop, loaded: asyncio.Future) -> None:
         from quantkit.engine.llm_engine import LLMEngine
 
-        def settle(error: BaseException | None) -> None:  # on the event loop
-            if not loaded.done():
-                loaded.set_exception(error) if error is not None else loaded.set_result(None)
-
         try:
             engine = LLMEngine(self.cfg)
             tokenizer = copy.deepcopy(engine.tokenizer)  # the event loop's copy, before this thread uses its own
         except Exception as exc:  # noqa: BLE001 - handed to start(), which raises it on the event loop
-            _Stream.call(loop, settle, exc)
+            _Stream.call(loop, _settle, loaded, exc)
             return
         self.engine, self.tokenizer, self._stats = engine, tokenizer, engine.get_stats()
-        _Stream.call(loop, settle, None)
+        _Stream.call(loop, _settle, loaded, None)
         self._run()
 
     def _run(self) -> None:

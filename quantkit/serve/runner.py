@@ -51,6 +51,12 @@ def make_front(settings: ServeSettings):
     return AsyncLLM(settings.engine, max_queued_requests=settings.max_queued_requests)
 
 
+def serve_until_stopped(settings: ServeSettings, say: Callable[[str], None] = print) -> str | None:
+    """`serve` on its own event loop (uvloop's where installed), until a signal drains it."""
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(serve(settings, say))
+
+
 async def serve(settings: ServeSettings, say: Callable[[str], None] = print, app_factory=build_app) -> str | None:
     """Serve until a signal drains the server; returns why the engine failed to load, if it did."""
     state = ServerState(None, settings, make_llm=lambda: make_front(settings))
