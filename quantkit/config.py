@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from quantkit.devices import check_device_name
+from quantkit.devices import COMPUTE_DTYPES, check_device_name
 from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
@@ -59,6 +59,9 @@ class QuantizeConfig:
     true_sequential: bool = False  # GPTQ: False = every Hessian from one float run of the layer (measured better and faster)
     calib: CalibConfig = field(default_factory=CalibConfig)
     device: str = "auto"
+    # dtype of the calibration forward passes (auto: bf16 where the device computes it natively);
+    # the quantizers' math and the weights they read stay fp32
+    compute_dtype: str = "auto"
     force: bool = False
     dry_run: bool = False
     max_shard_size: int = 2 * 1024**3
@@ -98,6 +101,8 @@ class QuantizeConfig:
             raise QuantkitError("--quantize-lm-head is written in the GPTQ layout only (quantization_config lm_head, "
                                 "as GPTQModel and vLLM read it); use --format gptq")
         check_device_name(self.device)
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise QuantkitError(f"unknown --compute-dtype {self.compute_dtype!r}; expected one of {', '.join(COMPUTE_DTYPES)}")
         refuse_out_over_source(self.model, self.out)
 
     @property

@@ -44,6 +44,17 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+# `quantize --low-memory` by default from this many bytes of weights in fp32 (the layer loop's dtype) up:
+# below it the creep cannot add up to much (it is ~15% of one layer per layer, docs/BENCHMARKS.md) and the
+# bounded heap's page faults cost 40-65% of the time on a small model's CPU run (measured on the GQA test model)
+LOW_MEMORY_AUTO_BYTES = 1 << 30
+
+
+def low_memory_by_default(fp32_weight_bytes: int) -> bool:
+    """Whether `quantize` bounds the heap when the user did not say: for models of 1 GiB (fp32) or more."""
+    return fp32_weight_bytes >= LOW_MEMORY_AUTO_BYTES
+
+
 def bound_heap(mmap_threshold: int = 1 << 20) -> bool:
     """Fix glibc's mmap threshold for this process (a process-wide setting, like torch's thread
     count: meant for the CLI edge). Returns whether it took effect."""

@@ -45,3 +45,20 @@ def test_configs_accept_the_same_names():
     for build in (lambda: EngineConfig("m", device="gpu"), lambda: QuantizeConfig(model="m", out="o", device="gpu")):
         with pytest.raises(QuantkitError, match="unknown device 'gpu'"):
             build()
+
+
+def test_compute_dtype_auto_is_bf16_only_where_the_device_computes_it():
+    from quantkit.devices import compute_dtype
+
+    cpu = torch.device("cpu")
+    assert compute_dtype("auto", cpu, {"avx512_bf16": True})[0] == torch.bfloat16
+    assert compute_dtype("auto", cpu, {"amx_bf16": True})[0] == torch.bfloat16
+    dtype, why = compute_dtype("auto", cpu, {"avx2": True, "avx512_f": True})
+    assert dtype == torch.float32 and "emulated" in why
+    assert compute_dtype("float32", cpu, {"avx512_bf16": True})[0] == torch.float32
+    assert compute_dtype("bfloat16", cpu, {})[0] == torch.bfloat16
+
+
+def test_an_unknown_compute_dtype_is_a_one_line_error(tmp_path):
+    with pytest.raises(QuantkitError, match=r"^unknown --compute-dtype 'fp16'; expected one of auto, float32, bfloat16$"):
+        QuantizeConfig(model="m", out=tmp_path / "o", compute_dtype="fp16")

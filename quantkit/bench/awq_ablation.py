@@ -2,7 +2,7 @@
 through the arch spec (they are data), each variant quantized in this process and scored.
 
   python -m quantkit.bench.awq_ablation MODEL --group-size 64 \
-      [--variants base,noclip,tie,tie+noclip,tie+noclip+duo] [--threads 2]
+      [--variants base,noclip,tie,tie+noclip,tie+noclip+duo] [--threads 2] [--compute-dtype float32]
 
 Variants: `tie` keeps LinearGroup.feeder_repeats_kv (v -> o scaled under GQA, one value per KV-head
 channel), `noclip` keeps ArchSpec.awq_no_clip (q/k unclipped), `duo` turns on duo scaling; `base`
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--variants", default="base,noclip,tie,tie+noclip,tie+noclip+duo")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compute-dtype", default="auto", help="the calibration forward passes' dtype (QuantizeConfig.compute_dtype)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from quantkit.config import CalibConfig, QuantizeConfig
@@ -67,7 +68,7 @@ def main() -> None:
             pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts)
             out = Path(tmp) / name
             cfg = QuantizeConfig(model=str(args.model), out=out, method="awq", group_size=args.group_size,
-                                 awq_duo_scaling="duo" in parts,
+                                 awq_duo_scaling="duo" in parts, compute_dtype=args.compute_dtype,
                                  calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0))
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()

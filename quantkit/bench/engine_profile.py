@@ -147,7 +147,7 @@ def prefill(n: int, length: int, vocab: int, seed: int):
 def main() -> None:
     from quantkit.bench.engine_vs_vllm import MAX_MODEL_LEN, make_dense, workloads
     from quantkit.engine import LLM, SamplingParams
-    from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.devices import auto_cpu_dtype
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)

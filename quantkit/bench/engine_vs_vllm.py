@@ -152,7 +152,7 @@ def measure(system, w: Workload, tally: Tally) -> None:
 
 
 def compare(model: Path, label: str, args) -> None:
-    from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.devices import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
 
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype

@@ -50,7 +50,7 @@ def checkpoints(root: Path) -> dict[str, Path]:
 
 def main() -> None:
     from quantkit.engine import LLM
-    from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.devices import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

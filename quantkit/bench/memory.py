@@ -1,7 +1,7 @@
 """Quantize memory benchmark: does peak RSS stay near one decoder layer, whatever the depth?
 
   python -m quantkit.bench.memory [--layers 2,22] [--methods rtn,gptq] [--nsamples 2 --seqlen 512]
-                                             [--quantize-args=--no-low-memory]
+                                             [--quantize-args=--no-low-memory]  (default: --low-memory)
 
 For each depth, a random Llama with TinyLlama-1.1B's layer shapes (bf16 on disk) is quantized by
 `quantkit quantize` in a child process, and its peak RSS taken (os.wait4). A `--dry-run` on the
@@ -67,7 +67,9 @@ def main() -> None:
     ap.add_argument("--nsamples", type=int, default=2)
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quantize-args", default="", help="more `quantkit quantize` options, e.g. --no-low-memory")
+    ap.add_argument("--quantize-args", default="--low-memory",
+                    help="more `quantkit quantize` options (default --low-memory: quantize's own default turns it on "
+                         "from 1 GiB of fp32 weights, which the 2-layer model is under and the 22-layer one over)")
     args = ap.parse_args()
     depths = [int(x) for x in args.layers.split(",")]
     methods = [m.strip() for m in args.methods.split(",")]

@@ -3,7 +3,8 @@
   python -m quantkit.bench.quantize_variants [--model tiny|stories] [--threads 2] [--profile] \
       gptq gptq:true_sequential=True awq awq:awq_search_tokens=0,awq_duo_scaling=True
 
-A variant is `method[:field=value,...]` (QuantizeConfig fields; true/false, ints and floats parsed).
+A variant is `method[:field=value,...]` (QuantizeConfig fields; true/false, ints and floats parsed,
+other values kept as text, e.g. compute_dtype=float32).
 Calibration and scoring as quantkit.bench.vs_llmcompressor (32 x 256 tokens of wikitext2/valid.txt,
 seed 0; perplexity on the first 20,000 tokens of wikitext2/test.txt in 256-token windows). Each
 variant prints one JSON line: perplexity, ratio to float, the pipeline's seconds, a hash of the
@@ -35,8 +36,15 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         fields[key] = {"true": True, "false": False}.get(value.lower(), value)
         if isinstance(fields[key], str):
-            fields[key] = float(value) if "." in value else int(value)
+            fields[key] = _number_or_text(value)
     return method, fields
+
+
+def _number_or_text(value: str):
+    try:
+        return float(value) if "." in value else int(value)
+    except ValueError:
+        return value  # e.g. compute_dtype=float32
 
 
 def weights_hash(out: Path) -> str:

@@ -163,7 +163,7 @@ def prepare(args, tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
 
 def compare(args, tmp: Path) -> None:
     from quantkit.bench.engine_vs_vllm import workloads
-    from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.devices import auto_cpu_dtype
 
     dense, gptq, ggufs = prepare(args, tmp)
     vocab = json.loads((dense / "config.json").read_text())["vocab_size"]

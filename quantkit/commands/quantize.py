@@ -37,6 +37,9 @@ def quantize(
     seqlen: int = typer.Option(2048, "--seqlen", help="Tokens per window (clipped to the model's context)."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
+    compute_dtype: str = typer.Option("auto", "--compute-dtype",
+                                      help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
+                                           "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32."),
     awq_duo_scaling: bool = typer.Option(False, "--awq-duo-scaling/--no-awq-duo-scaling", help="AWQ: scales from activations and weights."),
     awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
     load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
@@ -45,9 +48,10 @@ def quantize(
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
     threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
-    low_memory: bool = typer.Option(True, "--low-memory/--no-low-memory",
+    low_memory: bool = typer.Option(None, "--low-memory/--no-low-memory",
                                     help="Give every freed block of 1 MiB or more back to the system at once (glibc), so "
-                                         "peak memory does not creep up layer after layer; ~10-15% slower on CPU."),
+                                         "peak memory does not creep up layer after layer; slower on CPU (page faults). "
+                                         "Default: on for models of 1 GiB or more in fp32."),
     check: bool = typer.Option(None, "--check/--no-check",
                                help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
 ) -> None:
@@ -75,7 +79,7 @@ def quantize(
         console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
                       highlight=False, soft_wrap=True)
     calib = DEFAULT_CALIB if calib is None else calib
-    if low_memory and not dry_run:
+    if not dry_run and (low_memory or (low_memory is None and _large_model(model))):
         from quantkit.memory import bound_heap
 
         bound_heap()
@@ -84,6 +88,7 @@ def quantize(
         model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
         desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
         calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
+        compute_dtype=compute_dtype,
         force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
         awq_duo_scaling=awq_duo_scaling, awq_search_tokens=awq_search_tokens, load_plan=load_plan,
         quantize_lm_head=quantize_lm_head, recipe=None if recipe is None else recipe.to_dict(),
@@ -101,6 +106,15 @@ def quantize(
     print_fast_paths(fast_path_for(out, (2, 4, 8)))
     if check or (check is None and _cuda_available()):
         _run_check(out, model, calib if Path(calib).exists() else None)
+
+
+def _large_model(model: str) -> bool:
+    """Whether --low-memory is on by default for this model: its weights, in fp32, reach 1 GiB."""
+    from quantkit.memory import low_memory_by_default
+    from quantkit.model.checkpoint import ShardReader, resolve_model_path
+
+    reader = ShardReader(resolve_model_path(model))
+    return low_memory_by_default(4 * reader.num_elements())
 
 
 def _options(ctx: typer.Context, config: Path | None):

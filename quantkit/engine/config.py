@@ -11,18 +11,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 GiB = 1024**3
 
 
-def auto_cpu_dtype(capabilities: dict | None = None) -> tuple[str, str]:
-    """The CPU default dtype and why: bf16 where the CPU computes it natively (AVX-512 BF16 or AMX,
-    as torch's cpuinfo reports), fp32 elsewhere (bf16 matmuls are then emulated and slower)."""
-    import torch
-
-    caps = torch.cpu.get_capabilities() if capabilities is None else capabilities
-    native = [name for name in ("avx512_bf16", "amx_bf16") if caps.get(name)]
-    if native:
-        return "bfloat16", f"the CPU computes bf16 natively ({', '.join(native)})"
-    return "float32", "the CPU has neither AVX-512 BF16 nor AMX, so bf16 would be emulated"
-
-
 @dataclass(slots=True)
 class EngineConfig:
     model: str

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from quantkit.engine.config import EngineConfig, auto_cpu_dtype
+from quantkit.devices import auto_cpu_dtype
+from quantkit.engine.config import EngineConfig
 from quantkit.engine.detokenizer import IncrementalDetokenizer, find_stop
 from quantkit.engine.kv_cache_manager import KVCacheManager
 from quantkit.engine.kv_sizing import plan_kv

@@ -197,6 +197,10 @@ class ShardReader:
         p = prefix + "."
         return {k[len(p):]: self.get(k) for k in self.entries if k.startswith(p)}
 
+    def num_elements(self) -> int:
+        """Elements of every tensor, from the headers (no data read)."""
+        return sum(math.prod(e.shape) for e in self.entries.values())
+
     def total_bytes(self) -> int:
         return sum((self.path / f).stat().st_size for f in {e.file for e in self.entries.values()})
 

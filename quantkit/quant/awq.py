@@ -127,7 +127,7 @@ class AWQMethod:
         module = get_submodule(ctx.layer, g.inspect)
         calls = merge_calls(cap.calls[g.inspect])
         with torch.no_grad():
-            refs = [_first(module(*a, **kw)) for a, kw in calls]
+            refs = [_first(module(*a, **kw)).float() for a, kw in calls]
 
         def loss_of(s: torch.Tensor) -> float:
             try:
@@ -146,7 +146,7 @@ class AWQMethod:
             x_mean = tie_over_query_heads(x_mean, heads, kv_heads)
             w_mean = None if w_mean is None else tie_over_query_heads(w_mean, heads, kv_heads)
         s, ratio, loss, history = search_scale(x_mean, w_mean, self.config.awq_grid, loss_of)
-        unscaled = history[0] if w_mean is None else loss_of(torch.ones_like(x_mean))
+        unscaled = history[0]  # ratio 0 without duo scaling, the identity tried first with it
         return s, {**_scale_stats(s), "ratio": ratio, "loss_unscaled": unscaled, "loss_scaled": loss}
 
     # ---- clip and quantize --------------------------------------------------------------------

@@ -44,13 +44,22 @@ def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool, keep=No
         if inspect and g.inspect not in cap.calls:
             calls = cap.calls.setdefault(g.inspect, [])
             hooks.append(get_submodule(ctx.layer, g.inspect).register_forward_pre_hook(
-                lambda _m, args, kwargs, calls=calls: calls.append((args, dict(kwargs))), with_kwargs=True))
+                lambda _m, args, kwargs, calls=calls: calls.append(_fp32_call(args, kwargs)), with_kwargs=True))
     try:
         cap.outputs = ctx.run_layer(inputs)
     finally:
         for h in hooks:
             h.remove()
     return cap
+
+
+def _fp32_call(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A call's arguments with floating tensors in fp32: the search re-runs the module in fp32 even
+    when the capture ran under bf16 autocast. fp32 tensors stay the same objects (merge_calls
+    relies on shared ones, e.g. RoPE, being identical)."""
+    def fp32(v):
+        return v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    return tuple(fp32(a) for a in args), {k: fp32(v) for k, v in kwargs.items()}
 
 
 def merge_calls(calls: list[tuple[tuple, dict]], max_tokens: int = MERGE_TOKENS) -> list[tuple[tuple, dict]]:

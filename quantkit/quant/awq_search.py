@@ -82,12 +82,16 @@ def search_scale(x_mean: torch.Tensor, w_mean: torch.Tensor | None, n_grid: int,
     """Grid search over the ratio: returns (best scale [K], best ratio, best loss, all losses).
 
     `loss_of(s)` gives the output error of the inspected module with the group's weights set
-    to Q(W * s) / s. Non-finite losses are never chosen.
+    to Q(W * s) / s. Non-finite losses are never chosen. With duo scaling (w_mean given) no grid
+    point is the identity (ratio 0 gives 1 / w_mean), so the identity is tried first, reported as
+    ratio 0, as llm-compressor's AWQModifier does: a group that scaling cannot help stays unscaled.
     """
     best = (None, -1.0, float("inf"))
     history = []
-    for ratio in ratio_grid(n_grid):
-        s = candidate_scale(x_mean, w_mean, ratio)
+    candidates = [(ratio, candidate_scale(x_mean, w_mean, ratio)) for ratio in ratio_grid(n_grid)]
+    if w_mean is not None:
+        candidates.insert(0, (0.0, torch.ones_like(x_mean)))
+    for ratio, s in candidates:
         loss = loss_of(s)
         history.append(loss)
         if loss < best[2]:

@@ -86,7 +86,7 @@ class GPTQMethod:
         hooked = [n for n in ctx.spec.linears if n in set(shared.values())]  # in the order the layer calls them
         handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
         try:
-            with torch.no_grad():
+            with torch.no_grad(), ctx.autocast():
                 for x in ctx.inputs:
                     try:
                         ctx.layer(x, **ctx.layer_kwargs)

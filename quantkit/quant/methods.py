@@ -38,14 +38,20 @@ class LayerContext:
     linears: tuple[str, ...]  # linears to quantize, relative to the layer, in true-sequential order
     skipped: dict[str, str]  # linears left float -> reason
     device: torch.device = torch.device("cpu")
+    # dtype of the layer's forward passes (bf16: under autocast, the weights and the residual stream stay fp32)
+    compute_dtype: torch.dtype = torch.float32
+
+    def autocast(self):
+        """The context every forward pass of the layer runs in: autocast to compute_dtype (off for fp32)."""
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
 
     def run_layer(self, inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Outputs of the layer, as it is now, for each input (default: the calibration inputs)."""
+        """Outputs of the layer, as it is now, for each input (default: the calibration inputs), fp32."""
         outs = []
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             for x in self.inputs if inputs is None else inputs:
                 out = self.layer(x, **self.layer_kwargs)
-                outs.append(out[0] if isinstance(out, tuple) else out)
+                outs.append((out[0] if isinstance(out, tuple) else out).float())
         return outs
 
 

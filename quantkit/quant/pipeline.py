@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from quantkit.config import QuantizeConfig
-from quantkit.devices import resolve_device
+from quantkit.devices import compute_dtype, resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
@@ -158,6 +158,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         return QuantizeReport(plan, [], None, time.perf_counter() - start, 0, None)
 
     device = resolve_device(cfg.device)
+    dtype, why = compute_dtype(cfg.compute_dtype, device)
     method = make_method(cfg)
     hf_cfg = hf_config(path)
     model = build_skeleton(hf_cfg, torch.float32)
@@ -170,6 +171,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     if method.needs_calibration:
         calib = _calibration(cfg, path, plan, show_progress)
         plan.notes.extend(calib.notes)
+        plan.notes.append(f"calibration forward passes in {str(dtype).removeprefix('torch.')}: {why}")
         _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
         inputs, layer_kwargs = capture_layer_inputs_on(base, layers[0], calib.input_ids, device)
         inputs = batch_samples(inputs)
@@ -180,7 +182,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     with progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
             report, tensors, layer_plan, inputs = _quantize_one_layer(
-                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device)
+                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device, dtype)
             writer.add(tensors)
             plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
@@ -239,7 +241,8 @@ def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.dev
     model.load_state_dict(tensors, strict=False, assign=True)
 
 
-def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device):
+def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
+                        dtype: torch.dtype = torch.float32):
     """Load layer i, quantize it, propagate the activations, and return its checkpoint tensors."""
     t0 = time.perf_counter()
     spec = plan.spec
@@ -254,7 +257,7 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
         index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
         scheme=cfg.scheme, config=cfg, linears=linears,
         skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
-        device=device,
+        device=device, compute_dtype=dtype,
     )
     result = method.quantize_layer(ctx)
     missing = set(linears) - set(result.weights)

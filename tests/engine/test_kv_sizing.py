@@ -51,7 +51,7 @@ def test_engine_config_validation(kwargs, match):
 
 
 def test_auto_cpu_dtype_is_bf16_only_where_the_cpu_computes_it():
-    from quantkit.engine.config import auto_cpu_dtype
+    from quantkit.devices import auto_cpu_dtype
 
     assert auto_cpu_dtype({"avx512_bf16": True, "avx2": True})[0] == "bfloat16"
     assert auto_cpu_dtype({"amx_bf16": True})[0] == "bfloat16"

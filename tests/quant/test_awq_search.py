@@ -61,6 +61,17 @@ def test_search_scale_picks_the_lowest_loss():
         search_scale(x_mean, None, 4, lambda s: float("nan"))
 
 
+def test_duo_scaling_tries_the_identity_first():
+    """No duo grid point is the identity (ratio 0 gives 1 / w_mean), so it is a candidate of its own:
+    a group whose loss is lowest unscaled stays unscaled."""
+    x_mean, w_mean = torch.tensor([1.0, 4.0, 2.0]), torch.tensor([0.5, 1.0, 0.25])
+    assert not torch.allclose(candidate_scale(x_mean, w_mean, 0.0), torch.ones(3))
+    s, ratio, loss, history = search_scale(x_mean, w_mean, 20, lambda s: float((s - 1).abs().sum()))
+    assert len(history) == 21 and history[0] == loss == 0.0 and ratio == 0.0 and torch.equal(s, torch.ones(3))
+    _, _, _, plain = search_scale(x_mean, None, 20, lambda s: float((s - 1).abs().sum()))
+    assert len(plain) == 20  # without duo scaling, ratio 0 is the identity already
+
+
 def test_clip_sample_strides_over_all_samples():
     xs = [torch.arange(6.0).view(1, 3, 2), torch.arange(6.0, 12.0).view(1, 3, 2)]
     got = clip_sample(xs, max_tokens=3)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from quantkit.config import METHODS, QuantizeConfig
 from quantkit.errors import QuantkitError
@@ -28,3 +29,40 @@ def test_the_pipeline_imports_no_method_until_asked():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_runs_compute_in_the_context_dtype_and_return_fp32(tiny_llama, tmp_path, dtype):
+    """bf16 runs: the linears compute in bf16, the weights stay fp32, the outputs come back fp32 and
+    close to the fp32 run's; fp32 runs are unchanged."""
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.format.arch import spec_for
+    from quantkit.format.primitives import QuantScheme
+    from quantkit.quant.methods import LayerContext
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    layer = model.model.layers[0]
+    x = torch.randn(2, 16, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(16).unsqueeze(0)
+    kwargs = {"position_embeddings": model.model.rotary_emb(x, pos), "attention_mask": None, "position_ids": pos}
+    ctx = LayerContext(index=0, layer=layer, spec=spec_for(model.config), model_config=model.config, inputs=[x],
+                       layer_kwargs=kwargs, scheme=QuantScheme(4, 32, True),
+                       config=QuantizeConfig(model="m", out=tmp_path / "o"), linears=(), skipped={},
+                       compute_dtype=dtype)
+    seen = []
+    handle = layer.self_attn.q_proj.register_forward_hook(lambda _m, _args, out: seen.append(out.dtype))
+    try:
+        out = ctx.run_layer()[0]
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        ref = layer(x, **kwargs)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    assert seen == [dtype]  # the matmul ran in the context's dtype
+    assert layer.self_attn.q_proj.weight.dtype == torch.float32 and out.dtype == torch.float32
+    if dtype == torch.float32:
+        assert torch.equal(out, ref)
+    else:
+        assert not torch.equal(out, ref)
+        torch.testing.assert_close(out, ref, rtol=0.05, atol=0.05)
