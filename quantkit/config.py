@@ -62,6 +62,8 @@ class QuantizeConfig:
     # dtype of the calibration forward passes (auto: bf16 where the device computes it natively);
     # the quantizers' math and the weights they read stay fp32
     compute_dtype: str = "auto"
+    # give freed memory back between layers (malloc_trim); the CLI's --low-memory also bounds the heap
+    low_memory: bool = True
     force: bool = False
     dry_run: bool = False
     max_shard_size: int = 2 * 1024**3

@@ -49,8 +49,9 @@ def quantize(
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
     threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     low_memory: bool = typer.Option(None, "--low-memory/--no-low-memory",
-                                    help="Give every freed block of 1 MiB or more back to the system at once (glibc), so "
-                                         "peak memory does not creep up layer after layer; slower on CPU (page faults). "
+                                    help="Give every freed block of 1 MiB or more back to the system at once and trim the heap "
+                                         "between layers (glibc), so peak memory does not creep up layer after layer; slower "
+                                         "on CPU (page faults). "
                                          "Default: on for models of 1 GiB or more in fp32."),
     check: bool = typer.Option(None, "--check/--no-check",
                                help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
@@ -79,7 +80,9 @@ def quantize(
         console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
                       highlight=False, soft_wrap=True)
     calib = DEFAULT_CALIB if calib is None else calib
-    if not dry_run and (low_memory or (low_memory is None and _large_model(model))):
+    if low_memory is None:
+        low_memory = not dry_run and _large_model(model)
+    if low_memory and not dry_run:
         from quantkit.memory import bound_heap
 
         bound_heap()
@@ -88,7 +91,7 @@ def quantize(
         model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
         desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
         calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
-        compute_dtype=compute_dtype,
+        compute_dtype=compute_dtype, low_memory=low_memory,
         force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
         awq_duo_scaling=awq_duo_scaling, awq_search_tokens=awq_search_tokens, load_plan=load_plan,
         quantize_lm_head=quantize_lm_head, recipe=None if recipe is None else recipe.to_dict(),

@@ -31,6 +31,12 @@ class LinearGroup:
     feeder_repeats_kv: bool = False
     fused: str | None = None  # the one linear serving engines (vLLM) fuse the group into: all packed or none
 
+    @property
+    def inspects_its_linear(self) -> bool:
+        """AWQ judges this group on its own single linear's output (o_proj, down_proj), a quadratic
+        form in the inputs, rather than on a larger module's (attention, MLP)."""
+        return self.linears == (self.inspect,)
+
 
 @dataclass(frozen=True)
 class ArchSpec:

@@ -26,7 +26,8 @@ from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
 from quantkit.quant.awq_capture import Capture, capture, merge_calls, strided_samples
 from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
-    CLIP_TOKENS, act_mean, clip_sample, fake_quantize, scaled_fake_weight, search_clip, search_scale, weight_mean,
+    CLIP_TOKENS, act_mean, clip_sample, fake_quantize, input_gram, linear_output_mse, scaled_fake_weight, search_clip,
+    search_scale, weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
 from quantkit.format.primitives import rtn_quantize
@@ -124,8 +125,29 @@ class AWQMethod:
         """The best scale [K] of one group, and its statistics for quantkit_meta.json."""
         linears = [get_submodule(ctx.layer, n) for n in g.linears if n in quantized]
         originals = [lin.weight.data for lin in linears]
-        module = get_submodule(ctx.layer, g.inspect)
         calls = merge_calls(cap.calls[g.inspect])
+        if g.inspects_its_linear:  # the error of one linear: a quadratic form in its inputs' Gram matrix
+            w = originals[0].float()
+            gram, tokens = input_gram([a[0] if a else kw["input"] for a, kw in calls])
+
+            def loss_of(s: torch.Tensor) -> float:
+                return linear_output_mse(scaled_fake_weight(w, s.to(w.device), ctx.scheme) - w, gram, tokens)
+        else:
+            loss_of = self._module_loss(ctx, g, linears, originals, calls)
+        x_mean = act_mean(cap.inputs[g.name]).to(originals[0].device)
+        w_mean = weight_mean(originals, ctx.scheme) if self.config.awq_duo_scaling else None
+        if g.feeder_repeats_kv:  # GQA v -> o: one scale per KV-head channel, shared by its query heads
+            heads, kv_heads = head_counts(ctx.model_config)
+            x_mean = tie_over_query_heads(x_mean, heads, kv_heads)
+            w_mean = None if w_mean is None else tie_over_query_heads(w_mean, heads, kv_heads)
+        s, ratio, loss, history = search_scale(x_mean, w_mean, self.config.awq_grid, loss_of)
+        unscaled = history[0]  # ratio 0 without duo scaling, the identity tried first with it
+        return s, {**_scale_stats(s), "ratio": ratio, "loss_unscaled": unscaled, "loss_scaled": loss}
+
+    @staticmethod
+    def _module_loss(ctx: LayerContext, g: LinearGroup, linears, originals, calls):
+        """loss_of(s): the inspected module's output error, re-run with the group's weights at Q(W s) / s."""
+        module = get_submodule(ctx.layer, g.inspect)
         with torch.no_grad():
             refs = [_first(module(*a, **kw)).float() for a, kw in calls]
 
@@ -138,16 +160,7 @@ class AWQMethod:
             finally:
                 for lin, w in zip(linears, originals):
                     lin.weight.data = w
-
-        x_mean = act_mean(cap.inputs[g.name]).to(originals[0].device)
-        w_mean = weight_mean(originals, ctx.scheme) if self.config.awq_duo_scaling else None
-        if g.feeder_repeats_kv:  # GQA v -> o: one scale per KV-head channel, shared by its query heads
-            heads, kv_heads = head_counts(ctx.model_config)
-            x_mean = tie_over_query_heads(x_mean, heads, kv_heads)
-            w_mean = None if w_mean is None else tie_over_query_heads(w_mean, heads, kv_heads)
-        s, ratio, loss, history = search_scale(x_mean, w_mean, self.config.awq_grid, loss_of)
-        unscaled = history[0]  # ratio 0 without duo scaling, the identity tried first with it
-        return s, {**_scale_stats(s), "ratio": ratio, "loss_unscaled": unscaled, "loss_scaled": loss}
+        return loss_of
 
     # ---- clip and quantize --------------------------------------------------------------------
 

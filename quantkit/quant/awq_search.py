@@ -67,6 +67,24 @@ def candidate_scale(x_mean: torch.Tensor, w_mean: torch.Tensor | None, ratio: fl
     return s / (s.max() * s.min()).sqrt()
 
 
+def input_gram(xs: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """X^T X [K, K] fp32 over every token of xs ([.., K] each), and the number of tokens."""
+    gram, tokens = None, 0
+    for x in xs:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        part = flat.T @ flat
+        gram = part if gram is None else gram + part
+        tokens += flat.shape[0]
+    return gram, tokens
+
+
+def linear_output_mse(delta: torch.Tensor, gram: torch.Tensor, tokens: int) -> float:
+    """Mean over tokens and outputs of (x . dw_n)^2 for a weight change delta [N, K], from the inputs'
+    Gram matrix [K, K]: sum((dW G) * dW) / (T N), the error of x @ (W + dW)^T against x @ W^T
+    without running the T tokens (N K^2 multiply-adds instead of T N K)."""
+    return float(((delta @ gram) * delta).sum()) / (tokens * delta.shape[0])
+
+
 def ratio_grid(n_grid: int) -> list[float]:
     """The exponents tried: i / n for i in 0 .. n - 1 (so [0, 1))."""
     return [i / n_grid for i in range(n_grid)]

@@ -27,13 +27,22 @@ def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch
     return torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
 
 
+HESSIAN_COLUMN_BLOCKS = 4  # H's lower triangle in this many column blocks: ~35% fewer multiply-adds than X^T X
+
+
 def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Running H = 2/n * sum x x^T in h's dtype. x: [..., K] (any float dtype); returns (H, new n)."""
+    """Running H = 2/n * sum x x^T in h's dtype. x: [..., K] (any float dtype); returns (H, new n).
+
+    H is symmetric, so only its lower triangle is multiplied out, one column block at a time
+    (each block from the diagonal down, one GEMM each), then mirrored: the same numbers as the
+    full X^T X below the diagonal, bit for bit, for about 65% of its work at K = 768."""
     x = x.reshape(-1, x.shape[-1]).to(h.dtype)
-    m = x.shape[0]
-    h *= n / (n + m)
-    x = x * (2.0 / (n + m)) ** 0.5
-    h.addmm_(x.T, x)
+    m, k = x.shape
+    step = -(-k // HESSIAN_COLUMN_BLOCKS)
+    for i in range(0, k, step):
+        h[i:, i:i + step].addmm_(x[:, i:].T, x[:, i:i + step], beta=n / (n + m), alpha=2.0 / (n + m))
+    lower = h.tril()
+    h.copy_(lower + lower.tril(-1).T)
     return h, n + m
 
 

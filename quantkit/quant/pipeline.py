@@ -186,7 +186,8 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             writer.add(tensors)
             plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
-            release_freed_memory()
+            if cfg.low_memory:
+                release_freed_memory()
             advance()
     for key in [k for k in reader.keys() if not k.startswith(spec.layers + ".")]:
         if cfg.quantize_lm_head and key == f"{LM_HEAD}.weight":

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantkit.quant.awq_search import (
-    act_mean, candidate_scale, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
+    act_mean, candidate_scale, input_gram, linear_output_mse, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
     search_clip, search_scale, weight_mean,
 )
 from quantkit.format.primitives import QuantScheme, rtn_quantize
@@ -70,6 +70,18 @@ def test_duo_scaling_tries_the_identity_first():
     assert len(history) == 21 and history[0] == loss == 0.0 and ratio == 0.0 and torch.equal(s, torch.ones(3))
     _, _, _, plain = search_scale(x_mean, None, 20, lambda s: float((s - 1).abs().sum()))
     assert len(plain) == 20  # without duo scaling, ratio 0 is the identity already
+
+
+def test_a_linears_output_error_from_its_inputs_gram_matrix_equals_running_the_tokens():
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 50, 48, generator=g) * torch.linspace(0.1, 5, 48), torch.randn(1, 30, 48, generator=g)]
+    w = torch.randn(24, 48, generator=g)
+    delta = fake_quantize(w, QuantScheme(4, 16, False)) - w
+    gram, tokens = input_gram(xs)
+    x = torch.cat([t.reshape(-1, 48) for t in xs])
+    assert tokens == 130
+    direct = float(((x @ (w + delta).T - x @ w.T) ** 2).mean())
+    assert linear_output_mse(delta, gram, tokens) == pytest.approx(direct, rel=1e-4)
 
 
 def test_clip_sample_strides_over_all_samples():

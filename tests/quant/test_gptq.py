@@ -29,6 +29,15 @@ def test_hessian_running_average_equals_batch_formula():
     assert torch.allclose(hessian(x), 2 * x.T @ x / x.shape[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("k", [7, 32, 130])
+def test_hessian_is_exactly_symmetric_and_matches_the_full_product_below_the_diagonal(k):
+    """Only the lower triangle is multiplied out (column blocks), then mirrored."""
+    x = correlated_inputs(k, 257)
+    h, _ = accumulate_hessian(empty_hessian(k), 0, x)
+    assert torch.equal(h, h.T)
+    torch.testing.assert_close(h, 2 * x.T @ x / x.shape[0], rtol=1e-5, atol=1e-5)
+
+
 def test_inverse_hessian_factor_does_not_depend_on_the_thread_count():
     # LAPACK's fp32 Cholesky differs in its last bits between 1 and 2 threads (GPTQ then rounds
     # some weights differently); factorized in float64 and rounded once, it does not.
