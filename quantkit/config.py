@@ -53,7 +53,9 @@ class QuantizeConfig:
     group_size: int = 128
     sym: bool | None = None  # None: the method's default (gptq/rtn symmetric, awq asymmetric)
     desc_act: bool = False
-    static_groups: bool = False
+    # GPTQ: each group's scale and zero from the original weights, fixed before the column loop (as
+    # llm-compressor's observer does; measured at or below the lazy, updated-columns choice: docs/BENCHMARKS.md)
+    static_groups: bool = True
     damp: float = 0.01
     block_size: int = 128
     true_sequential: bool = False  # GPTQ: False = every Hessian from one float run of the layer (measured better and faster)

@@ -5,8 +5,8 @@ through the arch spec (they are data), each variant quantized in this process an
       [--variants base,noclip,tie,tie+noclip,tie+noclip+duo] [--threads 2] [--compute-dtype float32]
 
 Variants: `tie` keeps LinearGroup.feeder_repeats_kv (v -> o scaled under GQA, one value per KV-head
-channel), `noclip` keeps ArchSpec.awq_no_clip (q/k unclipped), `duo` turns on duo scaling; `base`
-has neither. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0); perplexity on the first
+channel), `noclip` keeps ArchSpec.awq_no_clip (q/k unclipped), `clipnone` clips no linear (as
+llm-compressor's AWQModifier), `duo` turns on duo scaling; `base` has none of them. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0); perplexity on the first
 20,000 tokens of wikitext2/test.txt in 256-token windows, as quantkit.bench.vs_llmcompressor.
 """
 
@@ -25,14 +25,16 @@ import torch
 from quantkit.bench.vs_llmcompressor import CALIB, NSAMPLES, PPL_SEQLEN, PPL_TEXT, PPL_TOKENS, SEQLEN
 
 
-def spec_variant(tie: bool, noclip: bool):
-    """A spec_for that returns the real spec with the two AWQ choices switched on or off."""
+def spec_variant(tie: bool, noclip: bool, clipnone: bool = False):
+    """A spec_for that returns the real spec with the AWQ choices switched on or off (`clipnone`: no
+    linear clipped, as llm-compressor's AWQModifier)."""
     from quantkit.format.arch import spec_for
 
     def variant(config):
         spec = spec_for(config)
         groups = tuple(dataclasses.replace(g, feeder_repeats_kv=g.feeder_repeats_kv and tie) for g in spec.groups)
-        return dataclasses.replace(spec, groups=groups, awq_no_clip=spec.awq_no_clip if noclip else ())
+        no_clip = spec.linears if clipnone else spec.awq_no_clip if noclip else ()
+        return dataclasses.replace(spec, groups=groups, awq_no_clip=no_clip)
     return variant
 
 
@@ -65,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-awq-ablation-") as tmp:
         for name in args.variants.split(","):
             parts = set(name.split("+"))
-            pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts)
+            pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts, "clipnone" in parts)
             out = Path(tmp) / name
             cfg = QuantizeConfig(model=str(args.model), out=out, method="awq", group_size=args.group_size,
                                  awq_duo_scaling="duo" in parts, compute_dtype=args.compute_dtype,

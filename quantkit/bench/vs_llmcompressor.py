@@ -58,9 +58,12 @@ def model_path(name: str, tiny_steps: int | None = None) -> Path:
     training steps (default: train_tiny's)."""
     if name == "stories":
         return SHARED / "stories260K-hf"
-    from quantkit.bench.train_tiny import TinySpec, ensure_model
+    from dataclasses import replace
 
-    return ensure_model(spec=TinySpec() if tiny_steps is None else TinySpec(steps=tiny_steps))
+    from quantkit.bench.train_tiny import default_spec, ensure_model
+
+    spec = default_spec()
+    return ensure_model(spec=spec if tiny_steps is None else replace(spec, steps=tiny_steps))
 
 
 def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:

@@ -29,7 +29,7 @@ def quantize(
     group_size: int = typer.Option(128, "--group-size", help="32, 64, 128, or -1 for per channel."),
     sym: bool = typer.Option(None, "--sym/--no-sym", help="Symmetric quantization (default: sym for GPTQ/RTN, asym for AWQ)."),
     desc_act: bool = typer.Option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal."),
-    static_groups: bool = typer.Option(False, "--static-groups/--no-static-groups", help="GPTQ: group parameters fixed before act-order."),
+    static_groups: bool = typer.Option(True, "--static-groups/--no-static-groups", help="GPTQ: each group's scale and zero from the original weights, fixed before the column loop (and before act-order); --no-static-groups takes them from the updated columns when the loop reaches the group."),
     damp: float = typer.Option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal."),
     true_sequential: bool = typer.Option(False, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default)."),
     calib: str = typer.Option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none."),

@@ -40,7 +40,8 @@ def record_fake_quant(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("extra", [(), ("--desc-act",), ("--no-sym",), ("--group-size", "32", "--static-groups", "--desc-act")])
+@pytest.mark.parametrize("extra", [(), ("--desc-act",), ("--no-sym",), ("--group-size", "32", "--no-static-groups", "--desc-act"),
+                                   ("--no-static-groups",)])
 def test_reloaded_logits_match_fake_quantized_model(tiny_llama, tmp_path, monkeypatch, extra):
     seen = record_fake_quant(monkeypatch)
     out = tmp_path / "q"
@@ -77,6 +78,20 @@ def test_checkpoint_layout_and_metadata(tiny_llama, tmp_path):
     assert all(math.isfinite(v) for layer in meta["layers"] for v in layer["losses"].values())
     assert (out / "tokenizer.json").is_file()
     assert not list(tmp_path.glob(".q.tmp-*"))
+    # a model this small quantizes without --low-memory unless asked; the passes' dtype is recorded
+    assert meta["config"]["low_memory"] is False and meta["config"]["compute_dtype"] == "auto"
+    assert any(n.startswith("calibration forward passes in ") for n in meta["notes"])
+
+
+def test_low_memory_when_asked(tiny_llama, tmp_path):
+    out = tmp_path / "q"
+    code, output = run_cli("quantize", tiny_llama, "--out", out, "--method", "gptq", "--group-size", "32",
+                           "--calib", synthetic_calib(tmp_path / "c.txt"), "--nsamples", "2", "--seqlen", "32",
+                           "--low-memory", "--compute-dtype", "float32")
+    assert code == 0, output
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    assert meta["config"]["low_memory"] is True
+    assert "calibration forward passes in float32: asked for (--compute-dtype float32)" in meta["notes"]
 
 
 def test_sharded_output_loads_identically(tiny_llama, tmp_path):
