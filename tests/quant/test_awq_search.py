@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantkit.quant.awq_search import (
-    act_mean, candidate_scale, input_gram, linear_output_mse, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
+    act_mean, candidate_scale, duo_ratio_grid, input_gram, linear_output_mse, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
     search_clip, search_scale, weight_mean,
 )
 from quantkit.format.primitives import QuantScheme, rtn_quantize
@@ -67,7 +67,8 @@ def test_duo_scaling_tries_the_identity_first():
     x_mean, w_mean = torch.tensor([1.0, 4.0, 2.0]), torch.tensor([0.5, 1.0, 0.25])
     assert not torch.allclose(candidate_scale(x_mean, w_mean, 0.0), torch.ones(3))
     s, ratio, loss, history = search_scale(x_mean, w_mean, 20, lambda s: float((s - 1).abs().sum()))
-    assert len(history) == 21 and history[0] == loss == 0.0 and ratio == 0.0 and torch.equal(s, torch.ones(3))
+    assert len(history) == 20 and history[0] == loss == 0.0 and ratio == 0.0 and torch.equal(s, torch.ones(3))
+    assert duo_ratio_grid(20) == [i / 18 for i in range(19)]  # 0 to 1 inclusive: 19 points and the identity
     _, _, _, plain = search_scale(x_mean, None, 20, lambda s: float((s - 1).abs().sum()))
     assert len(plain) == 20  # without duo scaling, ratio 0 is the identity already
 
