@@ -3,7 +3,7 @@ machine, cached.
 
 `load_cpu_extension(name, sources)` compiles with this machine's compiler (`-O3 -march=native
 -fopenmp`) through `torch.utils.cpp_extension.load` into ~/.cache/quantkit/torch_extensions (or
-$QUANTKIT_EXT_DIR) and returns the module; torch's builder rebuilds only when a source changes and
+$QUANTKIT_EXT_DIR), one folder per extension and checkout, and returns the module; torch's builder rebuilds only when a source changes and
 serialises concurrent builds with a file lock. Where no compiler or ninja is found, or the build
 fails, it returns None and `cpu_extension_unavailable(name)` says why: callers then keep their
 pure-torch path, so a machine without a toolchain loses speed, never correctness.
@@ -27,6 +27,14 @@ _failures: dict[str, str] = {}
 def build_dir() -> Path:
     env = os.environ.get("QUANTKIT_EXT_DIR")
     return Path(env) if env else Path.home() / ".cache" / "quantkit" / "torch_extensions"
+
+
+def extension_dir(name: str) -> Path:
+    """Where `name` is built: one folder per checkout (a digest of csrc's path). torch's builder
+    rebuilds when the build file changes, and it names the sources by their paths: with one folder
+    per name, two checkouts on one machine (a CI clone beside the working tree) rebuilt each
+    other's kernels, ~30 s at every switch (measured as an engine start-up of 31.6 s against 0.7 s)."""
+    return build_dir() / f"{name}-{hashlib.sha256(str(CSRC).encode()).hexdigest()[:8]}"
 
 
 def toolchain_missing() -> str | None:
@@ -58,7 +66,7 @@ def load_cpu_extension(name: str, sources: tuple[str, ...]):
         return None
     from torch.utils.cpp_extension import load
 
-    out = build_dir() / name
+    out = extension_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     try:
         return load(name=name, sources=[str(CSRC / s) for s in sources], extra_cflags=CFLAGS + [headers_flag()],

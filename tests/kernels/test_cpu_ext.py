@@ -25,6 +25,15 @@ def test_a_failed_build_returns_none_with_the_reason(tmp_path, monkeypatch):
     assert cpu_ext.cpu_extension_unavailable("quantkit_broken_test").startswith("build failed")
 
 
+def test_each_checkout_builds_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_EXT_DIR", str(tmp_path))
+    here = cpu_ext.extension_dir("quantkit_attn")
+    monkeypatch.setattr(cpu_ext, "CSRC", tmp_path / "other-clone" / "kernels" / "csrc")
+    there = cpu_ext.extension_dir("quantkit_attn")
+    assert here.parent == there.parent == tmp_path and here != there
+    assert here.name.startswith("quantkit_attn-") and there.name.startswith("quantkit_attn-")
+
+
 def test_no_compiler_is_said(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-xyz")
     assert "no C++ compiler" in cpu_ext.toolchain_missing()
