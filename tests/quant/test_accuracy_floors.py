@@ -6,6 +6,11 @@ it when the cache lacks it (the 1600-step default of the benchmarks, which ranks
 7.6 min to train here with native bf16 and far longer without: too long for CI). The
 model is quantized as quantkit.bench.vs_llmcompressor does it and scored on the same text, so
 the floors compare with docs/BENCHMARKS.md's table.
+
+That model loses little to any 4-bit method, so its floors catch breakage only. The benchmarks'
+1600-step model ranks the methods; its floors (and GPTQ's and AWQ's margin over RTN) are checked
+where the CPU computes bf16 natively, training it once per machine (7.6 min here) when the cache
+lacks it, and skipped with the reason elsewhere.
 """
 
 import tomllib
@@ -26,21 +31,50 @@ FLOORS_STEPS = 100  # the training steps of the model the floors were measured o
 def test_gqa_model_meets_its_floors(tmp_path):
     from dataclasses import replace
 
-    from conftest import shared_path
     from quantkit.bench.train_tiny import TinySpec, ensure_model
+
+    model = ensure_model(spec=replace(TinySpec(), steps=FLOORS_STEPS), show_progress=False)
+    floors = _floors("tiny_gqa_g128")
+    ratios = _ratios(model, floors["max_ppl_ratio"], tmp_path)
+    for method, limit in floors["max_ppl_ratio"].items():
+        assert ratios[method] <= limit, (method, ratios[method], limit)
+
+
+def test_ranking_gqa_model_meets_its_floors_and_ranks_the_methods(tmp_path):
+    """The benchmarks' 1600-step model, on which 4-bit costs enough to rank the methods: each method
+    under its floor, and GPTQ and AWQ clearly below asymmetric RTN. It trains in 7.6 min under bf16
+    autocast here (cached after the first run) and would take hours in fp32, so it needs native bf16."""
+    from quantkit.bench.train_tiny import default_spec, ensure_model
+
+    spec = default_spec()
+    if not spec.bf16:
+        pytest.skip("this CPU computes bf16 only by emulation: the 1600-step model would take hours to train")
+    floors = _floors("tiny_gqa_g128_s1600")
+    ratios = _ratios(ensure_model(spec=spec, show_progress=False), floors["max_ppl_ratio"], tmp_path)
+    for method, limit in floors["max_ppl_ratio"].items():
+        assert ratios[method] <= limit, (method, ratios[method], limit)
+    for method, limit in floors["max_ratio_to_rtn"].items():
+        assert ratios[method] / ratios["rtn"] <= limit, (method, ratios[method], ratios["rtn"], limit)
+
+
+def _floors(table: str) -> dict:
+    return tomllib.loads((REPO / "configs" / "accuracy_floors.toml").read_text())[table]
+
+
+def _ratios(model: Path, methods, tmp_path: Path) -> dict[str, float]:
+    """Each method's perplexity ratio to float, quantized and scored as quantkit.bench.vs_llmcompressor."""
+    from conftest import shared_path
     from quantkit.bench.vs_llmcompressor import NSAMPLES, SEQLEN, ppl_ratio_ours
 
     calib = shared_path("wikitext2", "valid.txt")
     shared_path("wikitext2", "test.txt")
-    model = ensure_model(spec=replace(TinySpec(), steps=FLOORS_STEPS), show_progress=False)
-    floors = tomllib.loads((REPO / "configs" / "accuracy_floors.toml").read_text())["tiny_gqa_g128"]
     float_ppl, _ = ppl_ratio_ours(model, None)
     ratios = {}
-    for method, limit in floors["max_ppl_ratio"].items():
+    for method in methods:
         out = tmp_path / method
         code, output = run_cli("quantize", model, "--out", out, "--method", method, *METHODS[method],
                                "--group-size", "128", "--calib", calib, "--nsamples", NSAMPLES,
                                "--seqlen", SEQLEN, "--seed", "0", "--threads", "2")
         assert code == 0, output
         ratios[method] = ppl_ratio_ours(out, float_ppl)[1]
-        assert ratios[method] <= limit, (method, ratios[method], limit)
+    return ratios
