@@ -80,12 +80,7 @@ def quantize(
         console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
                       highlight=False, soft_wrap=True)
     calib = DEFAULT_CALIB if calib is None else calib
-    if low_memory is None:
-        low_memory = not dry_run and _large_model(model)
-    if low_memory and not dry_run:
-        from quantkit.memory import bound_heap
-
-        bound_heap()
+    low_memory = _low_memory(low_memory, dry_run, model)
 
     cfg = QuantizeConfig(
         model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
@@ -111,13 +106,18 @@ def quantize(
         _run_check(out, model, calib if Path(calib).exists() else None)
 
 
-def _large_model(model: str) -> bool:
-    """Whether --low-memory is on by default for this model: its weights, in fp32, reach 1 GiB."""
-    from quantkit.memory import low_memory_by_default
+def _low_memory(asked: bool | None, dry_run: bool, model: str) -> bool:
+    """--low-memory as given, else on for models whose weights reach 1 GiB in fp32; when on (and
+    something will be written), glibc's heap is bounded for this process."""
+    from quantkit.memory import bound_heap, low_memory_by_default
     from quantkit.model.checkpoint import ShardReader, resolve_model_path
 
-    reader = ShardReader(resolve_model_path(model))
-    return low_memory_by_default(4 * reader.num_elements())
+    if dry_run:
+        return bool(asked)
+    on = asked if asked is not None else low_memory_by_default(4 * ShardReader(resolve_model_path(model)).num_elements())
+    if on:
+        bound_heap()
+    return on
 
 
 def _options(ctx: typer.Context, config: Path | None):
