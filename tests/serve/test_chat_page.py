@@ -29,7 +29,8 @@ def test_chat_page_streams_and_stops(stories_dir):
     executable = chromium_path()
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
     settings = stories_settings(stories_dir, api_keys=(KEY,), max_num_seqs=4)
-    with serve_in_thread(settings) as server, sync_api.sync_playwright() as pw:
+    # paced: stories260K writes 200 tokens faster than a browser clicks, so the Stop would find the answer done
+    with serve_in_thread(settings) as server, server.paced(0.02), sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1000, "height": 700})
         try:

@@ -53,12 +53,21 @@ def test_overload_surplus_gets_429_at_once_and_admitted_complete(server):
     async def burst():
         async with httpx.AsyncClient(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {OPEN_KEY}"},
                                      limits=httpx.Limits(max_connections=100)) as client:
-            return await asyncio.gather(*(one(client, i) for i in range(100)))
+            # Four fill the running batch first. (A request not yet scheduled counts as queued: sent all at
+            # once, 8 would fill the queue before the engine had scheduled any, and the queue would hold only
+            # 4 once it had.) The other 96 then find 8 places in the queue, held for the first four's 480 steps.
+            first = [asyncio.create_task(one(client, i)) for i in range(4)]
+            deadline = time.monotonic() + 30
+            while server.state.llm.num_running() < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            rest = await asyncio.gather(*(one(client, i) for i in range(4, 100)))
+            return [*await asyncio.gather(*first), *rest]
 
     watcher = threading.Thread(target=watch_ready)
     watcher.start()
     try:
-        results = asyncio.run(burst())
+        with server.paced(0.002):  # the first four's 480 steps take >= 1 s, however fast this machine is
+            results = asyncio.run(burst())
     finally:
         stop.set()
         watcher.join()
@@ -75,7 +84,7 @@ def test_overload_surplus_gets_429_at_once_and_admitted_complete(server):
     assert value(server.url, "quantkit:requests_rejected", "quantkit:requests_rejected_total",
                  reason="queue_full") == len(rejected)
     print(f"overload: {len(ok)} admitted, {len(rejected)} got 429 within {slowest_429 * 1000:.0f} ms "
-          f"(first 200 after {fastest_ok:.2f} s)")
+          f"(first 200 after {fastest_ok:.2f} s); {ready_codes.count(503)} of {len(ready_codes)} /ready polls said 503")
 
 
 def test_rate_limit_exact_burst_then_retry_after_honoured(server):

@@ -60,6 +60,24 @@ class Running:
             time.sleep(0.02)
         raise TimeoutError("the engine still holds requests")
 
+    @contextlib.contextmanager
+    def paced(self, seconds_per_step: float) -> Iterator[None]:
+        """Each engine step takes `seconds_per_step` longer, as a bigger model's would: a test's window (a
+        queue that stays full, a stream still running when the user presses Stop) then lasts long enough to
+        be seen from outside whatever this machine's speed. The steps themselves are the real ones."""
+        engine = self.engine
+        step = engine.step
+
+        def paced_step():
+            time.sleep(seconds_per_step)  # releases the GIL: the server and the clients run meanwhile
+            return step()
+
+        engine.step = paced_step
+        try:
+            yield
+        finally:
+            del engine.step  # the class's method again
+
     def free_blocks(self) -> int:
         """From the engine thread's snapshot after its last step (never reads the pool mid-step)."""
         return self.state.llm.get_stats().kv_blocks_free
