@@ -8,9 +8,9 @@ build, `cpu_attention()` returns None and the reason is logged once; the engine 
 
 Cascade (shared-prefix) attention: when several sequences start with the same cache blocks (a prefix
 cache hit), `SharedPrefix` names those blocks and the sequences' query rows. A first pass
-(`shared_prefix_state_` in the C++ file) runs all those queries over the shared blocks in GEMMs (per
-kv head and tile of 64 queries: their query rows of every member sequence against the prefix keys),
-so the prefix is read once per tile of sequences instead of once per sequence, and at GEMM speed;
+(`shared_prefix_state_` in the C++ file) runs all those queries over the shared blocks (per kv head
+and tile of 64 queries: their query rows of every member sequence against the prefix keys, by the
+AVX-512 step's widened blocks, else in GEMMs), so the prefix is read once per tile of sequences;
 the per-sequence pass then skips those blocks and continues the online softmax from the first
 pass's state, which is the log-sum-exp merge of the two parts. The reference is cascade_attention_reference.py.
 """

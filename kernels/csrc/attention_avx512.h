@@ -8,9 +8,12 @@
 //   visible   row r sees the block's first visible[r] keys (all block_size when null)
 //   s         scratch of block_size floats per row
 //
-// Each row keeps its query (D / 16 vectors) in registers while the block's keys pass, the 16 (or
-// fewer) scores of a block are exponentiated as one vector, and the row's accumulator stays in
-// registers while the values pass.
+// Few rows (a decode: one query per query head of the kv head): each row keeps its query (D / 16
+// vectors) in registers while the block's keys pass, the 16 (or fewer) scores of a block are
+// exponentiated as one vector, and the row's accumulator stays in registers while the values pass.
+// Many rows (a prefill tile, the shared-prefix pass; from widen_from_rows()): the block is widened once
+// and folded into R rows at a time (fold_rows_widened; on a bf16 cache with AVX-512 BF16, in bf16 pairs
+// by vdpbf16ps: fold_rows_widened_bf16).
 #pragma once
 
 #include "vec_avx512.h"
@@ -19,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace avx512 {
@@ -66,9 +70,230 @@ inline void fold_row(float* q, float* acc, float& m, float& l, const T* kb, cons
 // Whether fold_rows takes head dim d.
 inline bool supports(int64_t d) { return d == 32 || d == 64 || d == 96 || d == 128; }
 
+// Many rows over one block of 16 keys (a prefill tile, the shared-prefix pass): the block is widened
+// once, its keys transposed to kt [D][16] and its values to vf [16][D], fp32, zero past `keys`. A row's
+// 16 scores are then D broadcast FMAs into one vector (no horizontal sum per key), and R rows share each
+// load of kt and vf.
+constexpr int64_t WIDE_BLOCK = 16;
+
+// From how many rows of a work item fold_rows widens the block (below: the per-row step above, for which
+// widening would cost more than it saves). A setting, so that tests and the attention benchmark can run
+// both paths in one process (set_widen_from_rows in paged_attention_cpu.cpp).
+inline int64_t& widen_from_rows() {
+  static int64_t rows = 8;
+  return rows;
+}
+
+template <int NV, typename T>
+inline void widen_block(const T* kb, const T* vb, int64_t token_stride, int64_t keys, float* kt, float* vf) {
+  constexpr int D = 16 * NV;
+  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(WIDE_BLOCK));
+  for (int64_t t = 0; t < WIDE_BLOCK; ++t)
+    for (int c = 0; c < NV; ++c) {
+      const bool live = t < keys;
+      const __m512 k = live ? load16(kb + t * token_stride + 16 * c) : _mm512_setzero_ps();
+      _mm512_storeu_ps(vf + t * D + 16 * c, live ? load16(vb + t * token_stride + 16 * c) : _mm512_setzero_ps());
+      _mm512_i32scatter_ps(kt + 16 * c * WIDE_BLOCK + t, column, k, 4);  // kt[16c + i][t] = k[i]
+    }
+}
+
+// R rows (q, acc at stride D; m, l) over a widened block; row r sees its first valid[r] keys (0 to 16).
+template <int NV, int R>
+inline void fold_widened(const float* q, float* acc, float* m, float* l, const int64_t* valid, const float* kt,
+                         const float* vf) {
+  constexpr int D = 16 * NV;
+  __m512 s0[R], s1[R];
+  for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+  for (int i = 0; i < D; i += 2) {  // two chains per row: s0 over even dims, s1 over odd ones
+    const __m512 k0 = _mm512_loadu_ps(kt + i * WIDE_BLOCK), k1 = _mm512_loadu_ps(kt + (i + 1) * WIDE_BLOCK);
+    for (int r = 0; r < R; ++r) {
+      s0[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + i]), k0, s0[r]);
+      s1[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + i + 1]), k1, s1[r]);
+    }
+  }
+  alignas(64) float p[R][WIDE_BLOCK];
+  float alpha[R];
+  int64_t keys = 0;
+  for (int r = 0; r < R; ++r) {
+    alpha[r] = 1.f;
+    _mm512_store_ps(p[r], _mm512_setzero_ps());
+    if (valid[r] <= 0) continue;  // the row sees none of this block: its state stays as it is
+    keys = std::max(keys, valid[r]);
+    const __mmask16 k = first(valid[r]);
+    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k,
+                                        _mm512_add_ps(s0[r], s1[r]));
+    const float m_new = std::max(m[r], _mm512_reduce_max_ps(s));
+    alpha[r] = std::exp(m[r] - m_new);  // 0 on the first block (m = -inf)
+    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+    _mm512_store_ps(p[r], e);
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
+    m[r] = m_new;
+  }
+  __m512 av[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) av[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * c), _mm512_set1_ps(alpha[r]));
+  for (int64_t t = 0; t < keys; ++t) {  // acc += p_t v_t
+    __m512 vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(vf + t * D + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r][t]);
+      for (int c = 0; c < NV; ++c) av[r][c] = _mm512_fmadd_ps(pr, vv[c], av[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * D + 16 * c, av[r][c]);
+}
+
+template <int NV, typename T>
+inline void fold_rows_widened(int64_t n, float* q, float* acc, float* m, float* l, const T* kb, const T* vb,
+                              int64_t token_stride, const int64_t* visible) {
+  constexpr int D = 16 * NV, R = NV <= 4 ? 4 : 2;  // R rows' accumulators and the values fit in 32 registers
+  const auto seen = [&](int64_t r) { return visible ? std::clamp<int64_t>(visible[r], 0, WIDE_BLOCK) : WIDE_BLOCK; };
+  int64_t keys = 0;
+  for (int64_t r = 0; r < n; ++r) keys = std::max(keys, seen(r));
+  if (keys == 0) return;
+  alignas(64) float kt[D * WIDE_BLOCK], vf[WIDE_BLOCK * D];
+  widen_block<NV>(kb, vb, token_stride, keys, kt, vf);
+  int64_t valid[R];
+  int64_t r = 0;
+  for (; r + R <= n; r += R) {
+    for (int j = 0; j < R; ++j) valid[j] = seen(r + j);
+    fold_widened<NV, R>(q + r * D, acc + r * D, m + r, l + r, valid, kt, vf);
+  }
+  for (; r < n; ++r) {
+    valid[0] = seen(r);
+    fold_widened<NV, 1>(q + r * D, acc + r * D, m + r, l + r, valid, kt, vf);
+  }
+}
+
+#if defined(__AVX512BF16__)
+// A bf16 cache's widened block stays bf16, in the pairs vdpbf16ps multiplies (one instruction: 16 lanes,
+// each the fp32 sum of two products of bf16 values): kp [D / 2][16] words, word (i, t) = key t's dims
+// 2i and 2i + 1 (a key row read as 32-bit words), and vp [8][D] words, word (j, c) = dim c of keys 2j and
+// 2j + 1. Scores are q . k of the unscaled bf16 query, exact products summed in fp32, then scaled; the
+// probabilities are rounded to bf16 for the values' products (as flash attention does), their fp32 sum
+// is the softmax's denominator.
+template <int NV>
+inline void widen_block_bf16(const c10::BFloat16* kb, const c10::BFloat16* vb, int64_t token_stride, int64_t keys,
+                             uint32_t* kp, uint32_t* vp) {
+  constexpr int D = 16 * NV, W = D / 2;
+  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(WIDE_BLOCK));
+  for (int64_t t = 0; t < WIDE_BLOCK; ++t)
+    for (int w = 0; w < W; w += 16) {  // 16 words (32 dims) a load
+      const __m512i k = t < keys ? _mm512_loadu_si512(kb + t * token_stride + 2 * w) : _mm512_setzero_si512();
+      _mm512_i32scatter_epi32(kp + w * WIDE_BLOCK + t, column, k, 4);
+    }
+  const auto row16 = [&](int64_t t, int c) {  // dims 16c .. 16c + 15 of value t, each in a 32-bit lane
+    return t < keys ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + t * token_stride + 16 * c)))
+                    : _mm512_setzero_si512();
+  };
+  for (int64_t j = 0; j < WIDE_BLOCK / 2; ++j)
+    for (int c = 0; c < NV; ++c)
+      _mm512_storeu_si512(vp + j * D + 16 * c, _mm512_or_si512(row16(2 * j, c), _mm512_slli_epi32(row16(2 * j + 1, c), 16)));
+}
+
+// R rows (qw [R][D / 2] words of the unscaled bf16 query; acc at stride D; m, l) over a bf16-widened block.
+template <int NV, int R>
+inline void fold_widened_bf16(const uint32_t* qw, float scale, float* acc, float* m, float* l, const int64_t* valid,
+                              const uint32_t* kp, const uint32_t* vp) {
+  constexpr int D = 16 * NV, W = D / 2;
+  __m512 s0[R], s1[R];
+  for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+  for (int i = 0; i < W; i += 2) {
+    const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + i * WIDE_BLOCK);
+    const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + (i + 1) * WIDE_BLOCK);
+    for (int r = 0; r < R; ++r) {
+      s0[r] = _mm512_dpbf16_ps(s0[r], (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * W + i])), k0);
+      s1[r] = _mm512_dpbf16_ps(s1[r], (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * W + i + 1])), k1);
+    }
+  }
+  alignas(64) uint16_t p[R][WIDE_BLOCK];
+  float alpha[R];
+  int64_t keys = 0;
+  for (int r = 0; r < R; ++r) {
+    alpha[r] = 1.f;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p[r]), _mm256_setzero_si256());
+    if (valid[r] <= 0) continue;
+    keys = std::max(keys, valid[r]);
+    const __mmask16 k = first(valid[r]);
+    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k,
+                                        _mm512_mul_ps(_mm512_add_ps(s0[r], s1[r]), _mm512_set1_ps(scale)));
+    const float m_new = std::max(m[r], _mm512_reduce_max_ps(s));
+    alpha[r] = std::exp(m[r] - m_new);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p[r]), (__m256i)_mm512_cvtneps_pbh(e));
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
+    m[r] = m_new;
+  }
+  __m512 av[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) av[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * c), _mm512_set1_ps(alpha[r]));
+  for (int64_t j = 0; 2 * j < keys; ++j) {  // acc += p_2j v_2j + p_2j+1 v_2j+1
+    __m512bh vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vp + j * D + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      uint32_t two;
+      std::memcpy(&two, p[r] + 2 * j, sizeof two);
+      const __m512bh pr = (__m512bh)_mm512_set1_epi32(static_cast<int>(two));
+      for (int c = 0; c < NV; ++c) av[r][c] = _mm512_dpbf16_ps(av[r][c], pr, vv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * D + 16 * c, av[r][c]);
+}
+
+template <int NV>
+inline void fold_rows_widened_bf16(int64_t n, const c10::BFloat16* qb, float scale, float* acc, float* m, float* l,
+                                   const c10::BFloat16* kb, const c10::BFloat16* vb, int64_t token_stride,
+                                   const int64_t* visible) {
+  constexpr int D = 16 * NV, W = D / 2, R = NV <= 4 ? 4 : 2;
+  const auto seen = [&](int64_t r) { return visible ? std::clamp<int64_t>(visible[r], 0, WIDE_BLOCK) : WIDE_BLOCK; };
+  int64_t keys = 0;
+  for (int64_t r = 0; r < n; ++r) keys = std::max(keys, seen(r));
+  if (keys == 0) return;
+  alignas(64) uint32_t kp[W * WIDE_BLOCK], vp[WIDE_BLOCK / 2 * D];
+  widen_block_bf16<NV>(kb, vb, token_stride, keys, kp, vp);
+  const uint32_t* qw = reinterpret_cast<const uint32_t*>(qb);
+  int64_t valid[R];
+  int64_t r = 0;
+  for (; r + R <= n; r += R) {
+    for (int j = 0; j < R; ++j) valid[j] = seen(r + j);
+    fold_widened_bf16<NV, R>(qw + r * W, scale, acc + r * D, m + r, l + r, valid, kp, vp);
+  }
+  for (; r < n; ++r) {
+    valid[0] = seen(r);
+    fold_widened_bf16<NV, 1>(qw + r * W, scale, acc + r * D, m + r, l + r, valid, kp, vp);
+  }
+}
+#endif
+
+// Folds one block into n rows: q [n, D] pre-scaled fp32 (qb: the same rows unscaled in the cache's dtype
+// when that is bf16, else null; scale: the factor between them), acc, m, l; the block's keys kb and
+// values vb, rows token_stride elements apart; row r sees the first visible[r] keys (all when null).
 template <typename T>
-inline void fold_rows(int64_t n, int64_t d, float* q, float* acc, float* m, float* l, const T* kb, const T* vb,
-                      int64_t token_stride, int64_t block_size, const int64_t* visible, float* s) {
+inline void fold_rows(int64_t n, int64_t d, float* q, const T* qb, float scale, float* acc, float* m, float* l,
+                      const T* kb, const T* vb, int64_t token_stride, int64_t block_size, const int64_t* visible,
+                      float* s) {
+  if (block_size == WIDE_BLOCK && n >= widen_from_rows()) {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (qb != nullptr) switch (d) {
+          case 32: return fold_rows_widened_bf16<2>(n, qb, scale, acc, m, l, kb, vb, token_stride, visible);
+          case 64: return fold_rows_widened_bf16<4>(n, qb, scale, acc, m, l, kb, vb, token_stride, visible);
+          case 96: return fold_rows_widened_bf16<6>(n, qb, scale, acc, m, l, kb, vb, token_stride, visible);
+          default: return fold_rows_widened_bf16<8>(n, qb, scale, acc, m, l, kb, vb, token_stride, visible);
+        }
+    }
+#endif
+    switch (d) {
+      case 32: return fold_rows_widened<2>(n, q, acc, m, l, kb, vb, token_stride, visible);
+      case 64: return fold_rows_widened<4>(n, q, acc, m, l, kb, vb, token_stride, visible);
+      case 96: return fold_rows_widened<6>(n, q, acc, m, l, kb, vb, token_stride, visible);
+      default: return fold_rows_widened<8>(n, q, acc, m, l, kb, vb, token_stride, visible);
+    }
+  }
   for (int64_t r = 0; r < n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
     if (valid <= 0) continue;

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attention_avx512.h"  // fold_block's vector path, where QUANTKIT_AVX512
@@ -47,12 +48,32 @@ inline float dot(const T* a, const float* b, int64_t d) {
 }
 
 // The query rows of one work item in fp32: q pre-scaled, and the online softmax's running max m,
-// running sum l and unnormalised accumulator acc.
+// running sum l and unnormalised accumulator acc. A bf16 query is also kept as it came (qb, unscaled):
+// the AVX-512 BF16 step multiplies bf16 pairs.
 struct Rows {
   int64_t n, d;
+  float scale = 1.f;
   std::vector<float> q, acc, m, l;
+  std::vector<c10::BFloat16> qb;
   Rows(int64_t n, int64_t d)
       : n(n), d(d), q(n * d), acc(n * d, 0.f), m(n, -std::numeric_limits<float>::infinity()), l(n, 0.f) {}
+
+  template <typename T>
+  void set_query(int64_t r, const T* src, float sc) {
+    scale = sc;
+    for (int64_t i = 0; i < d; ++i) q[r * d + i] = static_cast<float>(src[i]) * sc;
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (qb.empty()) qb.resize(n * d);
+      std::copy(src, src + d, qb.begin() + r * d);
+    }
+  }
+
+  // the unscaled bf16 rows where the cache is bf16, else null
+  template <typename T>
+  const T* query_as_cached() const {
+    if constexpr (std::is_same_v<T, c10::BFloat16>) return qb.empty() ? nullptr : qb.data();
+    return nullptr;
+  }
 };
 
 // Folds one cache block (keys kb, values vb; rows of token_stride elements) into every row's online
@@ -65,8 +86,8 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
 #if defined(QUANTKIT_AVX512)
   if constexpr (!std::is_same_v<T, double>)  // fp32, bf16, fp16 caches
     if (avx512::supports(d))
-      return avx512::fold_rows(rows.n, d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kb, vb,
-                               token_stride, block_size, visible, s);
+      return avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
+                               rows.m.data(), rows.l.data(), kb, vb, token_stride, block_size, visible, s);
 #endif
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
@@ -121,7 +142,7 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
   std::vector<int64_t> visible(rows.n);
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t idx = row_index(w.q_begin, r, group, w.kv_head, heads);
-    for (int64_t i = 0; i < d; ++i) rows.q[r * d + i] = static_cast<float>(q[idx * d + i]) * scale;
+    rows.set_query(r, q + idx * d, scale);
     if (skip_blocks > 0) {  // continue the softmax from the shared prefix pass
       std::copy(prefix->acc + idx * d, prefix->acc + (idx + 1) * d, rows.acc.begin() + r * d);
       rows.m[r] = prefix->m[idx];
@@ -178,13 +199,13 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
     Rows rows(rows_n, d);
     for (int64_t r = 0; r < rows_n; ++r) {  // row r: query tok[r / group], head h * group + r % group
       const T* src = q + (static_cast<int64_t>(tok[r / group]) * heads + h * group + r % group) * d;
-      for (int64_t i = 0; i < d; ++i) rows.q[r * d + i] = static_cast<float>(src[i]) * scale;
+      rows.set_query(r, src, scale);
     }
     std::vector<float> s(block_size);
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t base = static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d;
-      avx512::fold_rows(rows.n, d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kc + base, vc + base,
-                        token_stride, block_size, nullptr, s.data());
+      avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
+                        rows.m.data(), rows.l.data(), kc + base, vc + base, token_stride, block_size, nullptr, s.data());
     }
     for (int64_t r = 0; r < rows_n; ++r) {
       const int64_t idx = static_cast<int64_t>(tok[r / group]) * heads + h * group + r % group;
@@ -199,6 +220,17 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
 }
 
 }  // namespace
+
+// The AVX-512 step's switch between its per-row and widened-block paths (attention_avx512.h); -1 where
+// that step is not compiled in.
+int64_t set_widen_from_rows(int64_t rows) {
+#if defined(QUANTKIT_AVX512)
+  TORCH_CHECK(rows >= 1, "rows must be at least 1");
+  return std::exchange(avx512::widen_from_rows(), rows);
+#else
+  return -1;
+#endif
+}
 
 // Cascade attention, first pass: the queries `tokens` (int32 [Q], rows of q) of every sequence that
 // starts with the cache blocks `blocks` (int32 [P], each fully visible to all those queries) attend
@@ -347,6 +379,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "causal attention of each sequence's new queries over its paged KV cache, read in place");
   m.def("shared_prefix_state_", &shared_prefix_state_,
         "cascade first pass: the queries of the sequences sharing prefix blocks over those blocks, state out");
+  m.def("set_widen_from_rows", &set_widen_from_rows,
+        "rows of a work item from which a block is widened once for all of them (AVX-512); returns the old value");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");

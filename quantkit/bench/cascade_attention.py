@@ -2,11 +2,14 @@
 (shared-prefix) attention, same inputs, one after the other.
 
   python -m quantkit.bench.cascade_attention [--threads 2] [--sequences 32] [--prefix 512] [--repeats 20]
+      [--dtype float32|bfloat16]
 
-Shapes of the vLLM comparison's model (16 heads, 8 KV heads, head_dim 64, block 16, fp32): every
+Shapes of the vLLM comparison's model (16 heads, 8 KV heads, head_dim 64, block 16): every
 sequence starts with the same `prefix` tokens' blocks. Two steps: a decode (one query per sequence,
 32 own tokens cached past the prefix) and a prefill after a prefix hit (the 32 own prompt tokens of
-every sequence over the cached prefix). Prints ms per layer call (median of --repeats) and the ratio.
+every sequence over the cached prefix). Prints ms per layer call (median of --repeats) and the ratio,
+for both paths of the AVX-512 block step (each row over a block on its own, or the block widened once
+for all the rows of a work item; `set_widen_from_rows`), in one process.
 """
 
 from __future__ import annotations
@@ -18,21 +21,21 @@ import time
 import torch
 
 from quantkit.engine.shared_prefix import plan_shared_prefix
-from quantkit.kernels.paged_attention_cpu import paged_attention_cpu
+from quantkit.kernels.paged_attention_cpu import cpu_attention, paged_attention_cpu
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 64, 16
 
 
-def step_inputs(n_seqs: int, prefix: int, own: int, chunk: int, seed: int = 0):
+def step_inputs(n_seqs: int, prefix: int, own: int, chunk: int, dtype: torch.dtype, seed: int = 0):
     """Caches and metadata of one step: n_seqs sequences of prefix + own tokens, the last `chunk` new."""
     g = torch.Generator().manual_seed(seed)
     shared, per_seq = prefix // BLOCK, -(-(prefix + own) // BLOCK) - prefix // BLOCK
-    kc = torch.randn(shared + n_seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM, generator=g)
-    vc = torch.randn(kc.shape, generator=g)
+    kc = torch.randn(shared + n_seqs * per_seq, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype)
+    vc = torch.randn(kc.shape, generator=g).to(dtype)
     block_ids = [list(range(shared)) + list(range(shared + i * per_seq, shared + (i + 1) * per_seq))
                  for i in range(n_seqs)]
     seq_lens, chunks = [prefix + own] * n_seqs, [chunk] * n_seqs
-    q = torch.randn(n_seqs * chunk, HEADS, HEAD_DIM, generator=g)
+    q = torch.randn(n_seqs * chunk, HEADS, HEAD_DIM, generator=g).to(dtype)
     tables = torch.tensor(block_ids, dtype=torch.int32)
     starts = torch.tensor([i * chunk for i in range(n_seqs + 1)], dtype=torch.int32)
     plan = plan_shared_prefix(seq_lens, chunks, block_ids, BLOCK)
@@ -56,17 +59,34 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=512)
     ap.add_argument("--own", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    mod = cpu_attention()
+    if mod is None:
+        raise SystemExit("the C++ attention extension is unavailable (see the log line above)")
+    default = mod.set_widen_from_rows(1)
+    if default < 0:
+        raise SystemExit("this build has no AVX-512 block step: nothing to compare")
+    paths = {"per-row": 1 << 40, "widened": default}
     print(f"{args.sequences} sequences on a {args.prefix}-token prefix + {args.own} own, {args.threads} threads, "
-          f"fp32, ms per layer")
-    print("| step | per-sequence | cascade | speed-up |\n|---|---|---|---|")
-    for name, chunk in (("decode", 1), (f"prefill of {args.own} after a prefix hit", args.own)):
-        own = args.own + (1 if chunk == 1 else 0)
-        inputs, plan = step_inputs(args.sequences, args.prefix, own, chunk)
-        plain = median_ms(lambda: paged_attention_cpu(*inputs), args.repeats)
-        cascade = median_ms(lambda: paged_attention_cpu(*inputs, plan), args.repeats)
-        print(f"| {name} | {plain:.2f} | {cascade:.2f} | {plain / cascade:.2f}x |")
+          f"{args.dtype}, ms per layer call (median of {args.repeats}); widened from {default} rows")
+    print("| step | per-sequence, per-row | per-sequence, widened | cascade, per-row | cascade, widened "
+          "| widened / per-row (cascade) |\n|---|---|---|---|---|---|")
+    try:
+        for name, chunk in (("decode", 1), (f"prefill of {args.own} after a prefix hit", args.own)):
+            own = args.own + (1 if chunk == 1 else 0)
+            inputs, plan = step_inputs(args.sequences, args.prefix, own, chunk, dtype)
+            ms = {}
+            for path, rows in paths.items():
+                mod.set_widen_from_rows(rows)
+                ms["plain", path] = median_ms(lambda: paged_attention_cpu(*inputs), args.repeats)
+                ms["cascade", path] = median_ms(lambda: paged_attention_cpu(*inputs, plan), args.repeats)
+            cells = " | ".join(f"{ms[kind, path]:.2f}" for kind in ("plain", "cascade") for path in paths)
+            print(f"| {name} | {cells} | {ms['cascade', 'per-row'] / ms['cascade', 'widened']:.2f}x faster |")
+    finally:
+        mod.set_widen_from_rows(default)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ when its vocabulary is smaller than (a)-(c)'s token ids).
 
 --paths: `cpp` is the engine as it runs (the C++ paged attention and fused ops where they build),
 `torch` the same engine with both switched off in this process (the fallback path: the torch
-reference ops and the gather + SDPA attention); same model, same process, one after the other.
+reference ops and the gather + SDPA attention), `cpp-per-row` the C++ path with the AVX-512
+attention step folding each row over a block on its own (never the widened block); same model,
+same process, one after the other.
 
 Each part of the step is wrapped (in this process only) by a wall-clock accumulator: the linears
 (every float linear's forward), attention (the cache write, the reads of the paged cache and the
@@ -76,6 +78,23 @@ def torch_path():
         yield
     finally:
         attention.use_cpu_kernel, decoder.ops_for = saved
+
+
+@contextlib.contextmanager
+def per_row_attention():
+    """Within the block, the C++ attention's AVX-512 step never widens a block for many rows."""
+    from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+    mod = cpu_attention()
+    old = mod.set_widen_from_rows(1 << 40) if mod is not None else -1
+    try:
+        yield
+    finally:
+        if old > 0:
+            mod.set_widen_from_rows(old)
+
+
+PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_row_attention}
 
 
 @contextlib.contextmanager
@@ -153,12 +172,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default="a,b,c")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--paths", default="cpp", help="torch, cpp or both (torch,cpp)")
+    ap.add_argument("--paths", default="cpp", help=f"a comma-separated list of {', '.join(PATHS)}")
     ap.add_argument("--decode-batch", type=int, default=0, help="also N requests of (c)'s shape together")
     ap.add_argument("--prefill", help="N:LEN: also N prompts of LEN tokens, one token out")
     ap.add_argument("--repeats", type=int, default=1, help="profile each workload this many times")
     ap.add_argument("--model", help="a checkpoint to profile (default: the random 1024-hidden Llama)")
     args = ap.parse_args()
+    if unknown := set(args.paths.split(",")) - set(PATHS):
+        ap.error(f"unknown paths {sorted(unknown)}: choose from {', '.join(PATHS)}")
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_dense(Path(tmp)))
@@ -177,7 +198,7 @@ def main() -> None:
     chosen = [w for w in chosen for _ in range(1 if w.name.startswith("prefill") else args.repeats)]
     for w in chosen:
         for path in args.paths.split(","):
-            with torch_path() if path == "torch" else contextlib.nullcontext():
+            with PATHS[path]():
                 llm.generate(w.prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
                 if w.name.startswith("prefill"):  # every prompt token computed in the timed run
                     llm.engine.kv.pool.reset_prefix_cache()

@@ -16,3 +16,17 @@ def attn():
 
     assert cpu_attention() is not None, cpu_ext.cpu_extension_unavailable("quantkit_attn")
     return paged_attention_cpu
+
+
+@pytest.fixture(params=["per-row", "widened-block"])
+def avx512_step(request, attn):
+    """The AVX-512 attention step's two paths, one after the other: every row over a block on its own,
+    and the block widened once for all rows (from 1 row on). Where that step is not compiled in, both
+    runs take the portable loops."""
+    from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+    mod = cpu_attention()
+    old = mod.set_widen_from_rows(1 if request.param == "widened-block" else 1 << 40)
+    yield request.param
+    if old > 0:
+        mod.set_widen_from_rows(old)

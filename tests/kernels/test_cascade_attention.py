@@ -93,6 +93,14 @@ def test_prefill_chunks_after_a_prefix_hit(attn):
     assert shared.skip_blocks.tolist() == [p] * 4
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_avx512_paths_after_a_prefix_hit(attn, avx512_step, d, dtype):
+    """The shared pass (70 queries: two tiles) and the per-sequence pass, by both paths of the vector step."""
+    seq_lens = [3 * 16 + 1 + i % 5 for i in range(60)] + [3 * 16 + 30]
+    run_cascade(attn, seq_lens, [1] * 60 + [10], 3, 8, 4, d, 16, seed=8, dtype=dtype)
+
+
 def test_unrelated_sequence_keeps_its_blocks(attn):
     seq_lens, chunks = [70, 75, 66], [1, 1, 1]
     shared = run_cascade(attn, seq_lens, chunks, 4, 8, 4, 32, 16, seed=5, unrelated=(1,))

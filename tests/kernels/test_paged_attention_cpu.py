@@ -52,6 +52,14 @@ def test_decodes_and_prefills_in_one_call(attn):
     run_case(attn, [5, 40, 17, 64, 9], [1, 12, 1, 64, 9], 16, 8, 64, 16, seed=5)
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_avx512_paths_match_reference(attn, avx512_step, d, dtype):
+    """Decodes (4 rows an item) and prefill tiles crossing blocks (up to 64 rows, causal within a block),
+    block 16, every head dim the vector step takes."""
+    run_case(attn, [5, 40, 17, 64, 33], [1, 12, 17, 64, 9], 8, 2, d, 16, dtype=dtype, seed=11)
+
+
 def test_bfloat16_within_rounding(attn):
     run_case(attn, [7, 30, 18], [1, 10, 18], 8, 4, 32, 16, dtype=torch.bfloat16, seed=7)
 
