@@ -57,40 +57,12 @@ def quantize(
                                help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
 ) -> None:
     """Quantize MODEL layer by layer and write a packed INT4 checkpoint."""
-    from quantkit.config import CalibConfig, QuantizeConfig
-    from quantkit.errors import QuantkitError
     from quantkit.quant.pipeline import quantize_model
 
     if list_configs:
         _print_recipes()
         return
-    if model is None or out is None:
-        raise QuantkitError("quantize needs MODEL and --out (or --list-configs)")
-    recipe, o = _options(ctx, config)
-    method, format, bits, group_size, sym = o["method"], o["format"], o["bits"], o["group_size"], o["sym"]
-    desc_act, static_groups, damp, true_sequential = o["desc_act"], o["static_groups"], o["damp"], o["true_sequential"]
-    calib, nsamples, seqlen, seed = o["calib"], o["nsamples"], o["seqlen"], o["seed"]
-    awq_duo_scaling, awq_search_tokens, max_shard_size_gb = o["awq_duo_scaling"], o["awq_search_tokens"], o["max_shard_size_gb"]
-
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    if calib is not None and method == "rtn":
-        console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
-                      highlight=False, soft_wrap=True)
-    calib = DEFAULT_CALIB if calib is None else calib
-    low_memory = _low_memory(low_memory, dry_run, model)
-
-    cfg = QuantizeConfig(
-        model=model, out=out, method=method, format=format, bits=bits, group_size=group_size, sym=sym,
-        desc_act=desc_act, static_groups=static_groups, damp=damp, true_sequential=true_sequential,
-        calib=CalibConfig(source=calib, nsamples=nsamples, seqlen=seqlen, seed=seed), device=device,
-        compute_dtype=compute_dtype, low_memory=low_memory,
-        force=force, dry_run=dry_run, max_shard_size=int(max_shard_size_gb * 1024**3),
-        awq_duo_scaling=awq_duo_scaling, awq_search_tokens=awq_search_tokens, load_plan=load_plan,
-        quantize_lm_head=quantize_lm_head, recipe=None if recipe is None else recipe.to_dict(),
-    )
+    cfg = _config(ctx)
     if dry_run:
         report = quantize_model(cfg, None)
         _print_plan(report.plan, cfg)
@@ -103,7 +75,38 @@ def quantize(
 
     print_fast_paths(fast_path_for(out, (2, 4, 8)))
     if check or (check is None and _cuda_available()):
-        _run_check(out, model, calib if Path(calib).exists() else None)
+        _run_check(out, model, cfg.calib.source if Path(cfg.calib.source).exists() else None)
+
+
+def _config(ctx: typer.Context):
+    """The one validated QuantizeConfig of this run: the command line's values, else the recipe's (--config),
+    else the defaults. Sets torch's threads (--threads) and, with --low-memory, bounds the heap."""
+    from quantkit.config import CalibConfig, QuantizeConfig
+    from quantkit.errors import QuantkitError
+
+    p = ctx.params
+    if p["model"] is None or p["out"] is None:
+        raise QuantkitError("quantize needs MODEL and --out (or --list-configs)")
+    recipe, o = _options(ctx, p["config"])
+    if p["threads"]:
+        import torch
+
+        torch.set_num_threads(p["threads"])
+    calib = o["calib"]
+    if calib is not None and o["method"] == "rtn":
+        console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
+                      highlight=False, soft_wrap=True)
+    calib = CalibConfig(source=DEFAULT_CALIB if calib is None else calib, nsamples=o["nsamples"], seqlen=o["seqlen"],
+                        seed=o["seed"])
+    same = ("method", "format", "bits", "group_size", "sym", "desc_act", "static_groups", "damp", "true_sequential",
+            "awq_duo_scaling", "awq_search_tokens")
+    return QuantizeConfig(
+        model=p["model"], out=p["out"], calib=calib, device=p["device"], compute_dtype=p["compute_dtype"],
+        low_memory=_low_memory(p["low_memory"], p["dry_run"], p["model"]), force=p["force"], dry_run=p["dry_run"],
+        max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p["load_plan"],
+        quantize_lm_head=p["quantize_lm_head"], recipe=None if recipe is None else recipe.to_dict(),
+        **{k: o[k] for k in same},
+    )
 
 
 def _low_memory(asked: bool | None, dry_run: bool, model: str) -> bool:

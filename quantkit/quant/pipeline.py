@@ -164,7 +164,6 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     model = build_skeleton(hf_cfg, torch.float32)
     spec = plan.spec
     layers = get_submodule(model, spec.layers)
-    base = get_submodule(model, spec.layers.rpartition(".")[0])
 
     calib = None
     inputs, layer_kwargs = [], {}
@@ -172,10 +171,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         calib = _calibration(cfg, path, plan, show_progress)
         plan.notes.extend(calib.notes)
         plan.notes.append(f"calibration forward passes in {str(dtype).removeprefix('torch.')}: {why}")
-        _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
-        inputs, layer_kwargs = capture_layer_inputs_on(base, layers[0], calib.input_ids, device)
-        inputs = batch_samples(inputs)
-        get_submodule(model, spec.embed).to("meta")  # the fp32 embeddings are not needed past layer 0
+        inputs, layer_kwargs = _first_layer_inputs(model, reader, spec, calib.input_ids, device)
 
     writer = ShardWriter(out_dir, cfg.max_shard_size)
     reports, plan_tensors = [], {}
@@ -189,11 +185,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             if cfg.low_memory:
                 release_freed_memory()
             advance()
-    for key in [k for k in reader.keys() if not k.startswith(spec.layers + ".")]:
-        if cfg.quantize_lm_head and key == f"{LM_HEAD}.weight":
-            writer.add(quantize_lm_head(reader.get(key), cfg.scheme, cfg.layout).tensors)
-            continue
-        writer.add({key: reader.get(key)})  # one at a time: embeddings and lm_head are the largest tensors
+    _copy_outside_layers(cfg, reader, writer, spec.layers)
     writer.finish()
     reader.close()
     if plan_tensors:
@@ -203,6 +195,26 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     write_metadata(out_dir, path, config_dict, qconfig, {**_meta(cfg, report), "import_seconds": round(import_seconds, 3)})
     report.output_bytes = sum(f.stat().st_size for f in out_dir.iterdir() if f.suffix == ".safetensors")
     return report
+
+
+def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> tuple[list, dict]:
+    """The calibration samples' hidden states entering layer 0 (batched) and the layer's other
+    arguments: the embeddings are loaded for this one pass, then dropped (not needed past layer 0)."""
+    _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
+    inputs, layer_kwargs = capture_layer_inputs_on(get_submodule(model, spec.layers.rpartition(".")[0]),
+                                                   get_submodule(model, spec.layers)[0], input_ids, device)
+    get_submodule(model, spec.embed).to("meta")
+    return batch_samples(inputs), layer_kwargs
+
+
+def _copy_outside_layers(cfg: QuantizeConfig, reader: ShardReader, writer: ShardWriter, layers_prefix: str) -> None:
+    """Every tensor outside the decoder layers as it is (embeddings, final norm, lm_head), one at a time
+    (they are the largest); lm_head packed with --quantize-lm-head."""
+    for key in [k for k in reader.keys() if not k.startswith(layers_prefix + ".")]:
+        if cfg.quantize_lm_head and key == f"{LM_HEAD}.weight":
+            writer.add(quantize_lm_head(reader.get(key), cfg.scheme, cfg.layout).tensors)
+            continue
+        writer.add({key: reader.get(key)})
 
 
 def import_model_code(path: Path) -> float:
