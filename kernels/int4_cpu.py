@@ -91,6 +91,43 @@ def repack(p: PackedLinear) -> Int4Blocked:
     return Int4Blocked(packed, sz, p.out_features, g, perm)
 
 
+def concat_blocked(parts: list[Int4Blocked]) -> Int4Blocked | None:
+    """`parts` side by side along N (q/k/v or gate/up of one layer as one call), or None where they cannot
+    share one layout: a part whose rows do not fill its last block of 16, or different input sizes, group
+    sizes, scale dtypes or act-order permutations."""
+    first = parts[0]
+    if any(p.out_features % ROWS for p in parts) \
+            or len({(p.packed.shape[1], p.group_size, p.scale_zero.dtype, p.perm is None) for p in parts}) != 1 \
+            or (first.perm is not None and not all(torch.equal(first.perm, p.perm) for p in parts[1:])):
+        return None
+    return Int4Blocked(torch.cat([p.packed for p in parts]), torch.cat([p.scale_zero for p in parts]),
+                       sum(p.out_features for p in parts), first.group_size, first.perm)
+
+
+@dataclass(frozen=True)
+class DirectCall:
+    """What a bf16 forward on `w` calls when it goes straight to the AVX-512 BF16 kernel: below `max_m`
+    rows, no act-order permutation (no Python between the module and the kernel)."""
+
+    op: object
+    packed: torch.Tensor
+    scale_zero: torch.Tensor
+    out_features: int
+    group_size: int
+    max_m: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # the kernel accumulates and returns fp32
+        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size).to(torch.bfloat16)
+
+
+def direct_bf16_call(w: Int4Blocked) -> DirectCall | None:
+    """The direct call for bf16 activations on `w`, or None where int4_blocked_linear must decide."""
+    if w.perm is not None or not bf16_kernel(w):
+        return None
+    return DirectCall(extension().int4_linear_bf16, w.packed, w.scale_zero, w.out_features, w.group_size,
+                      dense_threshold(torch.bfloat16, bf16_kernel=True))
+
+
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
     """The pure-torch reader of the layout: W fp32 [N, K] (columns in the permuted order when act-order)."""
     nb, k, _ = w.packed.shape

@@ -16,7 +16,7 @@ attention step folding each row over a block on its own (never the widened block
 same process, one after the other.
 
 Each part of the step is wrapped (in this process only) by a wall-clock accumulator: the linears
-(every float linear's forward), attention (the cache write, the reads of the paged cache and the
+(every linear's forward: float, prepacked, bf16 and quantized), attention (the cache write, the reads of the paged cache and the
 softmax), norms (RMSNorm, fused residual add included), rotary (cos/sin tables and their
 application), SiLU-and-mul, the rest of the forward (embedding, row selection, per-layer Python),
 the runner's per-step inputs (token ids, positions, attention metadata), sampling and post-processing
@@ -101,11 +101,13 @@ PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_
 def instrumented(clock: Clock):
     """Wrap the engine's parts in `clock` for the duration of the block."""
     from quantkit.engine import decoder, llm_engine, model_runner
-    from quantkit.kernels import cpu_fused, cpu_linear, fused_ops_reference
+    from quantkit.kernels import bf16_cpu, cpu_fused, cpu_linear, fused_ops_reference
+    from quantkit.model.quant_linear import QuantLinear
 
     targets = [(llm_engine.LLMEngine, "step", "step"), (model_runner.ModelRunner, "execute", "execute"),
                (decoder.Decoder, "forward", "forward"), (cpu_linear.PrepackedLinear, "forward", "linears"),
-               (torch.nn.Linear, "forward", "linears"), (decoder, "paged_attention", "attention"),
+               (torch.nn.Linear, "forward", "linears"), (QuantLinear, "forward", "linears"),
+               (bf16_cpu.Bf16Linear, "forward", "linears"), (decoder, "paged_attention", "attention"),
                (decoder, "cos_sin", "rotary"), (llm_engine.LLMEngine, "_postprocess", "sampling + postprocess")]
     for ops in (cpu_fused, fused_ops_reference):
         targets += [(ops, "rms_norm", "norms"), (ops, "add_rms_norm", "norms"), (ops, "rotary", "rotary"),

@@ -5,7 +5,8 @@
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
-group 128, GPTQ v1 layout: what `quantkit quantize --method rtn --format gptq` writes), or the ones given.
+group 128, GPTQ v1 layout: what `quantkit quantize --method rtn --format gptq` writes; and the same with
+lm_head packed, `--quantize-lm-head`), or the ones given.
 llama.cpp gets the same float model as an F32 GGUF (quantkit.bench.gguf_llama; bf16 values are exact
 in F32), quantized by llama.cpp's own `llama_model_quantize` to each of --quants.
 Workload: one request, 128 prompt tokens (workload (c) of the vLLM benchmark), 128 new tokens, greedy,
@@ -144,13 +145,18 @@ def conversion_check(model: Path, prompt: list[int], ours_fp32: Quantkit, peer: 
             f"{'equal' if int(ref.argmax()) == theirs.tokens[0] else 'DIFFERENT'}")
 
 
-def prepare(args, tmp: Path) -> tuple[Path, Path, dict[str, Path]]:
-    """(float model, 4-bit checkpoint, {llama.cpp name: GGUF path}) in `tmp`."""
+def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
+    """(float model, {label: 4-bit checkpoint}, {llama.cpp name: GGUF path}) in `tmp`. The random model's
+    4-bit checkpoints: linears only, and lm_head packed too (`--quantize-lm-head`; llama.cpp's Q4 types
+    quantize the output layer as well, to Q6_K)."""
     from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
     from quantkit.bench.gguf_llama import write_gguf
 
     dense = Path(args.model) if args.model else make_dense(tmp)
-    gptq = Path(args.gptq) if args.gptq else make_gptq(dense, tmp)
+    if args.gptq:
+        gptq = {"4-bit GPTQ": Path(args.gptq)}
+    else:
+        gptq = {"4-bit GPTQ": make_gptq(dense, tmp), "4-bit GPTQ + 4-bit lm_head": make_gptq(dense, tmp, lm_head=True)}
     python = Path(args.llamacpp_venv) / "bin" / "python"
     ggufs = {"F32": write_gguf(dense, tmp / "model-f32.gguf", "f32")}
     for kind in filter(None, args.quants.split(",")):
@@ -172,7 +178,8 @@ def compare(args, tmp: Path) -> None:
     ours = {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
     if auto != "float32":
         ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
-    ours[f"quantkit 4-bit GPTQ, {auto}"] = Quantkit(gptq, auto, args.threads)
+    for label, path in gptq.items():
+        ours[f"quantkit {label}, {auto}"] = Quantkit(path, auto, args.threads)
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
                **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
@@ -197,15 +204,15 @@ def report(args, tallies: dict[str, Tally], loads: list[float], ours: dict, peer
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for name, t in tallies.items():
         decode, prefill = t.medians()
-        print(f"{name:34s} decode {decode:7.1f} tok/s (range {min(t.decode):.1f}-{max(t.decode):.1f})   "
+        print(f"{name:46s} decode {decode:7.1f} tok/s (range {min(t.decode):.1f}-{max(t.decode):.1f})   "
               f"prompt {prefill:8.1f} tok/s")
     for name, q in ours.items():
         print(f"{name}: {q.kernel}")
     print(f"llama.cpp {peer.version}: {peer.system_info.strip()}")
     decode = {n: t.medians()[0] for n, t in tallies.items()}
-    q4 = next(n for n in decode if n.startswith("quantkit 4-bit"))
-    for peer_name in (n for n in decode if n.startswith("llama.cpp")):
-        print(f"decode ratio {q4} / {peer_name}: {decode[q4] / decode[peer_name]:.2f}x")
+    for q4 in (n for n in decode if n.startswith("quantkit 4-bit")):
+        for peer_name in (n for n in decode if n.startswith("llama.cpp")):
+            print(f"decode ratio {q4} / {peer_name}: {decode[q4] / decode[peer_name]:.2f}x")
     print(f"decode ratio quantkit fp32 / llama.cpp F32: "
           f"{decode['quantkit fp32 (float model)'] / decode['llama.cpp F32']:.2f}x")
 

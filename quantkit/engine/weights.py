@@ -62,6 +62,7 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
     model = model.to(device).eval()
     if device.type == "cpu":
         repack_quant_linears(model, dtype)
+        fuse_quantized_projections(model)
         if not tied:
             hold_lm_head_bf16(model, head_dtype, dtype)
         prepack_float_linears(model, dtype)
@@ -125,16 +126,28 @@ def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
 def fuse_float_projections(model: torch.nn.Module, concat) -> int:
     """Each layer's q/k/v and gate/up, where all are float nn.Linear, into one `concat([...])` linear
     (quantized layers keep theirs). Returns how many fused linears were made."""
+    return fuse_projections(model, torch.nn.Linear, concat)
+
+
+def fuse_quantized_projections(model: torch.nn.Module) -> int:
+    """Each layer's q/k/v and gate/up, where all run quantkit's int4 CPU kernel on layouts that concatenate,
+    into one QuantLinear (one kernel call instead of three or two). Returns how many were made."""
+    n = fuse_projections(model, QuantLinear, QuantLinear.concat)
+    if n:
+        log.info("quantized linears: %d fused q/k/v or gate/up", n)
+    return n
+
+
+def fuse_projections(model: torch.nn.Module, kind: type, concat) -> int:
+    """Each layer's q/k/v and gate/up, where all are exactly `kind`, into `concat([...])` (None: left apart)."""
     n = 0
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        if all(type(m) is torch.nn.Linear for m in qkv):
-            attn.fuse(concat(qkv))
-            n += 1
-        if type(mlp.gate_proj) is torch.nn.Linear and type(mlp.up_proj) is torch.nn.Linear:
-            mlp.fuse(concat([mlp.gate_proj, mlp.up_proj]))
-            n += 1
+        for owner, parts in ((attn, ("q_proj", "k_proj", "v_proj")), (mlp, ("gate_proj", "up_proj"))):
+            modules = [getattr(owner, name, None) for name in parts]
+            if all(type(m) is kind for m in modules) and (fused := concat(modules)) is not None:
+                owner.fuse(fused)
+                n += 1
     return n
 
 

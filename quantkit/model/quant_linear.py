@@ -22,13 +22,14 @@ class QuantLinear(nn.Module):
     it the first CPU forward repacks and keeps them (the checker reads them).
     """
 
-    def __init__(self, packed: PackedLinear, backend: str = "auto"):
+    def __init__(self, packed: PackedLinear, backend: str = "auto", in_features: int | None = None,
+                 out_features: int | None = None):
         super().__init__()
         self.layout = packed.layout
         self.bits = packed.bits
         self.group_size = packed.group_size
-        self.in_features = packed.in_features
-        self.out_features = packed.out_features
+        self.in_features = packed.in_features if in_features is None else in_features
+        self.out_features = packed.out_features if out_features is None else out_features
         self.backend = backend
         self.register_buffer("qweight", packed.qweight)
         self.register_buffer("qzeros", packed.qzeros)
@@ -36,7 +37,28 @@ class QuantLinear(nn.Module):
         self.register_buffer("g_idx", packed.g_idx)
         self.register_buffer("bias", packed.bias)
         self._cpu = None  # Int4Weight | Int8Weight | dense torch.Tensor [N, K], once repacked
+        self._direct = None  # int4_cpu.DirectCall: bf16 activations straight to the kernel
         self.cpu_path = "not repacked"
+
+    @classmethod
+    def concat(cls, parts: list[QuantLinear]) -> QuantLinear | None:
+        """One CPU linear computing `parts` (same input) side by side, output [..., sum N_i] (q/k/v or
+        gate/up in one kernel call); None unless all run quantkit's int4 kernel on layouts that concatenate
+        (int4_cpu.concat_blocked). Checkpoint tensors are not kept: call after repack_for_cpu."""
+        from quantkit.kernels.int4_cpu import Int4Blocked, concat_blocked, direct_bf16_call
+
+        first = parts[0]
+        if not all(isinstance(p._cpu, Int4Blocked) for p in parts) or len({p.bias is None for p in parts}) != 1:
+            return None
+        w = concat_blocked([p._cpu for p in parts])
+        if w is None:
+            return None
+        fused = cls(PackedLinear(first.layout, first.bits, first.group_size, None, None, None, None,
+                                 None if first.bias is None else torch.cat([p.bias for p in parts])),
+                    backend=first.backend, in_features=first.in_features, out_features=w.out_features)
+        fused._cpu, fused.cpu_path = w, first.cpu_path
+        fused._direct = direct_bf16_call(w) if first._direct is not None else None
+        return fused
 
     def packed(self) -> PackedLinear:
         return PackedLinear(self.layout, self.bits, self.group_size, self.qweight, self.qzeros, self.scales,
@@ -54,6 +76,7 @@ class QuantLinear(nn.Module):
             w = int4_cpu.repack(p)
             bf16 = dtype == torch.bfloat16 and int4_cpu.bf16_kernel(w)
             self._cpu, self.cpu_path = w, f"int4 (quantkit {'AVX-512 BF16' if bf16 else 'AVX2'} kernel)"
+            self._direct = int4_cpu.direct_bf16_call(w) if bf16 and self.bias is None else None
         elif reason is None:
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
         elif p.bits == 8:
@@ -88,6 +111,11 @@ class QuantLinear(nn.Module):
         return self._cpu_forward(x)
 
     def _cpu_forward(self, x: torch.Tensor) -> torch.Tensor:
+        direct = self._direct
+        if direct is not None and x.dtype == torch.bfloat16:
+            x2 = x.reshape(-1, x.shape[-1])
+            if x2.shape[0] < direct.max_m:  # a decode step: nothing between this module and the kernel
+                return direct(x2.contiguous()).view(*x.shape[:-1], self.out_features)
         from quantkit.kernels.cpu_int import Int4Weight, int4_kernel_max_m, int4_linear, int8_linear
         from quantkit.kernels.int4_cpu import Int4Blocked, int4_blocked_linear
 

@@ -66,9 +66,12 @@ def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
                                     do_sample=False)[0, len(p):].tolist())
     llm = LLM(str(gptq_dir), dtype="float32", max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128)
     assert llm.engine.quant_info.layout == layout
-    assert sum(isinstance(m, QuantLinear) for m in llm.engine.model.modules()) == 2 * 7
+    # q/k/v and gate/up each fused into one kernel call: 4 quantized linears in each of the 2 layers
+    assert all(isinstance(layer.self_attn.qkv_proj, QuantLinear) and isinstance(layer.mlp.gate_up_proj, QuantLinear)
+               for layer in llm.engine.model.model.layers)
+    assert sum(isinstance(m, QuantLinear) for m in llm.engine.model.modules()) == 2 * 4
     memory = WeightMemory.of(llm.engine.model)  # repacked for a CPU int4 kernel, checkpoint tensors dropped
-    assert sum(n for path, n in memory.paths.items() if path.startswith("int4")) == 2 * 7 and memory.resident < memory.bf16_equivalent * 2  # fp32 float parts
+    assert sum(n for path, n in memory.paths.items() if path.startswith("int4")) == 2 * 4 and memory.resident < memory.bf16_equivalent * 2  # fp32 float parts
     assert all(m.qweight is None for m in llm.engine.model.modules() if isinstance(m, QuantLinear))
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))]
     assert got == want

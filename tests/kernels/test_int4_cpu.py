@@ -174,3 +174,48 @@ def test_bf16_kernel_rejects_odd_groups(bf16_kernel):
     with pytest.raises(RuntimeError, match="even"):
         bf16_kernel.int4_linear_bf16(torch.zeros(1, 6, dtype=torch.bfloat16), w.packed, w.scale_zero, 16, 3)
     assert int4_blocked_linear(torch.ones(2, 6, dtype=torch.bfloat16), w, None).shape == (2, 16)
+
+
+def test_concat_blocked_is_the_parts_side_by_side():
+    """q/k/v or gate/up as one weight: the layout of each part, one after the other along N."""
+    parts = [repack(checkpoint(n, 256, 64, "gptq", False, seed=n)) for n in (64, 32, 32)]
+    w = int4_cpu.concat_blocked(parts)
+    assert w.out_features == 128
+    torch.testing.assert_close(dequantize_blocked(w), torch.cat([dequantize_blocked(p) for p in parts]))
+    ordered = [repack(checkpoint(32, 256, 64, "gptq", True, act_order=True, seed=1))] * 2  # one permutation
+    assert int4_cpu.concat_blocked(ordered).perm is ordered[0].perm
+
+
+@pytest.mark.parametrize("why", ["rows", "group", "perm"])
+def test_concat_blocked_refuses_what_cannot_share_a_layout(why):
+    a = repack(checkpoint(32, 256, 64, "gptq", True, seed=0))
+    b = {"rows": lambda: repack(checkpoint(40, 256, 64, "gptq", True)),  # its last block half filled
+         "group": lambda: repack(checkpoint(32, 256, 128, "gptq", True)),
+         "perm": lambda: repack(checkpoint(32, 256, 64, "gptq", True, act_order=True))}[why]()
+    assert int4_cpu.concat_blocked([a, b]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 7, 200])  # the direct bf16 call (no bias), and past it the dense tiles
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_quantlinear_equals_its_parts(kernel, dtype, m, bias):
+    """QuantLinear.concat (the engine's fused q/k/v): the parts' outputs side by side."""
+    from quantkit.model.quant_linear import QuantLinear
+
+    parts = []
+    for n in (64, 32, 32):
+        p = checkpoint(n, 256, 64, "gptq", True, seed=n)
+        p.bias = p.bias if bias else None
+        q = QuantLinear(p)
+        q.repack_for_cpu(dtype)
+        parts.append(q)
+    fused = QuantLinear.concat(parts)
+    assert fused is not None and fused.out_features == 128 and fused.qweight is None
+    direct = dtype == torch.bfloat16 and not bias and int4_cpu.bf16_kernel(fused._cpu)
+    assert (fused._direct is not None) == direct
+    x = torch.randn(2, m, 256, generator=torch.Generator().manual_seed(m)).to(dtype)
+    want = torch.cat([p(x) for p in parts], dim=-1)
+    got = fused(x)
+    assert got.dtype == dtype and got.shape == (2, m, 128)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
