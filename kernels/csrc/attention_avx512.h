@@ -145,26 +145,51 @@ inline void fold_widened(const float* q, float* acc, float* m, float* l, const i
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * D + 16 * c, av[r][c]);
 }
 
+// Rows at a time over a widened block: R rows' accumulators and the block's values fit in 32 registers.
+template <int NV>
+constexpr int ROWS_AT_A_TIME = NV <= 4 ? 4 : 2;
+
+// The keys of the block any of the n rows sees (0: none), and the widened path's walk over the rows:
+// fold(r, count, valid) for rows r .. r + count - 1, count ROWS_AT_A_TIME<NV> and then 1 for the rest,
+// valid[j] the keys row r + j sees (0 to 16).
+struct WidenedRows {
+  int64_t n;
+  const int64_t* visible;
+
+  int64_t seen(int64_t r) const { return visible ? std::clamp<int64_t>(visible[r], 0, WIDE_BLOCK) : WIDE_BLOCK; }
+
+  int64_t keys() const {
+    int64_t k = 0;
+    for (int64_t r = 0; r < n; ++r) k = std::max(k, seen(r));
+    return k;
+  }
+
+  template <int R, typename Group, typename One>
+  void walk(Group group, One one) const {
+    int64_t valid[R];
+    int64_t r = 0;
+    for (; r + R <= n; r += R) {
+      for (int j = 0; j < R; ++j) valid[j] = seen(r + j);
+      group(r, valid);
+    }
+    for (; r < n; ++r) {
+      valid[0] = seen(r);
+      one(r, valid);
+    }
+  }
+};
+
 template <int NV, typename T>
 inline void fold_rows_widened(int64_t n, float* q, float* acc, float* m, float* l, const T* kb, const T* vb,
                               int64_t token_stride, const int64_t* visible) {
-  constexpr int D = 16 * NV, R = NV <= 4 ? 4 : 2;  // R rows' accumulators and the values fit in 32 registers
-  const auto seen = [&](int64_t r) { return visible ? std::clamp<int64_t>(visible[r], 0, WIDE_BLOCK) : WIDE_BLOCK; };
-  int64_t keys = 0;
-  for (int64_t r = 0; r < n; ++r) keys = std::max(keys, seen(r));
+  constexpr int D = 16 * NV, R = ROWS_AT_A_TIME<NV>;
+  const WidenedRows rows{n, visible};
+  const int64_t keys = rows.keys();
   if (keys == 0) return;
   alignas(64) float kt[D * WIDE_BLOCK], vf[WIDE_BLOCK * D];
   widen_block<NV>(kb, vb, token_stride, keys, kt, vf);
-  int64_t valid[R];
-  int64_t r = 0;
-  for (; r + R <= n; r += R) {
-    for (int j = 0; j < R; ++j) valid[j] = seen(r + j);
-    fold_widened<NV, R>(q + r * D, acc + r * D, m + r, l + r, valid, kt, vf);
-  }
-  for (; r < n; ++r) {
-    valid[0] = seen(r);
-    fold_widened<NV, 1>(q + r * D, acc + r * D, m + r, l + r, valid, kt, vf);
-  }
+  rows.walk<R>([&](int64_t r, const int64_t* valid) { fold_widened<NV, R>(q + r * D, acc + r * D, m + r, l + r, valid, kt, vf); },
+               [&](int64_t r, const int64_t* valid) { fold_widened<NV, 1>(q + r * D, acc + r * D, m + r, l + r, valid, kt, vf); });
 }
 
 #if defined(__AVX512BF16__)
@@ -248,24 +273,16 @@ template <int NV>
 inline void fold_rows_widened_bf16(int64_t n, const c10::BFloat16* qb, float scale, float* acc, float* m, float* l,
                                    const c10::BFloat16* kb, const c10::BFloat16* vb, int64_t token_stride,
                                    const int64_t* visible) {
-  constexpr int D = 16 * NV, W = D / 2, R = NV <= 4 ? 4 : 2;
-  const auto seen = [&](int64_t r) { return visible ? std::clamp<int64_t>(visible[r], 0, WIDE_BLOCK) : WIDE_BLOCK; };
-  int64_t keys = 0;
-  for (int64_t r = 0; r < n; ++r) keys = std::max(keys, seen(r));
+  constexpr int D = 16 * NV, W = D / 2, R = ROWS_AT_A_TIME<NV>;
+  const WidenedRows rows{n, visible};
+  const int64_t keys = rows.keys();
   if (keys == 0) return;
   alignas(64) uint32_t kp[W * WIDE_BLOCK], vp[WIDE_BLOCK / 2 * D];
   widen_block_bf16<NV>(kb, vb, token_stride, keys, kp, vp);
   const uint32_t* qw = reinterpret_cast<const uint32_t*>(qb);
-  int64_t valid[R];
-  int64_t r = 0;
-  for (; r + R <= n; r += R) {
-    for (int j = 0; j < R; ++j) valid[j] = seen(r + j);
-    fold_widened_bf16<NV, R>(qw + r * W, scale, acc + r * D, m + r, l + r, valid, kp, vp);
-  }
-  for (; r < n; ++r) {
-    valid[0] = seen(r);
-    fold_widened_bf16<NV, 1>(qw + r * W, scale, acc + r * D, m + r, l + r, valid, kp, vp);
-  }
+  rows.walk<R>(
+      [&](int64_t r, const int64_t* valid) { fold_widened_bf16<NV, R>(qw + r * W, scale, acc + r * D, m + r, l + r, valid, kp, vp); },
+      [&](int64_t r, const int64_t* valid) { fold_widened_bf16<NV, 1>(qw + r * W, scale, acc + r * D, m + r, l + r, valid, kp, vp); });
 }
 #endif
 
