@@ -84,6 +84,20 @@ inline int64_t& widen_from_rows() {
   return rows;
 }
 
+// One row's online-softmax step over a widened block's 16 scores s, of which the first `valid` (1 to 16)
+// count: returns e = exp(s - m_new) (0 past valid) and sets alpha (the old accumulator's rescale, 0 on
+// the first block, where m = -inf), then m and l.
+inline __m512 softmax_step(__m512 s, int64_t valid, float& m, float& l, float& alpha) {
+  const __mmask16 k = first(valid);
+  s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, s);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(s));
+  alpha = std::exp(m - m_new);
+  const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+  l = l * alpha + _mm512_reduce_add_ps(e);
+  m = m_new;
+  return e;
+}
+
 template <int NV, typename T>
 inline void widen_block(const T* kb, const T* vb, int64_t token_stride, int64_t keys, float* kt, float* vf) {
   constexpr int D = 16 * NV;
@@ -120,15 +134,7 @@ inline void fold_widened(const float* q, float* acc, float* m, float* l, const i
     _mm512_store_ps(p[r], _mm512_setzero_ps());
     if (valid[r] <= 0) continue;  // the row sees none of this block: its state stays as it is
     keys = std::max(keys, valid[r]);
-    const __mmask16 k = first(valid[r]);
-    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k,
-                                        _mm512_add_ps(s0[r], s1[r]));
-    const float m_new = std::max(m[r], _mm512_reduce_max_ps(s));
-    alpha[r] = std::exp(m[r] - m_new);  // 0 on the first block (m = -inf)
-    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-    _mm512_store_ps(p[r], e);
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
-    m[r] = m_new;
+    _mm512_store_ps(p[r], softmax_step(_mm512_add_ps(s0[r], s1[r]), valid[r], m[r], l[r], alpha[r]));
   }
   __m512 av[R][NV];
   for (int r = 0; r < R; ++r)
@@ -242,15 +248,9 @@ inline void fold_widened_bf16(const uint32_t* qw, float scale, float* acc, float
     _mm256_store_si256(reinterpret_cast<__m256i*>(p[r]), _mm256_setzero_si256());
     if (valid[r] <= 0) continue;
     keys = std::max(keys, valid[r]);
-    const __mmask16 k = first(valid[r]);
-    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k,
-                                        _mm512_mul_ps(_mm512_add_ps(s0[r], s1[r]), _mm512_set1_ps(scale)));
-    const float m_new = std::max(m[r], _mm512_reduce_max_ps(s));
-    alpha[r] = std::exp(m[r] - m_new);
-    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+    const __m512 e = softmax_step(_mm512_mul_ps(_mm512_add_ps(s0[r], s1[r]), _mm512_set1_ps(scale)), valid[r], m[r],
+                                  l[r], alpha[r]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(p[r]), (__m256i)_mm512_cvtneps_pbh(e));
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
-    m[r] = m_new;
   }
   __m512 av[R][NV];
   for (int r = 0; r < R; ++r)
