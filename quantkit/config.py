@@ -13,6 +13,7 @@ METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.methods.make_me
 FORMATS = ("gptq", "awq", "compressed-tensors")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)
+AWQ_NEXT_INPUTS = ("quantized", "float")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class QuantizeConfig:
     awq_duo_scaling: bool = False
     awq_grid: int = 20
     awq_search_tokens: int = 2048  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
+    # AWQ: what feeds the next layer: the float layer's outputs (llm-awq, AutoAWQ, llm-compressor) or the quantized one's
+    awq_next_inputs: str = "quantized"
     load_plan: Path | None = None
     quantize_lm_head: bool = False  # GPTQModel's lm_head=True: lm_head packed like the decoder linears (RTN)
     recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
@@ -99,6 +102,8 @@ class QuantizeConfig:
         if self.desc_act and self.layout_format == "compressed-tensors":
             # compressed-tensors >= 0.20 stores act-order only as "weight" ordering: groups on the original columns
             object.__setattr__(self, "static_groups", True)
+        if self.awq_next_inputs not in AWQ_NEXT_INPUTS:
+            raise QuantkitError(f"unknown --awq-next-inputs {self.awq_next_inputs!r}; expected one of {', '.join(AWQ_NEXT_INPUTS)}")
         if self.load_plan is not None and self.method != "awq":
             raise QuantkitError("--load-plan applies to --method awq only")
         if self.quantize_lm_head and self.layout_format != "gptq":

@@ -1,12 +1,13 @@
-"""AWQ's architecture choices one at a time: the GQA v -> o tie and the q/k clip skip, toggled
-through the arch spec (they are data), each variant quantized in this process and scored.
+"""AWQ's architecture choices one at a time: the GQA v -> o tie and which linears are clipped,
+toggled through the arch spec (they are data), each variant quantized in this process and scored.
 
   python -m quantkit.bench.awq_ablation MODEL --group-size 64 \
-      [--variants base,noclip,tie,tie+noclip,tie+noclip+duo] [--threads 2] [--compute-dtype float32]
+      [--variants base,noclip,tie,tie+noclip,tie+duo] [--seeds 0,1,2] [--threads 2] [--compute-dtype float32]
 
 Variants: `tie` keeps LinearGroup.feeder_repeats_kv (v -> o scaled under GQA, one value per KV-head
-channel), `noclip` keeps ArchSpec.awq_no_clip (q/k unclipped), `clipnone` clips no linear (as
-llm-compressor's AWQModifier), `duo` turns on duo scaling; `base` has none of them. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0); perplexity on the first
+channel), `noclip` leaves q/k unclipped (llm-awq's and AutoAWQ's choice; quantkit clips every linear
+unless the spec's awq_no_clip says otherwise), `clipnone` clips no linear (as
+llm-compressor's AWQModifier), `duo` turns on duo scaling; `base` has none of them. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0, or each of `--seeds`); perplexity on the first
 20,000 tokens of wikitext2/test.txt in 256-token windows, as quantkit.bench.vs_llmcompressor.
 """
 
@@ -25,6 +26,9 @@ import torch
 from quantkit.bench.vs_llmcompressor import CALIB, NSAMPLES, PPL_SEQLEN, PPL_TEXT, PPL_TOKENS, SEQLEN
 
 
+QK = ("self_attn.q_proj", "self_attn.k_proj")
+
+
 def spec_variant(tie: bool, noclip: bool, clipnone: bool = False):
     """A spec_for that returns the real spec with the AWQ choices switched on or off (`clipnone`: no
     linear clipped, as llm-compressor's AWQModifier)."""
@@ -33,7 +37,7 @@ def spec_variant(tie: bool, noclip: bool, clipnone: bool = False):
     def variant(config):
         spec = spec_for(config)
         groups = tuple(dataclasses.replace(g, feeder_repeats_kv=g.feeder_repeats_kv and tie) for g in spec.groups)
-        no_clip = spec.linears if clipnone else spec.awq_no_clip if noclip else ()
+        no_clip = spec.linears if clipnone else QK if noclip else spec.awq_no_clip
         return dataclasses.replace(spec, groups=groups, awq_no_clip=no_clip)
     return variant
 
@@ -50,8 +54,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--group-size", type=int, default=128)
-    ap.add_argument("--variants", default="base,noclip,tie,tie+noclip,tie+noclip+duo")
+    ap.add_argument("--variants", default="base,noclip,tie,tie+noclip,tie+duo")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seeds", default="0", help="calibration seeds, comma-separated: each variant once per seed")
     ap.add_argument("--compute-dtype", default="auto", help="the calibration forward passes' dtype (QuantizeConfig.compute_dtype)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -65,18 +70,18 @@ def main() -> None:
     base = score(args.model, ids, note)
     print(f"# {args.model.name}: group {args.group_size}, float ppl {base:.3f}, threads {args.threads}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-awq-ablation-") as tmp:
-        for name in args.variants.split(","):
+        for name, seed in ((v, int(x)) for v in args.variants.split(",") for x in args.seeds.split(",")):
             parts = set(name.split("+"))
             pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts, "clipnone" in parts)
-            out = Path(tmp) / name
+            out = Path(tmp) / f"{name}-{seed}"
             cfg = QuantizeConfig(model=str(args.model), out=out, method="awq", group_size=args.group_size,
                                  awq_duo_scaling="duo" in parts, compute_dtype=args.compute_dtype,
-                                 calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0))
+                                 calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=seed))
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             report = pipeline.quantize_model(cfg, out, show_progress=False)
             ppl = score(out, ids, note)
-            print(json.dumps({"variant": name, "ppl": round(ppl, 3), "x_float": round(ppl / base, 4),
+            print(json.dumps({"variant": name, "seed": seed, "ppl": round(ppl, 3), "x_float": round(ppl / base, 4),
                               "quantize_s": round(report.seconds, 1), "load_avg": round(os.getloadavg()[0], 1)}),
                   flush=True)
 

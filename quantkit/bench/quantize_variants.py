@@ -4,7 +4,8 @@
       gptq gptq:true_sequential=True awq awq:awq_search_tokens=0,awq_duo_scaling=True
 
 A variant is `method[:field=value,...]` (QuantizeConfig fields; true/false, ints and floats parsed,
-other values kept as text, e.g. compute_dtype=float32).
+other values kept as text, e.g. compute_dtype=float32; `seed=N` draws the calibration windows with
+seed N instead of 0).
 Calibration and scoring as quantkit.bench.vs_llmcompressor (32 x 256 tokens of wikitext2/valid.txt,
 seed 0; perplexity on the first 20,000 tokens of wikitext2/test.txt in 256-token windows). Each
 variant prints one JSON line: perplexity, ratio to float, the pipeline's seconds, a hash of the
@@ -78,10 +79,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-variants-") as tmp:
         for i, text in enumerate(args.variants):
             method, fields = parse_variant(text)
+            seed = int(fields.pop("seed", 0))
             out = Path(tmp) / str(i)
             out.mkdir()
             cfg = QuantizeConfig(model=str(model), out=out, method=method, group_size=MODELS[args.model][0],
-                                 calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0), **fields)
+                                 calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=seed), **fields)
             prof = cProfile.Profile() if args.profile else None
             start = time.perf_counter()
             if prof:

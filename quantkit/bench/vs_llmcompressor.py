@@ -1,13 +1,15 @@
 """quantkit against llm-compressor: perplexity ratio to float and quantization wall time, same windows.
 
   python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo]
-      [--threads 2] [--tools ours,peer] [--llmc-python PATH]
+      [--threads 2] [--tools ours,peer] [--seeds 0] [--llmc-python PATH]
   python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
 Models: `tiny` is the project's GQA Llama (quantkit.bench.train_tiny: hidden 256, 6 layers, 8 heads /
 4 KV heads, every linear packed, group 128); `stories` is stories260K (only attention packs, group 64).
-Calibration: 32 windows of 256 tokens from wikitext2/valid.txt (seed 0); perplexity: the first 20,000
-tokens of wikitext2/test.txt in 256-token windows.
+Calibration: 32 windows of 256 tokens from wikitext2/valid.txt (seed 0; `--seeds 0,1,2` repeats every
+run on the windows each seed draws, and the table ends with the mean over the seeds: a difference
+between the tools smaller than the spread over seeds is noise); perplexity: the first 20,000 tokens of
+wikitext2/test.txt in 256-token windows.
 
 For each model and method, alternately: `quantkit quantize` in a child process (its time is the
 pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` in its own venv
@@ -76,9 +78,9 @@ def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
     return ppl, ppl / float_ppl if float_ppl else 1.0
 
 
-def run_ours(model: Path, out: Path, method: str, group: int, threads: int, float_ppl: float) -> dict:
+def run_ours(model: Path, out: Path, method: str, group: int, threads: int, float_ppl: float, seed: int = 0) -> dict:
     args = METHODS[method][0] + ["--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES),
-                                 "--seqlen", str(SEQLEN), "--seed", "0", "--threads", str(threads)]
+                                 "--seqlen", str(SEQLEN), "--seed", str(seed), "--threads", str(threads)]
     run = quantize_in_child(model, out, args, threads)
     ppl, ratio = ppl_ratio_ours(out, float_ppl)
     meta = json.loads((out / "quantkit_meta.json").read_text())
@@ -87,10 +89,10 @@ def run_ours(model: Path, out: Path, method: str, group: int, threads: int, floa
 
 
 def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-             skip_float: bool) -> dict:
+             skip_float: bool, seed: int = 0) -> dict:
     cmd = [str(python), str(PEER_SCRIPT), "--model", str(model), *METHODS[method][1], "--targets", targets,
            "--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES), "--seqlen", str(SEQLEN),
-           "--seed", "0", "--ppl-text", str(PPL_TEXT), "--ppl-seqlen", str(PPL_SEQLEN),
+           "--seed", str(seed), "--ppl-text", str(PPL_TEXT), "--ppl-seqlen", str(PPL_SEQLEN),
            "--ppl-tokens", str(PPL_TOKENS), "--threads", str(threads), "--out", str(out)]
     if skip_float:
         cmd.append("--skip-float-ppl")
@@ -105,19 +107,20 @@ def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targ
 
 
 def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str],
-                tiny_steps: int | None = None) -> list[dict]:
+                tiny_steps: int | None = None, seeds: tuple[int, ...] = (0,)) -> list[dict]:
     group, targets = MODELS[name]
     model = model_path(name, tiny_steps)
     float_ours = ppl_ratio_ours(model, None)[0] if "ours" in tools else None
     print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
-    for method in methods:
-        row = {"model": name, "method": method, "threads": threads, "load_avg": round(os.getloadavg()[0], 2)}
+    for method, seed in ((m, s) for m in methods for s in seeds):
+        row = {"model": name, "method": method, "seed": seed, "threads": threads,
+               "load_avg": round(os.getloadavg()[0], 2)}
         if "ours" in tools:
-            row["ours"] = run_ours(model, root / f"{name}-{method}-qk", method, group, threads, float_ours)
+            row["ours"] = run_ours(model, root / f"{name}-{method}-{seed}-qk", method, group, threads, float_ours, seed)
         if "peer" in tools:
-            peer = run_peer(python, model, root / f"{name}-{method}-llmc", method, group, targets, threads,
-                            skip_float=float_peer is not None)
+            peer = run_peer(python, model, root / f"{name}-{method}-{seed}-llmc", method, group, targets, threads,
+                            skip_float=float_peer is not None, seed=seed)
             float_peer = float_peer or peer["float_ppl"]
             row["peer"] = {**peer, "float_ppl": float_peer, "ratio": peer["ppl"] / float_peer}
         print("ROW " + json.dumps(row), flush=True)
@@ -129,10 +132,11 @@ def bench_model(name: str, methods: list[str], threads: int, python: Path, root:
 
 
 def merge_rows(rows: list[dict]) -> list[dict]:
-    """Rows of separate runs (one tool each) joined by (model, method); the calibration hashes checked."""
+    """Rows of separate runs (one tool each) joined by (model, method, seed); the calibration hashes checked."""
     merged: dict[tuple, dict] = {}
     for r in rows:
-        m = merged.setdefault((r["model"], r["method"]), {"model": r["model"], "method": r["method"]})
+        seed = r.get("seed", 0)
+        m = merged.setdefault((r["model"], r["method"], seed), {"model": r["model"], "method": r["method"], "seed": seed})
         for tool in ("ours", "peer"):
             if tool in r:
                 m[tool] = {**r[tool], "load_avg": r.get("load_avg")}
@@ -148,15 +152,45 @@ def _cell(side: dict | None, fmt: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
+    """One line per run; with more than one seed, the seed in the method column and a mean line per
+    (model, method) after the runs."""
+    seeds = {r.get("seed", 0) for r in rows}
     print("| model | method | quantkit ppl (x float) | llm-compressor ppl (x float) | quantkit s | llm-compressor s "
           "| time ours/theirs | quantkit CLI process s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+        method = r["method"] if len(seeds) == 1 else f"{r['method']} (seed {r.get('seed', 0)})"
         o, p = r.get("ours"), r.get("peer")
         ratio = f"{o['wall_s'] / p['wall_s']:.2f}x" if o and p else "-"
-        print(f"| {r['model']} | {r['method']} | {_cell(o, '{ppl:.3f} ({ratio:.4f}x)')} "
+        print(f"| {r['model']} | {method} | {_cell(o, '{ppl:.3f} ({ratio:.4f}x)')} "
               f"| {_cell(p, '{ppl:.3f} ({ratio:.4f}x)')} | {_cell(o, '{wall_s:.2f}')} | {_cell(p, '{wall_s:.2f}')} "
               f"| {ratio} | {_cell(o, '{process_s}') if o and 'process_s' in o else '-'} |")
+    if len(seeds) > 1:
+        for line in mean_lines(rows):
+            print(line)
+
+
+def mean_lines(rows: list[dict]) -> list[str]:
+    """Table lines with each (model, method)'s mean over its seeds: ratio to float (min-max in
+    brackets) and seconds, per tool."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["method"]), []).append(r)
+    lines = []
+    for (model, method), runs in groups.items():
+        cells, walls = [], {}
+        for tool in ("ours", "peer"):
+            sides = [r[tool] for r in runs if tool in r]
+            if not sides:
+                cells.append("-")
+                continue
+            ratios = [x["ratio"] for x in sides]
+            walls[tool] = sum(x["wall_s"] for x in sides) / len(sides)
+            cells.append(f"{sum(ratios) / len(ratios):.4f}x ({min(ratios):.4f}-{max(ratios):.4f})")
+        time_ratio = f"{walls['ours'] / walls['peer']:.2f}x" if len(walls) == 2 else "-"
+        lines.append(f"| {model} | **{method}, mean of {len(runs)} seeds** | {cells[0]} | {cells[1]} "
+                     f"| {walls.get('ours', 0):.2f} | {walls.get('peer', 0):.2f} | {time_ratio} | - |")
+    return lines
 
 
 def main() -> None:
@@ -167,6 +201,7 @@ def main() -> None:
     ap.add_argument("--tools", default="ours,peer", help="ours, peer, or ours,peer (both): one tool per run splits a long run")
     ap.add_argument("--table", type=Path, nargs="*", default=None,
                     help="print the table from the ROW lines of earlier runs' output files, run nothing")
+    ap.add_argument("--seeds", default="0", help="calibration seeds, comma-separated: every run once per seed")
     ap.add_argument("--tiny-steps", type=int, default=None,
                     help="the GQA test model trained for this many steps (default: train_tiny's)")
     ap.add_argument("--llmc-python", type=Path, default=Path(os.environ.get("QUANTKIT_LLMC_PYTHON", DEFAULT_LLMC)))
@@ -187,7 +222,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
         for name in args.models.split(","):
             rows += bench_model(name, [m.strip() for m in args.methods.split(",")], args.threads, args.llmc_python,
-                                Path(tmp), tools, args.tiny_steps)
+                                Path(tmp), tools, args.tiny_steps, tuple(int(x) for x in args.seeds.split(",")))
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
     print_table(merge_rows(rows))
 

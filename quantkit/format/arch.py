@@ -49,9 +49,11 @@ class ArchSpec:
     groups: tuple[LinearGroup, ...]
     qkv_bias: bool = False
     qk_norm: bool = False
-    # linears AWQ does not clip: q/k feed the attention scores, whose softmax amplifies a clipped
-    # outlier (llm-awq and AutoAWQ skip them too); measured in docs/BENCHMARKS.md
-    awq_no_clip: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj")
+    # linears AWQ quantizes without a clip search. None by default: llm-awq and AutoAWQ leave q/k
+    # unclipped (the softmax amplifies a clipped outlier), but over three calibration seeds clipping
+    # them too gave the lower perplexity on both test models, with and without duo scaling
+    # (docs/BENCHMARKS.md, "AWQ: which linears to clip")
+    awq_no_clip: tuple[str, ...] = ()
 
     @property
     def linears(self) -> tuple[str, ...]:

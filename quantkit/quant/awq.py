@@ -13,7 +13,7 @@ For a layer, on the cached calibration inputs, as in the paper and llm-awq:
      v -> o scale is tied over the query heads sharing a KV head, and v_proj's rows take its
      KV-head part (arch.tie_over_query_heads);
   4. re-capture the (now scaled) inputs and search a clip threshold per (row, group) of each
-     quantized linear on a 512-token sample, except the spec's awq_no_clip (q/k); clamp;
+     quantized linear on a 512-token sample, except the spec's awq_no_clip (none for Llama); clamp;
   5. quantize with RTN (asymmetric by default: ctx.scheme), leave the dequantized weights in
      the layer, and return the plan (scales and clips) for `awq_plan.safetensors`.
 With `--load-plan`, steps 2 and 4 read the saved tensors instead of searching.
@@ -86,6 +86,8 @@ class AWQMethod:
         stats["loss_rtn"] = loss_rtn
         outputs = ctx.run_layer()
         stats["loss_awq"] = _mse(outputs, cap.outputs)
+        if self.config.awq_next_inputs == "float":
+            outputs = cap.outputs
         return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan, outputs=outputs)
 
     # ---- which groups are scaled, and what a plan must hold -------------------------------------

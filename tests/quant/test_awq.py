@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -90,13 +91,24 @@ def test_awq_block_error_below_rtn_on_tiny_llama(tiny_llama, tmp_path):
     assert {"qkv", "o", "gate_up", "down"} == set(result.stats["groups"])
     o_scale = result.plan["o.scale"].reshape(2, 2, -1)  # [kv, heads per kv, head_dim]
     assert torch.equal(o_scale[:, 0], o_scale[:, 1])
-    # q/k are not clipped (the softmax amplifies clipped outliers), the others are
-    assert {k for k in result.plan if k.endswith(".clip")} == {
-        f"{n}.clip" for n in result.weights if n not in ("self_attn.q_proj", "self_attn.k_proj")}
+    # every linear is clipped (the spec's awq_no_clip is empty for Llama)
+    assert {k for k in result.plan if k.endswith(".clip")} == {f"{n}.clip" for n in result.weights}
     for g in result.stats["groups"].values():
         assert 0.0 <= g["ratio"] < 1.0 and g["loss_scaled"] <= g["loss_unscaled"]
     qkv = result.stats["groups"]["qkv"]  # the outlier channels feed q/k/v: a real scale must win
     assert qkv["ratio"] > 0 and qkv["loss_scaled"] < 0.7 * qkv["loss_unscaled"]
+
+
+def test_the_specs_awq_no_clip_linears_are_quantized_unclipped(tiny_llama, tmp_path):
+    model = load_float(tiny_llama)
+    xs, kwargs = layer_inputs(model, nsamples=2, seqlen=32, outlier_channels=4)
+    config = awq_config(tmp_path, 32)
+    layer = copy.deepcopy(model.model.layers[0])
+    ctx = make_ctx(model, layer, xs, kwargs, config.scheme, config)
+    qk = ("self_attn.q_proj", "self_attn.k_proj")
+    ctx = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, awq_no_clip=qk))
+    result = AWQMethod(config).quantize_layer(ctx)
+    assert {k for k in result.plan if k.endswith(".clip")} == {f"{n}.clip" for n in result.weights if n not in qk}
 
 
 def test_awq_leaves_dequantized_weights_in_the_layer(tiny_llama, tmp_path):
@@ -107,6 +119,26 @@ def test_awq_leaves_dequantized_weights_in_the_layer(tiny_llama, tmp_path):
     for name, qw in result.weights.items():
         assert torch.equal(get_submodule(layer, name).weight.data, qw.dequantize())
         assert qw.scheme.sym is False and int(qw.qweight.max()) <= 15 and int(qw.qweight.min()) >= 0
+
+
+def test_next_inputs_are_the_quantized_layers_outputs_unless_float_is_asked(tiny_llama, tmp_path):
+    model = load_float(tiny_llama)
+    xs, kwargs = layer_inputs(model, nsamples=2, seqlen=32)
+    outs = {}
+    for which in ("quantized", "float"):
+        config = awq_config(tmp_path, 32, awq_next_inputs=which)
+        layer = copy.deepcopy(model.model.layers[0])
+        ctx = make_ctx(model, layer, xs, kwargs, config.scheme, config)
+        ref = copy.deepcopy(ctx).run_layer()
+        result = AWQMethod(config).quantize_layer(ctx)
+        outs[which] = (result.outputs, ref, ctx.run_layer())
+    quantized, ref, run = outs["quantized"]
+    assert all(torch.equal(o, r) for o, r in zip(quantized, run))
+    assert not any(torch.equal(o, r) for o, r in zip(quantized, ref))
+    floats, ref, _ = outs["float"]
+    assert all(torch.allclose(o, r, atol=1e-5) for o, r in zip(floats, ref))
+    with pytest.raises(QuantkitError, match="unknown --awq-next-inputs 'fp32'"):
+        awq_config(tmp_path, 32, awq_next_inputs="fp32")
 
 
 def test_awq_block_error_below_rtn_on_real_stories_layer(stories_dir, tmp_path):
@@ -123,7 +155,7 @@ def test_awq_block_error_below_rtn_on_real_stories_layer(stories_dir, tmp_path):
     assert set(result.weights) == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
     assert set(result.stats["groups"]) == {"qkv", "o"}
     assert set(result.stats["skipped_groups"]) == {"gate_up", "down"}
-    assert set(result.plan) == {"qkv.scale", "o.scale", "self_attn.v_proj.clip", "self_attn.o_proj.clip"}
+    assert set(result.plan) == {"qkv.scale", "o.scale"} | {f"{n}.clip" for n in result.weights}
 
 
 @pytest.mark.parametrize("family,kv_heads", [("llama", 4), ("qwen2", 2), ("qwen3", 2)])
