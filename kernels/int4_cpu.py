@@ -116,8 +116,8 @@ class DirectCall:
     group_size: int
     max_m: int
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # the kernel accumulates and returns fp32
-        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size).to(torch.bfloat16)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # fp32 sums, rounded to bf16 as the kernel stores them
+        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, True)
 
 
 def direct_bf16_call(w: Int4Blocked) -> DirectCall | None:
@@ -189,8 +189,8 @@ def int4_blocked_linear(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | No
         dense_from_m = dense_threshold(x.dtype, use_bf16)
     xp = x.index_select(1, w.perm) if w.perm is not None else x.contiguous()
     if xp.shape[0] < dense_from_m:
-        if use_bf16:
-            out = ext.int4_linear_bf16(xp, w.packed, w.scale_zero, w.out_features, w.group_size)
+        if use_bf16:  # without a bias to add in fp32, the kernel rounds to bf16 as it stores
+            out = ext.int4_linear_bf16(xp, w.packed, w.scale_zero, w.out_features, w.group_size, bias is None)
         else:
             out = ext.int4_linear(xp.float(), w.packed, w.scale_zero, w.out_features, w.group_size)
     else:

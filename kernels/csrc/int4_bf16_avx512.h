@@ -33,9 +33,33 @@ struct Args {
   const float* xsum;   // [M, G]
   const uint8_t* w;    // [NB, K, 8]
   const T* sz;         // [NB, G, 2, 16]
-  float* out;          // [M, N]
+  float* out;          // [M, N] fp32, or null when out_bf16 is set
+  uint16_t* out_bf16;  // [M, N] bf16 bits (rounded to nearest even, as torch rounds fp32 to bf16), or null
   int64_t M, K, N, G, gs;
 };
+
+// The sums of x over each group, in fp32: xsum [M, G] from x bf16 [M, K] (gs even).
+inline void group_sums(const uint16_t* x, int64_t M, int64_t K, int64_t gs, float* xsum) {
+  const int64_t G = K / gs;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const uint16_t* p = x + m * K + g * gs;
+      __m512 acc = _mm512_setzero_ps();
+      int64_t c = 0;
+      for (; c + 16 <= gs; c += 16) {
+        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + c)));
+        acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+      }
+      float sum = _mm512_reduce_add_ps(acc);
+      for (; c < gs; ++c) {
+        const uint32_t bits = uint32_t(p[c]) << 16;
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        sum += v;
+      }
+      xsum[m * G + g] = sum;
+    }
+}
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::Half* p) {
@@ -66,7 +90,9 @@ inline __m512bh pair(const uint16_t* x) {
 // Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  constexpr int U = MT >= 8 ? 1 : (MT >= 4 ? 2 : (MT >= 2 ? 4 : 8));  // independent vdpbf16ps chains: U * MT >= 8
+  // independent vdpbf16ps chains: U * MT >= 16 (two issue a cycle at a latency of about 6 on AVX-512 BF16
+  // cores; 8 chains left the M = 8 tile at 69% of the bf16 peak, docs/BENCHMARKS.md)
+  constexpr int U = MT >= 8 ? 2 : (MT >= 4 ? 4 : 8);
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const uint16_t* x[MT];
@@ -105,6 +131,14 @@ void block(const Args<T>& a, int64_t b) {
   float o[8 * kRows];
   const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
   auto store = [&](int64_t m0, int64_t mt) {
+    if (a.out_bf16 != nullptr) {
+      const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
+      for (int64_t m = 0; m < mt; ++m) {
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(o + m * kRows));
+        _mm256_mask_storeu_epi16(a.out_bf16 + (m0 + m) * a.N + n0, live, h);
+      }
+      return;
+    }
     for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
   };
   int64_t m0 = 0;  // 8 rows of x per unpacking of the block's codes, then 4, then the rest

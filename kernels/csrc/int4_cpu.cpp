@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 
@@ -190,28 +191,32 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 }
 
 #if defined(QUANTKIT_INT4_BF16)
-// x bf16 [M, K] (columns already permuted for act-order) -> fp32 [M, N], by vdpbf16ps (int4_bf16_avx512.h).
-torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs) {
+// x bf16 [M, K] (columns already permuted for act-order) -> [M, N] by vdpbf16ps (int4_bf16_avx512.h): fp32, or
+// with out_bf16 the fp32 sums rounded to bf16 as they are stored (what .to(torch.bfloat16) of the fp32 result gives).
+torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
+                               bool out_bf16) {
   TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2, "x must be bf16 [M, K]");
   x = x.contiguous();
   const int64_t m = x.size(0), k = x.size(1);
   check(packed, sz, k, n, gs);
   TORCH_CHECK(gs % 2 == 0, "the bf16 kernel takes column pairs: the group size must be even");
-  auto out = torch::empty({m, n}, x.options().dtype(torch::kFloat));
+  auto out = torch::empty({m, n}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat));
   if (m == 0) return out;
-  const auto xsum = x.view({m, k / gs, gs}).sum(-1, false, torch::kFloat).contiguous();  // [M, G] fp32
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  const float* xs = xsum.data_ptr<float>();
+  std::vector<float> xsum(m * (k / gs));  // [M, G]
+  int4bf16::group_sums(xp, m, k, gs, xsum.data());
   const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* of = out_bf16 ? nullptr : out.data_ptr<float>();
+  uint16_t* ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
   auto run_bf16 = [&](auto args) {
     at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) int4bf16::block(args, b);
     });
   };
   if (sz.dtype() == torch::kHalf)
-    run_bf16(int4bf16::Args<at::Half>{xp, xs, w, sz.data_ptr<at::Half>(), out.data_ptr<float>(), m, k, n, k / gs, gs});
+    run_bf16(int4bf16::Args<at::Half>{xp, xsum.data(), w, sz.data_ptr<at::Half>(), of, ob, m, k, n, k / gs, gs});
   else
-    run_bf16(int4bf16::Args<float>{xp, xs, w, sz.data_ptr<float>(), out.data_ptr<float>(), m, k, n, k / gs, gs});
+    run_bf16(int4bf16::Args<float>{xp, xsum.data(), w, sz.data_ptr<float>(), of, ob, m, k, n, k / gs, gs});
   return out;
 }
 #endif
@@ -233,6 +238,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
-  m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 [M, N] (AVX-512 BF16)");
+  m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
+        py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
+        py::arg("out_bf16") = false);
 #endif
 }

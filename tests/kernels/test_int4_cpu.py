@@ -161,6 +161,8 @@ def test_bf16_kernel_matches_the_reference(bf16_kernel, m, n, k, layout, sym, gr
     xp = xb.index_select(1, w.perm) if w.perm is not None else xb
     got = bf16_kernel.int4_linear_bf16(xp.contiguous(), w.packed, w.scale_zero, n, w.group_size)  # fp32 [M, N]
     torch.testing.assert_close(got, int4_blocked_reference(xb.float(), w, None), **TOL)
+    rounded = bf16_kernel.int4_linear_bf16(xp.contiguous(), w.packed, w.scale_zero, n, w.group_size, True)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.to(torch.bfloat16))  # rounded as it is stored
     out = int4_blocked_linear(xb, w, p.bias, dense_from_m=m + 1)  # the same kernel through the wrapper
     assert out.dtype == torch.bfloat16  # rounded once: within a bf16 ulp (2^-8 relative) of the fp32 result
     torch.testing.assert_close(out.float(), int4_blocked_reference(xb.float(), w, p.bias).float(), rtol=8e-3, atol=1e-3)
