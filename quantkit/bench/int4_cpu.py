@@ -4,10 +4,14 @@ the activations' dtype, with ratios to dense.
 
   python -m quantkit.bench.int4_cpu [--threads 2] [--shapes 1024x2816,2816x1024,1024x1024,4096x4096]
                                     [--ms 1,8,64,256] [--group-size 128] [--int4pack-max-m 8]
-                                    [--dtype float32|bfloat16]
+                                    [--dtype float32|bfloat16] [--cold-copies 16]
 
 Shapes are N x K (out x in features). Times are the best of --reps calls, in ms. The last column is
 the path `int4_blocked_linear` picks at that M (kernel below `dense_threshold`, dense tiles from it).
+--cold-copies N times instead the kernel and the dense bf16/fp32 linear over a ring of N different
+weights of each shape, called in turn, so that each call reads its weight from memory as in a model
+(the table above reuses one weight, which stays in the cache); it prints ms per call and the weight
+bytes read per second.
 """
 
 from __future__ import annotations
@@ -56,6 +60,29 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
               flush=True)
 
 
+def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps: int, dtype: torch.dtype) -> None:
+    """The int4 kernel and the dense prepacked linear, each over a ring of `copies` weights of N x K."""
+    from quantkit.format.packing import pack
+    from quantkit.format.primitives import QuantScheme, rtn_quantize
+    from quantkit.kernels.cpu_linear import PrepackedLinear
+    from quantkit.kernels.int4_cpu import int4_blocked_linear, repack
+
+    packed, dense = [], []
+    for _ in range(copies):
+        linear = torch.nn.Linear(k, n, bias=False)
+        packed.append(repack(pack(rtn_quantize(linear.weight.detach(), QuantScheme(4, group_size, True)), "gptq")))
+        dense.append(PrepackedLinear(linear.to(dtype)))
+    int4_mb, dense_mb = n * k / 2 / 1e6, n * k * dtype.itemsize / 1e6
+    print(f"\n[{n} x {k}] group {group_size}, {dtype} activations, a ring of {copies} weights "
+          f"({copies * int4_mb:.0f} MB int4, {copies * dense_mb:.0f} MB dense)")
+    print(f"{'M':>5} {'int4 ms':>9} {'int4 GB/s':>9} {'dense ms':>9} {'dense GB/s':>10} {'dense/int4':>10}")
+    for m in ms:
+        x = torch.randn(m, k).to(dtype)
+        kern = _time(lambda: [int4_blocked_linear(x, w, None, dense_from_m=m + 1) for w in packed], reps) / copies
+        fp = _time(lambda: [d(x) for d in dense], reps) / copies
+        print(f"{m:>5} {kern:>9.3f} {int4_mb / kern:>9.1f} {fp:>9.3f} {dense_mb / fp:>10.1f} {fp / kern:>10.2f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -65,6 +92,7 @@ def main() -> None:
     ap.add_argument("--int4pack-max-m", type=int, default=8, help="largest M to time torch's int4pack at (slow)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the activations' dtype")
+    ap.add_argument("--cold-copies", type=int, default=0, help="time a ring of this many weights per shape (cold)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
@@ -77,6 +105,10 @@ def main() -> None:
     with torch.inference_mode():
         for shape in args.shapes.split(","):
             n, k = map(int, shape.split("x"))
+            if args.cold_copies:
+                bench_cold(n, k, [int(m) for m in args.ms.split(",")], args.group_size, args.cold_copies, args.reps,
+                           dtype)
+                continue
             bench_shape(n, k, [int(m) for m in args.ms.split(",")], args.group_size, args.int4pack_max_m, args.reps,
                         dtype)
 
