@@ -106,8 +106,9 @@ def concat_blocked(parts: list[Int4Blocked]) -> Int4Blocked | None:
 
 @dataclass(frozen=True)
 class DirectCall:
-    """What a bf16 forward on `w` calls when it goes straight to the AVX-512 BF16 kernel: below `max_m`
-    rows, no act-order permutation (no Python between the module and the kernel)."""
+    """What a bf16 forward on `w` calls when it goes straight to a kernel: below `max_m` rows, no act-order
+    permutation (no Python between the module and the kernel). `op` is the AVX-512 BF16 kernel, or with
+    `int8_activations` the AVX-512 VNNI one, which rounds x to int8 per row and group first (W4A8)."""
 
     op: object
     packed: torch.Tensor
@@ -115,17 +116,21 @@ class DirectCall:
     out_features: int
     group_size: int
     max_m: int
+    int8_activations: bool = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # fp32 sums, rounded to bf16 as the kernel stores them
         return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, True)
 
 
-def direct_bf16_call(w: Int4Blocked) -> DirectCall | None:
-    """The direct call for bf16 activations on `w`, or None where int4_blocked_linear must decide."""
+def direct_bf16_call(w: Int4Blocked, int8_activations: bool = False) -> DirectCall | None:
+    """The direct call for bf16 activations on `w`, or None where int4_blocked_linear must decide. With
+    `int8_activations` it runs the int8-activation kernel where `q8_kernel(w)`, else the bf16 one."""
     if w.perm is not None or not bf16_kernel(w):
         return None
-    return DirectCall(extension().int4_linear_bf16, w.packed, w.scale_zero, w.out_features, w.group_size,
-                      dense_threshold(torch.bfloat16, bf16_kernel=True))
+    q8 = int8_activations and q8_kernel(w)
+    op = extension().int4_linear_q8 if q8 else extension().int4_linear_bf16
+    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size,
+                      dense_threshold(torch.bfloat16, bf16_kernel=True), q8)
 
 
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
@@ -143,6 +148,31 @@ def int4_blocked_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor |
     xf = x.float() if w.perm is None else x.float().index_select(1, w.perm)
     out = xf @ dequantize_blocked(w).T
     return (out if bias is None else out + bias.float()).to(x.dtype)
+
+
+def quantize_activations_reference(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the int8-activation kernel multiplies: x [M, K] per row and group of `group_size` columns as
+    xq = round(x * 127 / amax) (ties to even) and scale amax / 127 (amax = max |x| of the group; a group of
+    zeros gives codes 0 and scale 0). Returns xq [M, K] (integers in [-127, 127], fp32) and scale [M, G] fp32."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // group_size, group_size)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # (127.0 / t is t.reciprocal() * 127)
+    return torch.round(groups * inv).reshape(m, k), (amax / 127.0).squeeze(-1)
+
+
+def int4_q8_reference(x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
+    """The oracle of the int8-activation kernel: x rounded as quantize_activations_reference, then
+    @ dequantize_blocked(w).T in fp32. x [M, K] is in the packed column order (act-order permuted)."""
+    xq, scale = quantize_activations_reference(x, w.group_size)
+    m, k = x.shape
+    xd = (xq.reshape(m, k // w.group_size, w.group_size) * scale.unsqueeze(-1)).reshape(m, k)
+    return xd @ dequantize_blocked(w).T
+
+
+def q8_kernel(w: Int4Blocked) -> bool:
+    """Whether the int8-activation (AVX-512 VNNI) kernel takes w: built here, and groups in fours."""
+    return hasattr(extension(), "int4_linear_q8") and w.group_size % 4 == 0
 
 
 def dense_threshold(dtype: torch.dtype, bf16_kernel: bool = False) -> int:

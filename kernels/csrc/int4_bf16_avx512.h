@@ -20,6 +20,8 @@
 
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <type_traits>
 #include <cstdint>
 #include <cstring>
 
@@ -126,30 +128,46 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   for (int m = 0; m < MT; ++m) _mm512_storeu_ps(o + m * kRows, out[m]);
 }
 
-template <typename T>
-void block(const Args<T>& a, int64_t b) {
+// Rows m0..m0+mt-1 of a block's outputs o[mt][16] into out (fp32) or out_bf16 (rounded to nearest even, as
+// torch rounds fp32 to bf16) at columns n0..n0+rows-1 of an [M, N] result.
+inline void store_rows(float* out, uint16_t* out_bf16, int64_t N, int64_t n0, int64_t rows, int64_t m0, int64_t mt,
+                       const float* o) {
+  if (out_bf16 != nullptr) {
+    const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
+    for (int64_t m = 0; m < mt; ++m) {
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(o + m * kRows));
+      _mm256_mask_storeu_epi16(out_bf16 + (m0 + m) * N + n0, live, h);
+    }
+    return;
+  }
+  for (int64_t m = 0; m < mt; ++m) std::memcpy(out + (m0 + m) * N + n0, o + m * kRows, rows * sizeof(float));
+}
+
+// Block b's outputs for every row of x (a.M rows; a.N, a.out and a.out_bf16 of an Args): 8 rows per
+// unpacking of the block's codes, then 4, then the rest; tile(std::integral_constant<int, MT>, m0, o) fills
+// o[MT][16] with rows m0..m0+MT-1.
+template <typename A, typename Tile>
+void for_tiles(const A& a, int64_t b, Tile tile) {
   float o[8 * kRows];
   const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
-  auto store = [&](int64_t m0, int64_t mt) {
-    if (a.out_bf16 != nullptr) {
-      const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
-      for (int64_t m = 0; m < mt; ++m) {
-        const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(o + m * kRows));
-        _mm256_mask_storeu_epi16(a.out_bf16 + (m0 + m) * a.N + n0, live, h);
-      }
-      return;
-    }
-    for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
+  auto run = [&](auto mt, int64_t m0) {
+    tile(mt, m0, o);
+    store_rows(a.out, a.out_bf16, a.N, n0, rows, m0, decltype(mt)::value, o);
   };
-  int64_t m0 = 0;  // 8 rows of x per unpacking of the block's codes, then 4, then the rest
-  for (; m0 + 8 <= a.M; m0 += 8) { tile<8>(a, b, m0, o); store(m0, 8); }
-  for (; m0 + 4 <= a.M; m0 += 4) { tile<4>(a, b, m0, o); store(m0, 4); }
+  int64_t m0 = 0;
+  for (; m0 + 8 <= a.M; m0 += 8) run(std::integral_constant<int, 8>{}, m0);
+  for (; m0 + 4 <= a.M; m0 += 4) run(std::integral_constant<int, 4>{}, m0);
   switch (a.M - m0) {
-    case 3: tile<3>(a, b, m0, o); store(m0, 3); break;
-    case 2: tile<2>(a, b, m0, o); store(m0, 2); break;
-    case 1: tile<1>(a, b, m0, o); store(m0, 1); break;
+    case 3: run(std::integral_constant<int, 3>{}, m0); break;
+    case 2: run(std::integral_constant<int, 2>{}, m0); break;
+    case 1: run(std::integral_constant<int, 1>{}, m0); break;
     default: break;
   }
+}
+
+template <typename T>
+void block(const Args<T>& a, int64_t b) {
+  for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
 }
 
 }  // namespace int4bf16

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
+#include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 
 namespace {
 
@@ -145,11 +146,17 @@ void check(const torch::Tensor& packed, const torch::Tensor& sz, int64_t k, int6
 
 namespace {
 
+// fn(b) for every block b, the blocks split over torch's threads
+template <typename Fn>
+void over_blocks(int64_t blocks, Fn fn) {
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) fn(b);
+  });
+}
+
 template <typename T>
 void run(const Args<T>& a, int64_t blocks) {
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) block(a, b);
-  });
+  over_blocks(blocks, [&](int64_t b) { block(a, b); });
 }
 
 template <typename T>
@@ -208,15 +215,42 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* of = out_bf16 ? nullptr : out.data_ptr<float>();
   uint16_t* ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
-  auto run_bf16 = [&](auto args) {
-    at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) int4bf16::block(args, b);
-    });
-  };
+  auto run_bf16 = [&](auto args) { over_blocks(packed.size(0), [&](int64_t b) { int4bf16::block(args, b); }); };
   if (sz.dtype() == torch::kHalf)
     run_bf16(int4bf16::Args<at::Half>{xp, xsum.data(), w, sz.data_ptr<at::Half>(), of, ob, m, k, n, k / gs, gs});
   else
     run_bf16(int4bf16::Args<float>{xp, xsum.data(), w, sz.data_ptr<float>(), of, ob, m, k, n, k / gs, gs});
+  return out;
+}
+#endif
+
+#if defined(QUANTKIT_INT4_Q8)
+// x bf16 [M, K] (columns already permuted for act-order), quantized per row and group to int8 -> fp32 (or bf16)
+// [M, N] by vpdpbusd (int4_q8_avx512.h).
+torch::Tensor int4_linear_q8(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
+                             bool out_bf16) {
+  TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2, "x must be bf16 [M, K]");
+  x = x.contiguous();
+  const int64_t m = x.size(0), k = x.size(1);
+  check(packed, sz, k, n, gs);
+  TORCH_CHECK(gs % 4 == 0, "the int8-activation kernel takes columns in fours: the group size must be a multiple of 4");
+  auto out = torch::empty({m, n}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat));
+  if (m == 0) return out;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const int64_t groups = k / gs;
+  std::vector<int8_t> xq(m * k);
+  std::vector<float> sx(m * groups), xqsum(m * groups);
+  int4q8::quantize(xp, m, k, gs, xq.data(), sx.data(), xqsum.data());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* of = out_bf16 ? nullptr : out.data_ptr<float>();
+  uint16_t* ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
+  auto run_q8 = [&](auto args) { over_blocks(packed.size(0), [&](int64_t b) { int4q8::block(args, b); }); };
+  if (sz.dtype() == torch::kHalf)
+    run_q8(int4q8::Args<at::Half>{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<at::Half>(), of, ob, m, k, n,
+                                  groups, gs});
+  else
+    run_q8(int4q8::Args<float>{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<float>(), of, ob, m, k, n, groups,
+                               gs});
   return out;
 }
 #endif
@@ -241,5 +275,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);
+#endif
+#if defined(QUANTKIT_INT4_Q8)
+  m.def("int4_linear_q8", &int4_linear_q8, "x bf16 [M, K], quantized to int8 per row and group, @ W4.T -> fp32 "
+        "(or bf16) [M, N] (AVX-512 VNNI)", py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"),
+        py::arg("group_size"), py::arg("out_bf16") = false);
 #endif
 }

@@ -2,6 +2,7 @@
 
   python -m quantkit.bench.int4_engine [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
                                        [--rounds 3] [--dtype auto] [--models-dir DIR] [--make-only]
+                                       [--int8-activations]
 
 Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads,
 8 KV heads, vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN
@@ -10,6 +11,8 @@ checkpoint in the GPTQ v1 layout (symmetric, group 128), with lm_head float and 
 max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out.
 Rounds alternate float and 4-bit; the median counts. Weight memory is the engine's start-up figure.
 --models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
+--int8-activations adds both 4-bit checkpoints again with EngineConfig.cpu_int8_activations (decode batches
+on the W4A8 kernel: activations rounded to int8 per row and group).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--models-dir", type=Path, default=None, help="make the checkpoints here once and reuse them")
     ap.add_argument("--make-only", action="store_true", help="only make the checkpoints in --models-dir")
+    ap.add_argument("--int8-activations", action="store_true", help="also the 4-bit checkpoints with W4A8 decode")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
@@ -73,8 +77,11 @@ def main() -> None:
         models = checkpoints(args.models_dir or Path(tmp))
         if args.make_only:
             return
+        runs = [(name, path, False) for name, path in models.items()]
+        if args.int8_activations:
+            runs += [(f"{name}, int8 activations", path, True) for name, path in models.items() if name != "float"]
         llms = {name: LLM(str(path), dtype=dtype, max_model_len=1024, max_num_seqs=max(batches),
-                          num_threads=args.threads) for name, path in models.items()}
+                          num_threads=args.threads, cpu_int8_activations=int8) for name, path, int8 in runs}
         for name, llm in llms.items():  # warm-up, not counted
             _wall(llm, prompts[batches[0]][:1], 2)
             print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}", flush=True)

@@ -100,6 +100,7 @@ def generate(
     dtype: str = typer.Option("auto", "--dtype", help=("auto (float16 on GPU; on CPU bfloat16 where it computes "
                                                        "natively, else float32), float32, bfloat16 or float16 (GPU).")),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
+    cpu_int8_activations: bool = typer.Option(False, "--cpu-int8-activations/--no-cpu-int8-activations", help="CPU, bf16, 4-bit checkpoints: round activations to int8 per row and group for decode batches (W4A8, AVX-512 VNNI; as llama.cpp). Off: W4A16."),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):
@@ -112,7 +113,7 @@ def generate(
     llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
               kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
-              num_threads=threads)
+              num_threads=threads, cpu_int8_activations=cpu_int8_activations)
     console.print(llm.engine.kv_plan.describe(), highlight=False)
     outs = _run_with_progress(llm, prompts, params)
     if prompt is not None and outs[0].error:

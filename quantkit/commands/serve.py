@@ -56,6 +56,7 @@ def serve(
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout",
                                            help="Seconds requests in flight may take to finish on SIGTERM."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch."),
+    cpu_int8_activations: bool = typer.Option(False, "--cpu-int8-activations/--no-cpu-int8-activations", help="CPU, bf16, 4-bit checkpoints: round activations to int8 per row and group for decode batches (W4A8, AVX-512 VNNI; as llama.cpp). Off: W4A16."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),
@@ -78,7 +79,8 @@ def serve(
                           max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                           enable_prefix_caching=enable_prefix_caching, gpu_memory_utilization=gpu_memory_utilization,
                           kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
-                          swap_space=swap_space, dtype=dtype, device=device, num_threads=threads)
+                          swap_space=swap_space, dtype=dtype, device=device, num_threads=threads,
+                          cpu_int8_activations=cpu_int8_activations)
     settings = ServeSettings(engine, host=host, port=port, served_model_names=tuple(served_model_name or ()),
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,

@@ -27,6 +27,9 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch intra-op threads (None: leave torch's setting)
+    # CPU, bf16, 4-bit checkpoints: decode batches round the activations to int8 per row and group and run
+    # the W4A8 kernel (AVX-512 VNNI), as llama.cpp's Q8 activations; off: W4A16, the checkpoint's arithmetic
+    cpu_int8_activations: bool = False
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -29,8 +29,10 @@ log = logging.getLogger("quantkit.engine")
 EMBED = "model.embed_tokens.weight"
 
 
-def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Decoder, QuantInfo | None]:
-    """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`."""
+def load_decoder(path: Path, dtype: torch.dtype, device: torch.device,
+                 int8_activations: bool = False) -> tuple[Decoder, QuantInfo | None]:
+    """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`
+    (`int8_activations`: the 4-bit linears' decode batches run W4A8 on CPU, QuantLinear.repack_for_cpu)."""
     config_dict = read_config(path)
     spec_for(config_dict)  # unsupported architectures fail here, with the supported list
     info = checkpoint_quant_info(path, config_dict)
@@ -61,7 +63,7 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
     model.inv_freq = inv_frequencies(shape.rope, shape.head_dim, shape.max_position_embeddings)
     model = model.to(device).eval()
     if device.type == "cpu":
-        repack_quant_linears(model, dtype)
+        repack_quant_linears(model, dtype, int8_activations)
         fuse_quantized_projections(model)
         if not tied:
             hold_lm_head_bf16(model, head_dtype, dtype)
@@ -94,9 +96,10 @@ def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, comput
     return True
 
 
-def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype) -> Counter:
+def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype, int8_activations: bool = False) -> Counter:
     """Every QuantLinear into the CPU kernels' layout, checkpoint tensors dropped; counts of each path."""
-    paths = Counter(m.repack_for_cpu(dtype) for m in model.modules() if isinstance(m, QuantLinear))
+    paths = Counter(m.repack_for_cpu(dtype, int8_activations=int8_activations)
+                    for m in model.modules() if isinstance(m, QuantLinear))
     for path, n in paths.items():
         if path.startswith("dense"):
             log.warning("%d quantized linears run dequantized to a dense copy on CPU: %s", n, path)

@@ -57,15 +57,18 @@ class QuantLinear(nn.Module):
                                  None if first.bias is None else torch.cat([p.bias for p in parts])),
                     backend=first.backend, in_features=first.in_features, out_features=w.out_features)
         fused._cpu, fused.cpu_path = w, first.cpu_path
-        fused._direct = direct_bf16_call(w) if first._direct is not None else None
+        fused._direct = direct_bf16_call(w, first._direct.int8_activations) if first._direct is not None else None
         return fused
 
     def packed(self) -> PackedLinear:
         return PackedLinear(self.layout, self.bits, self.group_size, self.qweight, self.qzeros, self.scales,
                             self.g_idx, self.bias)
 
-    def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True) -> str:
-        """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`."""
+    def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True,
+                       int8_activations: bool = False) -> str:
+        """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`. `int8_activations`: bf16
+        batches below the dense crossover run the W4A8 kernel (x rounded to int8 per row and group) where it
+        builds and takes the weight."""
         from quantkit.kernels import int4_cpu
         from quantkit.kernels.cpu_int import int4_unsupported, repack_int4, repack_int8
 
@@ -75,8 +78,10 @@ class QuantLinear(nn.Module):
         if ours_missing is None:
             w = int4_cpu.repack(p)
             bf16 = dtype == torch.bfloat16 and int4_cpu.bf16_kernel(w)
-            self._cpu, self.cpu_path = w, f"int4 (quantkit {'AVX-512 BF16' if bf16 else 'AVX2'} kernel)"
-            self._direct = int4_cpu.direct_bf16_call(w) if bf16 and self.bias is None else None
+            self._direct = int4_cpu.direct_bf16_call(w, int8_activations) if bf16 and self.bias is None else None
+            kernel = "AVX-512 VNNI int8-activation" if self._direct is not None and self._direct.int8_activations \
+                else "AVX-512 BF16" if bf16 else "AVX2"
+            self._cpu, self.cpu_path = w, f"int4 (quantkit {kernel} kernel)"
         elif reason is None:
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
         elif p.bits == 8:

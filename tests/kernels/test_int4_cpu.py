@@ -12,23 +12,12 @@ import pytest
 import torch
 
 from quantkit.format.packing import dequantize, pack
-from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
+from quantkit.format.primitives import QuantScheme, rtn_quantize
 from quantkit.kernels import int4_cpu
 from quantkit.kernels.int4_cpu import dequantize_blocked, int4_blocked_linear, int4_blocked_reference, pack_blocks, repack
+from tests_support.int4_checkpoints import checkpoint
 
 TOL = dict(rtol=1e-4, atol=1e-3)  # fp32 sums of K products in another order
-
-
-def checkpoint(n: int, k: int, group_size: int, layout: str, sym: bool, act_order: bool = False, seed: int = 0):
-    """A packed 4-bit linear [N, K]; with act_order, a shuffled g_idx as GPTQ's desc_act writes it."""
-    gen = torch.Generator().manual_seed(seed)
-    qw = rtn_quantize(torch.randn(n, k, generator=gen), QuantScheme(4, group_size, sym))
-    if act_order:
-        g_idx = (torch.arange(k) // group_size)[torch.randperm(k, generator=gen)].to(torch.int32)
-        qw = QuantizedWeight(qw.qweight, qw.scales, qw.zeros, g_idx, qw.scheme)
-    p = pack(qw, layout)
-    p.bias = torch.randn(n, generator=gen)
-    return p
 
 
 LAYOUTS = [("gptq", True), ("gptq", False), ("gptq_v2", False), ("awq", False)]

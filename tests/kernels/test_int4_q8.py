@@ -1,0 +1,100 @@
+"""The int8-activation (W4A8) int4 kernel against its pure-torch reference, and its path through QuantLinear.
+
+The reference (int4_cpu.int4_q8_reference) rounds x to int8 per row and group exactly as the kernel does, so
+the two agree to fp32 summation order; against the W4A16 reference they differ by x's rounding to 8 bits.
+Kernel tests skip where the kernel is not built (it needs AVX-512 VNNI, VBMI and BF16).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.kernels import int4_cpu
+from quantkit.kernels.int4_cpu import int4_blocked_reference, int4_q8_reference, quantize_activations_reference, repack
+from tests_support.int4_checkpoints import checkpoint
+
+TOL = dict(rtol=1e-4, atol=1e-3)  # fp32 sums of the same products in another order
+
+
+def test_activations_round_to_int8_per_row_and_group():
+    x = torch.tensor([[-2.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0], [4.0, -1.0, 3.0, 0.125, 1.0, 2.0, -8.0, 0.0]])
+    xq, scale = quantize_activations_reference(x, 4)
+    # amax 2: x * 63.5, ties to even (63.5 -> 64); an all-zero group: codes 0, scale 0
+    assert xq[0].tolist() == [-127, 64, 32, 0, 0, 0, 0, 0]
+    assert scale[0].tolist() == pytest.approx([2 / 127, 0.0])
+    assert xq[1].tolist() == [127, -32, 95, 4, 16, 32, -127, 0]
+    assert scale[1].tolist() == pytest.approx([4 / 127, 8 / 127])
+    assert float((xq.reshape(2, 2, 4) * scale.unsqueeze(-1) - x.reshape(2, 2, 4)).abs().max()) <= 8 / 127 / 2
+
+
+@pytest.fixture(scope="module")
+def q8():
+    if (why := int4_cpu.unavailable()) is not None:
+        pytest.skip(why)
+    ext = int4_cpu.extension()
+    if not hasattr(ext, "int4_linear_q8"):
+        pytest.skip("the int8-activation int4 kernel is built only where the compiler targets AVX-512 VNNI, VBMI and BF16")
+    return ext
+
+
+SCHEMES = [("gptq", True, 32, False), ("gptq_v2", False, 32, True), ("awq", False, 32, False),
+           ("gptq", False, 128, False), ("gptq", False, -1, False)]
+# (N, K): N % 16 != 0, three groups of 32, many blocks; group 128 only where it divides K
+CASES = [(n, k, *scheme) for n, k in [(40, 256), (64, 96), (272, 512)] for scheme in SCHEMES if scheme[2] != 128 or k % 128 == 0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 13, 33])
+@pytest.mark.parametrize(("n", "k", "layout", "sym", "group_size", "act_order"), CASES)
+def test_q8_kernel_matches_its_reference(q8, m, n, k, layout, sym, group_size, act_order):
+    p = checkpoint(n, k, group_size, layout, sym, act_order, seed=m)
+    w = repack(p)
+    assert int4_cpu.q8_kernel(w)
+    xb = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n))).bfloat16()
+    xp = (xb.index_select(1, w.perm) if w.perm is not None else xb).contiguous()
+    got = q8.int4_linear_q8(xp, w.packed, w.scale_zero, n, w.group_size)
+    torch.testing.assert_close(got, int4_q8_reference(xp.float(), w), **TOL)
+    rounded = q8.int4_linear_q8(xp, w.packed, w.scale_zero, n, w.group_size, True)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.to(torch.bfloat16))
+    # against W4A16: x's rounding to int8 (at most half a step of amax / 127 an element) is all that differs
+    w4a16 = int4_blocked_reference(xb.float(), w, None)
+    assert float((got - w4a16).norm() / w4a16.norm()) < 0.02
+
+
+def test_q8_kernel_rejects_groups_not_in_fours(q8):
+    w = int4_cpu.Int4Blocked(torch.zeros(1, 12, 8, dtype=torch.uint8), torch.ones(1, 2, 2, 16, dtype=torch.float16),
+                             16, 6, None)
+    assert not int4_cpu.q8_kernel(w)
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        q8.int4_linear_q8(torch.zeros(1, 12, dtype=torch.bfloat16), w.packed, w.scale_zero, 16, 6)
+    direct = int4_cpu.direct_bf16_call(w, int8_activations=True)  # falls back to the bf16 kernel
+    assert direct is not None and not direct.int8_activations
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 7, 200])  # the direct call below the dense crossover, then dense tiles (W4A16)
+def test_quantlinear_with_int8_activations_runs_the_q8_kernel_fused_or_not(q8, m):
+    from quantkit.model.quant_linear import QuantLinear
+
+    parts = []
+    for n in (64, 32, 32):
+        p = checkpoint(n, 256, 64, "gptq", True, seed=n)
+        p.bias = None
+        q = QuantLinear(p)
+        assert "int8-activation" in q.repack_for_cpu(torch.bfloat16, int8_activations=True)
+        assert q._direct.int8_activations
+        parts.append(q)
+    fused = QuantLinear.concat(parts)
+    assert fused._direct is not None and fused._direct.int8_activations
+    x = (2 * torch.randn(2, m, 256, generator=torch.Generator().manual_seed(m))).bfloat16()
+    got = fused(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, m, 128)
+    torch.testing.assert_close(got, torch.cat([p(x) for p in parts], dim=-1), rtol=0, atol=0)
+    flat, out = x.reshape(-1, 256).float(), got.reshape(-1, 128).float()
+    if flat.shape[0] < fused._direct.max_m:  # W4A8, rounded to bf16 once
+        want = torch.cat([int4_q8_reference(flat, p._cpu) for p in parts], dim=-1)
+        torch.testing.assert_close(out, want, rtol=8e-3, atol=2e-2)
+    else:  # W4A16 on bf16 tiles of the dequantized weight
+        want = torch.cat([int4_blocked_reference(flat, p._cpu, None) for p in parts], dim=-1)
+        assert float((out - want).norm() / want.norm()) < 1e-2
