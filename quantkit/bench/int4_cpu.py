@@ -11,7 +11,7 @@ the path `int4_blocked_linear` picks at that M (kernel below `dense_threshold`, 
 --cold-copies N times instead the kernel and the dense bf16/fp32 linear over a ring of N different
 weights of each shape, called in turn, so that each call reads its weight from memory as in a model
 (the table above reuses one weight, which stays in the cache); it prints ms per call and the weight
-bytes read per second.
+bytes read per second, and with bf16 activations the int8-activation (W4A8) kernel's time where it builds.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
     from quantkit.format.packing import pack
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import int4_blocked_linear, repack
+    from quantkit.kernels.int4_cpu import direct_bf16_call, int4_blocked_linear, q8_kernel, repack
 
     packed, dense = [], []
     for _ in range(copies):
@@ -75,12 +75,20 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
     int4_mb, dense_mb = n * k / 2 / 1e6, n * k * dtype.itemsize / 1e6
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations, a ring of {copies} weights "
           f"({copies * int4_mb:.0f} MB int4, {copies * dense_mb:.0f} MB dense)")
-    print(f"{'M':>5} {'int4 ms':>9} {'int4 GB/s':>9} {'dense ms':>9} {'dense GB/s':>10} {'dense/int4':>10}")
+    # bf16 x: also the int8-activation kernel (W4A8) through its direct call, where it builds
+    q8 = [direct_bf16_call(w, int8_activations=True) for w in packed] \
+        if dtype == torch.bfloat16 and q8_kernel(packed[0]) else None
+    print(f"{'M':>5} {'int4 ms':>9} {'int4 GB/s':>9} {'dense ms':>9} {'dense GB/s':>10} {'dense/int4':>10}"
+          + (f" {'W4A8 ms':>9} {'int4/W4A8':>9}" if q8 else ""))
     for m in ms:
         x = torch.randn(m, k).to(dtype)
         kern = _time(lambda: [int4_blocked_linear(x, w, None, dense_from_m=m + 1) for w in packed], reps) / copies
         fp = _time(lambda: [d(x) for d in dense], reps) / copies
-        print(f"{m:>5} {kern:>9.3f} {int4_mb / kern:>9.1f} {fp:>9.3f} {dense_mb / fp:>10.1f} {fp / kern:>10.2f}", flush=True)
+        line = f"{m:>5} {kern:>9.3f} {int4_mb / kern:>9.1f} {fp:>9.3f} {dense_mb / fp:>10.1f} {fp / kern:>10.2f}"
+        if q8:
+            w4a8 = _time(lambda: [call(x) for call in q8], reps) / copies
+            line += f" {w4a8:>9.3f} {kern / w4a8:>9.2f}"
+        print(line, flush=True)
 
 
 def main() -> None:
