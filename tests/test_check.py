@@ -191,14 +191,15 @@ def test_comparisons_treat_non_finite_outputs_as_failures():
 def tiny_llama_awq_plan(groups: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """A plan for the tiny llama (hidden 128, intermediate 256, 4 heads / 2 KV heads: the v -> o scale
     is tied over the query heads of a KV head) with random scales in [0.5, 2) and clips too large to
-    clip anything (q/k have none: AWQ does not clip them)."""
+    clip anything (every linear has one: AWQ clips q/k too)."""
     gen = torch.Generator().manual_seed(seed)
     plan = {}
     for i in range(2):
         for group, k in (("qkv", 128), ("o", 128), ("gate_up", 128), ("down", 256)):
             plan[f"layers.{i}.{group}.scale"] = torch.rand(k, generator=gen) * 1.5 + 0.5
         plan[f"layers.{i}.o.scale"] = tie_over_query_heads(plan[f"layers.{i}.o.scale"], 4, 2)
-        for linear, n, k in (("self_attn.v_proj", 64, 128), ("self_attn.o_proj", 128, 128),
+        for linear, n, k in (("self_attn.q_proj", 128, 128), ("self_attn.k_proj", 64, 128),
+                             ("self_attn.v_proj", 64, 128), ("self_attn.o_proj", 128, 128),
                              ("mlp.gate_proj", 256, 128), ("mlp.up_proj", 256, 128), ("mlp.down_proj", 128, 256)):
             plan[f"layers.{i}.{linear}.clip"] = torch.full((n, k // groups), 1e4)
     return plan
