@@ -25,6 +25,9 @@ def prepack_supported(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+_LINEAR = torch.ops.mkldnn._linear_pointwise
+
+
 class PrepackedLinear(nn.Module):
     """A drop-in for nn.Linear on CPU: x [..., K] -> [..., N], weight prepacked at construction."""
 
@@ -52,9 +55,12 @@ class PrepackedLinear(nn.Module):
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # _buffers read directly: two Module.__getattr__ lookups a call add up over an engine step's 33 calls
+        buffers = self._buffers
+        if x.dim() == 2:  # the engine's flat batch [T, K]
+            return _LINEAR(x, buffers["packed_weight"], buffers["bias"], "none", [], "")
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed_weight, self.bias,
-                                                 "none", [], "")
+        out = _LINEAR(x.reshape(-1, shape[-1]), buffers["packed_weight"], buffers["bias"], "none", [], "")
         return out.reshape(*shape[:-1], self.out_features)
 
 
