@@ -157,7 +157,8 @@ def quantize_activations_reference(x: torch.Tensor, group_size: int) -> tuple[to
     m, k = x.shape
     groups = x.float().reshape(m, k // group_size, group_size)
     amax = groups.abs().amax(dim=-1, keepdim=True)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # (127.0 / t is t.reciprocal() * 127)
+    # a true division, as the kernel's (torch computes 127.0 / t as t.reciprocal() * 127, which rounds differently)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     return torch.round(groups * inv).reshape(m, k), (amax / 127.0).squeeze(-1)
 
 

@@ -38,7 +38,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.eval.perplexity import tokenize_once
-    from quantkit.kernels.int4_cpu import q8_kernel
     from quantkit.model.loader import load_model, load_tokenizer
     from quantkit.model.quant_linear import QuantLinear
     from quantkit.quant.pipeline import quantize_model
@@ -58,7 +57,7 @@ def main() -> None:
             model, _ = load_model(out, dtype=torch.bfloat16)
             linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
             paths = {m.repack_for_cpu(torch.bfloat16, int8_activations=int8) for m in linears}
-            if int8 and not all(m._cpu is not None and q8_kernel(m._cpu) for m in linears):
+            if int8 and not all(m._direct is not None and m._direct.int8_activations for m in linears):
                 raise SystemExit(f"the int8-activation kernel does not run every linear here: {sorted(paths)}")
             with torch.inference_mode():
                 ppl = score(model, ids, note)

@@ -100,7 +100,10 @@ def generate(
     dtype: str = typer.Option("auto", "--dtype", help=("auto (float16 on GPU; on CPU bfloat16 where it computes "
                                                        "natively, else float32), float32, bfloat16 or float16 (GPU).")),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
-    cpu_int8_activations: bool = typer.Option(False, "--cpu-int8-activations/--no-cpu-int8-activations", help="CPU, bf16, 4-bit checkpoints: round activations to int8 per row and group for decode batches (W4A8, AVX-512 VNNI; as llama.cpp). Off: W4A16."),
+    cpu_int8_activations: bool = typer.Option(
+        False, "--cpu-int8-activations/--no-cpu-int8-activations",
+        help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and group "
+             "(W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic."),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):

@@ -56,7 +56,10 @@ def serve(
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout",
                                            help="Seconds requests in flight may take to finish on SIGTERM."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch."),
-    cpu_int8_activations: bool = typer.Option(False, "--cpu-int8-activations/--no-cpu-int8-activations", help="CPU, bf16, 4-bit checkpoints: round activations to int8 per row and group for decode batches (W4A8, AVX-512 VNNI; as llama.cpp). Off: W4A16."),
+    cpu_int8_activations: bool = typer.Option(
+        False, "--cpu-int8-activations/--no-cpu-int8-activations",
+        help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and group "
+             "(W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),

@@ -116,3 +116,20 @@ def test_stopping_at_the_context_limit_is_said(app, stories_dir, tmp_path):
     first, second = llm.generate([prompt, "Once upon a time"], params)
     assert "context limit" in context_limit_note(first, params, llm.engine.max_model_len)
     assert context_limit_note(second, params, llm.engine.max_model_len) is None
+
+
+def test_cpu_int8_activations_reaches_the_engine_config(app, stories_dir, monkeypatch):
+    from quantkit.engine import llm as llm_module
+
+    seen = []
+    real = llm_module.EngineConfig
+
+    def recording(**kwargs):
+        seen.append(real(**kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(llm_module, "EngineConfig", recording)
+    for flag, want in (("--cpu-int8-activations", True), ("--no-cpu-int8-activations", False)):
+        res = run(app, stories_dir, "--prompt", "Once upon a time", "--max-tokens", 2, "--threads", 1, flag)
+        assert res.exit_code == 0, res.output
+        assert seen[-1].cpu_int8_activations is want
