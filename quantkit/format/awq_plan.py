@@ -72,16 +72,18 @@ class PlanFile:
         return max(indices) + 1 if indices else 0
 
     def layer(self, index: int, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-        """The plan of layer `index`, checked against `expected` (key -> shape); QuantkitError on mismatch."""
+        """The plan of layer `index`, checked against `expected` (key -> shape); QuantkitError on mismatch.
+        A clip may be absent: that linear is quantized unclipped (plans saved before quantkit clipped q/k
+        have no clip for them); every scale must be there."""
         prefix = layer_prefix(index)
         found = {k[len(prefix):]: v for k, v in self._tensors.items() if k.startswith(prefix)}
-        missing = sorted(set(expected) - set(found))
+        missing = sorted(k for k in set(expected) - set(found) if not k.endswith(CLIP_SUFFIX))
         extra = sorted(set(found) - set(expected))
         if missing or extra:
             what = f"lacks {prefix}{missing[0]}" if missing else f"has {prefix}{extra[0]}, which this run does not use"
             raise QuantkitError(f"--load-plan {self.path} does not match this model and settings: it {what}")
         for key, shape in expected.items():
-            if tuple(found[key].shape) != tuple(shape):
+            if key in found and tuple(found[key].shape) != tuple(shape):
                 raise QuantkitError(f"--load-plan {self.path}: {prefix}{key} has shape {tuple(found[key].shape)}, "
                                     f"this model needs {tuple(shape)}")
         return {k: v.float() for k, v in found.items()}

@@ -190,8 +190,8 @@ class AWQMethod:
             lin = get_submodule(ctx.layer, name)
             x = samples[by_linear[name].name].to(lin.weight.device)
             w = lin.weight.data.float()
-            if name in clipped:
-                key = clip_key(name)
+            key = clip_key(name)
+            if name in clipped and (loaded is None or key in loaded):  # a loaded plan may leave it unclipped
                 max_val = loaded[key] if loaded is not None else search_clip(w, x, ctx.scheme, self.config.awq_grid)
                 plan[key] = max_val.detach().float().cpu()
                 apply_clip(lin, plan[key])

@@ -203,13 +203,15 @@ def test_duo_scaling_runs_and_beats_rtn(tiny_llama, tmp_path):
     assert all("loss_unscaled" in g for g in result.stats["groups"].values())
 
 
-def _run_layers(model, xs, kwargs, config, layers=(0, 1)):
-    """AWQ over the given layers of a copy of the model, feeding quantized outputs forward."""
+def _run_layers(model, xs, kwargs, config, layers=(0, 1), **spec_fields):
+    """AWQ over the given layers of a copy of the model, feeding quantized outputs forward (`spec_fields`:
+    ArchSpec fields replaced for the run)."""
     model = copy.deepcopy(model)
     method = AWQMethod(config)
     results = []
     for i in layers:
         ctx = make_ctx(model, model.model.layers[i], xs, kwargs, config.scheme, config, i)
+        ctx = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, **spec_fields))
         results.append(method.quantize_layer(ctx))
         xs = ctx.run_layer()
     return model, results
@@ -235,6 +237,22 @@ def test_saved_plan_reproduces_weights_bit_for_bit(tiny_qwen2, tmp_path):
             assert torch.equal(qa.zeros, qb.zeros)
     for (na, ta), (nb, tb) in zip(searched_model.state_dict().items(), loaded_model.state_dict().items()):
         assert na == nb and torch.equal(ta, tb), na  # norms and biases folded identically too
+
+
+def test_a_plan_saved_with_q_k_unclipped_still_applies_bit_for_bit(tiny_llama, tmp_path):
+    """Plans saved before AWQ clipped q/k have no clip for them: those linears are quantized unclipped."""
+    model = load_float(tiny_llama)
+    xs, kwargs = layer_inputs(model, nsamples=2, seqlen=32, outlier_channels=4)
+    qk = ("self_attn.q_proj", "self_attn.k_proj")
+    _, old = _run_layers(model, xs, kwargs, awq_config(tmp_path, 32), awq_no_clip=qk)
+    assert not any(k.endswith(("q_proj.clip", "k_proj.clip")) for r in old for k in r.plan)
+    plan_path = tmp_path / "old_plan.safetensors"
+    _save(old, plan_path)
+    _, loaded = _run_layers(model, xs, kwargs, awq_config(tmp_path, 32, load_plan=plan_path))
+    for a, b in zip(old, loaded):
+        assert a.plan.keys() == b.plan.keys()
+        for name, qa in a.weights.items():
+            assert torch.equal(qa.qweight, b.weights[name].qweight) and torch.equal(qa.scales, b.weights[name].scales)
 
 
 def test_plan_that_does_not_match_is_a_clear_error(tiny_llama, tmp_path):
