@@ -31,6 +31,25 @@ using vec512::exp16;
 using vec512::first;
 using vec512::load16;
 
+// The online-softmax step of one row over a block's `valid` scores s (exponentiated in place):
+// returns alpha, the old accumulator's rescale (0 on the first block, where m = -inf); sets m and l.
+inline float exp_scores(float* s, int64_t valid, float& m, float& l) {
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < valid; t += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, first(valid - t), s + t));
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
+  const float alpha = std::exp(m - m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < valid; t += 16) {
+    const __mmask16 k = first(valid - t);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), _mm512_set1_ps(m_new)));
+    _mm512_mask_storeu_ps(s + t, k, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+  }
+  l = l * alpha + _mm512_reduce_add_ps(sum);
+  m = m_new;
+  return alpha;
+}
+
 // One row over `valid` keys of the block; NV = D / 16.
 template <int NV, typename T>
 inline void fold_row(float* q, float* acc, float& m, float& l, const T* kb, const T* vb, int64_t token_stride,
@@ -43,19 +62,8 @@ inline void fold_row(float* q, float* acc, float& m, float& l, const T* kb, cons
     for (int c = 1; c < NV; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k + 16 * c), dot);
     s[t] = _mm512_reduce_add_ps(dot);
   }
-  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t = 0; t < valid; t += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, first(valid - t), s + t));
-  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
-  const float alpha = std::exp(m - m_new);  // 0 on the first block (m = -inf)
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < valid; t += 16) {
-    const __mmask16 k = first(valid - t);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), _mm512_set1_ps(m_new)));
-    _mm512_mask_storeu_ps(s + t, k, e);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
-  }
+  const __m512 a = _mm512_set1_ps(exp_scores(s, valid, m, l));
   __m512 av[NV];
-  const __m512 a = _mm512_set1_ps(alpha);
   for (int c = 0; c < NV; ++c) av[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), a);
   for (int64_t t = 0; t < valid; ++t) {  // acc += p_t v_t
     const T* v = vb + t * token_stride;
@@ -63,8 +71,59 @@ inline void fold_row(float* q, float* acc, float& m, float& l, const T* kb, cons
     for (int c = 0; c < NV; ++c) av[c] = _mm512_fmadd_ps(p, load16(v + 16 * c), av[c]);
   }
   for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + 16 * c, av[c]);
-  l = l * alpha + _mm512_reduce_add_ps(sum);
-  m = m_new;
+}
+
+// Two rows that see the same `valid` keys (a decode's query heads of one kv head): fold_row for each, with
+// every key and value loaded (and widened from a 16-bit cache) once for both. The same arithmetic per row as
+// fold_row, so the same bits. NV <= 4 (D <= 64: both rows' queries and accumulators stay in registers);
+// s0, s1: scratch of `valid` floats each.
+template <int NV, typename T>
+inline void fold_row_pair(float* q0, float* acc0, float& m0, float& l0, float* q1, float* acc1, float& m1, float& l1,
+                          const T* kb, const T* vb, int64_t token_stride, int64_t valid, float* s0, float* s1) {
+  static_assert(NV <= 4, "two rows of D > 64 do not fit the registers");
+  __m512 qa[NV], qb[NV];
+  for (int c = 0; c < NV; ++c) {
+    qa[c] = _mm512_loadu_ps(q0 + 16 * c);
+    qb[c] = _mm512_loadu_ps(q1 + 16 * c);
+  }
+  for (int64_t t = 0; t < valid; ++t) {
+    const T* k = kb + t * token_stride;
+    __m512 kc = load16(k);
+    __m512 d0 = _mm512_mul_ps(qa[0], kc), d1 = _mm512_mul_ps(qb[0], kc);
+    for (int c = 1; c < NV; ++c) {
+      kc = load16(k + 16 * c);
+      d0 = _mm512_fmadd_ps(qa[c], kc, d0);
+      d1 = _mm512_fmadd_ps(qb[c], kc, d1);
+    }
+    s0[t] = _mm512_reduce_add_ps(d0);
+    s1[t] = _mm512_reduce_add_ps(d1);
+  }
+  const __m512 a0 = _mm512_set1_ps(exp_scores(s0, valid, m0, l0)), a1 = _mm512_set1_ps(exp_scores(s1, valid, m1, l1));
+  __m512 av0[NV], av1[NV];
+  for (int c = 0; c < NV; ++c) {
+    av0[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), a0);
+    av1[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), a1);
+  }
+  for (int64_t t = 0; t < valid; ++t) {
+    const T* v = vb + t * token_stride;
+    const __m512 p0 = _mm512_set1_ps(s0[t]), p1 = _mm512_set1_ps(s1[t]);
+    for (int c = 0; c < NV; ++c) {
+      const __m512 vc = load16(v + 16 * c);
+      av0[c] = _mm512_fmadd_ps(p0, vc, av0[c]);
+      av1[c] = _mm512_fmadd_ps(p1, vc, av1[c]);
+    }
+  }
+  for (int c = 0; c < NV; ++c) {
+    _mm512_storeu_ps(acc0 + 16 * c, av0[c]);
+    _mm512_storeu_ps(acc1 + 16 * c, av1[c]);
+  }
+}
+
+// Whether the per-row step folds two rows that see the same keys together (fold_row_pair). A setting, like
+// widen_from_rows, so that a test can check both give the same bits and the benchmarks can time both.
+inline bool& pair_rows() {
+  static bool on = true;
+  return on;
 }
 
 // Whether fold_rows takes head dim d.
@@ -311,10 +370,22 @@ inline void fold_rows(int64_t n, int64_t d, float* q, const T* qb, float scale, 
       default: return fold_rows_widened<8>(n, q, acc, m, l, kb, vb, token_stride, visible);
     }
   }
+  constexpr int64_t PAIR_KEYS = 64;  // the second row's scratch, on the stack
+  float s1[PAIR_KEYS];
   for (int64_t r = 0; r < n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
     if (valid <= 0) continue;
     float *qr = q + r * d, *ar = acc + r * d;
+    const bool pair = pair_rows() && r + 1 < n && (d == 32 || d == 64) && valid <= PAIR_KEYS &&
+                      (visible ? std::min(block_size, visible[r + 1]) : block_size) == valid;
+    if (pair) {  // rows r and r + 1 read each key once
+      if (d == 32)
+        fold_row_pair<2>(qr, ar, m[r], l[r], qr + d, ar + d, m[r + 1], l[r + 1], kb, vb, token_stride, valid, s, s1);
+      else
+        fold_row_pair<4>(qr, ar, m[r], l[r], qr + d, ar + d, m[r + 1], l[r + 1], kb, vb, token_stride, valid, s, s1);
+      ++r;
+      continue;
+    }
     switch (d) {
       case 32: fold_row<2>(qr, ar, m[r], l[r], kb, vb, token_stride, valid, s); break;
       case 64: fold_row<4>(qr, ar, m[r], l[r], kb, vb, token_stride, valid, s); break;

@@ -232,6 +232,16 @@ int64_t set_widen_from_rows(int64_t rows) {
 #endif
 }
 
+// The AVX-512 per-row step's folding of two rows that see the same keys in one pass (attention_avx512.h):
+// on or off; returns the old setting (1 or 0), -1 where that step is not compiled in.
+int64_t set_pair_rows(bool on) {
+#if defined(QUANTKIT_AVX512)
+  return std::exchange(avx512::pair_rows(), on) ? 1 : 0;
+#else
+  return -1;
+#endif
+}
+
 // Cascade attention, first pass: the queries `tokens` (int32 [Q], rows of q) of every sequence that
 // starts with the cache blocks `blocks` (int32 [P], each fully visible to all those queries) attend
 // to those blocks; the online-softmax state goes to acc [T, heads, D] (sum of exp(s - m) * v), m (max
@@ -381,6 +391,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cascade first pass: the queries of the sequences sharing prefix blocks over those blocks, state out");
   m.def("set_widen_from_rows", &set_widen_from_rows,
         "rows of a work item from which a block is widened once for all of them (AVX-512); returns the old value");
+  m.def("set_pair_rows", &set_pair_rows,
+        "whether the per-row step folds two rows with the same keys together (AVX-512); returns the old setting");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");

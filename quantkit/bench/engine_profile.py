@@ -12,8 +12,9 @@ when its vocabulary is smaller than (a)-(c)'s token ids).
 --paths: `cpp` is the engine as it runs (the C++ paged attention and fused ops where they build),
 `torch` the same engine with both switched off in this process (the fallback path: the torch
 reference ops and the gather + SDPA attention), `cpp-per-row` the C++ path with the AVX-512
-attention step folding each row over a block on its own (never the widened block); same model,
-same process, one after the other.
+attention step folding each row over a block on its own (never the widened block), `cpp-single-rows`
+the C++ path without the per-row step's pairs (two rows that see the same keys folded in one pass);
+same model, same process, one after the other.
 
 Each part of the step is wrapped (in this process only) by a wall-clock accumulator: the linears
 (every linear's forward: float, prepacked, bf16 and quantized), attention (the cache write, the reads of the paged cache and the
@@ -94,7 +95,22 @@ def per_row_attention():
             mod.set_widen_from_rows(old)
 
 
-PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_row_attention}
+@contextlib.contextmanager
+def single_rows_attention():
+    """Within the block, the C++ attention's per-row step folds every row alone (never two rows together)."""
+    from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+    mod = cpu_attention()
+    old = mod.set_pair_rows(False) if mod is not None else -1
+    try:
+        yield
+    finally:
+        if old >= 0:
+            mod.set_pair_rows(bool(old))
+
+
+PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_row_attention,
+         "cpp-single-rows": single_rows_attention}
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ def run_case(attn, seq_lens, chunks, heads, kv_heads, d, block_size, dtype=torch
 
 @pytest.mark.parametrize("heads,kv_heads,d,block_size", [
     (16, 8, 64, 16),  # the vLLM comparison's shape
+    (12, 4, 32, 16),  # groups of 3 query heads: a pair of rows folded together, then one alone
     (8, 4, 8, 16),  # stories260K's
     (6, 2, 20, 4),  # head_dim not a power of two
     (4, 4, 32, 8),  # no GQA
@@ -58,6 +59,31 @@ def test_both_avx512_paths_match_reference(attn, avx512_step, d, dtype):
     """Decodes (4 rows an item) and prefill tiles crossing blocks (up to 64 rows, causal within a block),
     block 16, every head dim the vector step takes."""
     run_case(attn, [5, 40, 17, 64, 33], [1, 12, 17, 64, 9], 8, 2, d, 16, dtype=dtype, seed=11)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_folded_in_pairs_give_the_bits_of_rows_folded_alone(attn, dtype):
+    """GQA decodes (groups of 3 rows: a pair and one alone) and a prefill chunk with the per-row step's
+    pairs on and off: the same arithmetic per row, so the same bits."""
+    from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+    mod = cpu_attention()
+    if mod is None or mod.set_pair_rows(True) < 0:
+        pytest.skip("the AVX-512 attention step is not compiled here")
+    kc, vc, tables, _ = random_paged([5, 40, 17, 33], 12, 4, 64, 16, num_blocks=96, seed=13)
+    kc, vc = kc.to(dtype), vc.to(dtype)
+    chunks = [1, 1, 6, 1]
+    q = torch.randn(sum(chunks), 12, 64, generator=torch.Generator().manual_seed(14)).to(dtype)
+    lens = torch.tensor([5, 40, 17, 33], dtype=torch.int32)
+    starts = torch.tensor([0, 1, 2, 8, 9], dtype=torch.int32)
+    outs = {}
+    try:
+        for on in (True, False):
+            mod.set_pair_rows(on)
+            outs[on] = attn(q, kc, vc, tables, lens, starts, 0.125)
+    finally:
+        mod.set_pair_rows(True)
+    assert torch.equal(outs[True], outs[False])
 
 
 def test_bfloat16_within_rounding(attn):
