@@ -89,6 +89,13 @@ inline __m512bh pair(const uint16_t* x) {
   return (__m512bh)_mm512_set1_epi32(two);
 }
 
+// Tiles of 4 or more rows are bound by their multiply-adds, and the hardware prefetcher alone left the next
+// block's codes cold (measured: M = 16 on cold weights 0.37 -> 0.26 ms with this, docs/BENCHMARKS.md); at 1-2
+// rows the loop streams and the extra prefetches cost. Column k of the block after `w` (K columns of 8 bytes).
+inline void prefetch_next_block(const uint8_t* w, int64_t K, int64_t k) {
+  _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * 8), _MM_HINT_T0);
+}
+
 // Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
@@ -107,11 +114,13 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
       for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_setzero_ps();
     const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
     int64_t k = k0;
-    for (; k + 2 * U <= k1; k += 2 * U)
+    for (; k + 2 * U <= k1; k += 2 * U) {
+      if constexpr (MT >= 4) prefetch_next_block(w, a.K, k);
       for (int u = 0; u < U; ++u) {
         const __m512bh codes = unpack_pair(w + (k + 2 * u) * 8);
         for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbf16_ps(acc[u][m], pair(x[m] + k + 2 * u), codes);
       }
+    }
     for (; k < k1; k += 2) {
       const __m512bh codes = unpack_pair(w + k * 8);
       for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbf16_ps(acc[0][m], pair(x[m] + k), codes);

@@ -138,11 +138,13 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
       for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_setzero_si512();
     const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
     int64_t k = k0;
-    for (; k + 4 * U <= k1; k += 4 * U)
+    for (; k + 4 * U <= k1; k += 4 * U) {
+      if constexpr (MT >= 4) int4bf16::prefetch_next_block(w, a.K, k);
       for (int u = 0; u < U; ++u) {
         const __m512i codes = unpack_quad(w + (k + 4 * u) * 8, index);
         for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbusd_epi32(acc[u][m], codes, quad(x[m] + k + 4 * u));
       }
+    }
     for (; k < k1; k += 4) {
       const __m512i codes = unpack_quad(w + k * 8, index);
       for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], codes, quad(x[m] + k));
