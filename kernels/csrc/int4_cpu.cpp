@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
@@ -198,29 +199,60 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 }
 
 #if defined(QUANTKIT_INT4_BF16)
+namespace {
+
+// What both bf16-activation ops start from: x bf16 [M, K] checked and contiguous, the packed weight checked
+// (the group size a multiple of `columns`, the columns one step of the kernel takes), the output [M, N]
+// allocated (bf16 with out_bf16, else fp32) and the raw pointers.
+struct Bf16Call {
+  torch::Tensor x, out;
+  int64_t m, k;
+  const uint16_t* xp;
+  const uint8_t* w;
+  float* of;     // null with out_bf16
+  uint16_t* ob;  // null without
+
+  Bf16Call(torch::Tensor x_, const torch::Tensor& packed, const torch::Tensor& sz, int64_t n, int64_t gs,
+           bool out_bf16, int64_t columns, const char* why) {
+    TORCH_CHECK(x_.dtype() == torch::kBFloat16 && x_.dim() == 2, "x must be bf16 [M, K]");
+    x = x_.contiguous();
+    m = x.size(0);
+    k = x.size(1);
+    check(packed, sz, k, n, gs);
+    TORCH_CHECK(gs % columns == 0, why);
+    out = torch::empty({m, n}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat));
+    xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    w = packed.data_ptr<uint8_t>();
+    of = out_bf16 ? nullptr : out.data_ptr<float>();
+    ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
+  }
+};
+
+// fn(scales) with the scale/zero tensor's data as fp16 or fp32.
+template <typename Fn>
+void with_scales(const torch::Tensor& sz, Fn fn) {
+  if (sz.dtype() == torch::kHalf)
+    fn(sz.data_ptr<at::Half>());
+  else
+    fn(sz.data_ptr<float>());
+}
+
+}  // namespace
+
 // x bf16 [M, K] (columns already permuted for act-order) -> [M, N] by vdpbf16ps (int4_bf16_avx512.h): fp32, or
 // with out_bf16 the fp32 sums rounded to bf16 as they are stored (what .to(torch.bfloat16) of the fp32 result gives).
 torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
                                bool out_bf16) {
-  TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2, "x must be bf16 [M, K]");
-  x = x.contiguous();
-  const int64_t m = x.size(0), k = x.size(1);
-  check(packed, sz, k, n, gs);
-  TORCH_CHECK(gs % 2 == 0, "the bf16 kernel takes column pairs: the group size must be even");
-  auto out = torch::empty({m, n}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat));
-  if (m == 0) return out;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  std::vector<float> xsum(m * (k / gs));  // [M, G]
-  int4bf16::group_sums(xp, m, k, gs, xsum.data());
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  float* of = out_bf16 ? nullptr : out.data_ptr<float>();
-  uint16_t* ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
-  auto run_bf16 = [&](auto args) { over_blocks(packed.size(0), [&](int64_t b) { int4bf16::block(args, b); }); };
-  if (sz.dtype() == torch::kHalf)
-    run_bf16(int4bf16::Args<at::Half>{xp, xsum.data(), w, sz.data_ptr<at::Half>(), of, ob, m, k, n, k / gs, gs});
-  else
-    run_bf16(int4bf16::Args<float>{xp, xsum.data(), w, sz.data_ptr<float>(), of, ob, m, k, n, k / gs, gs});
-  return out;
+  Bf16Call c(x, packed, sz, n, gs, out_bf16, 2, "the bf16 kernel takes column pairs: the group size must be even");
+  if (c.m == 0) return c.out;
+  std::vector<float> xsum(c.m * (c.k / gs));  // [M, G]
+  int4bf16::group_sums(c.xp, c.m, c.k, gs, xsum.data());
+  with_scales(sz, [&](auto* s) {
+    const int4bf16::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
+        c.xp, xsum.data(), c.w, s, c.of, c.ob, c.m, c.k, n, c.k / gs, gs};
+    over_blocks(packed.size(0), [&](int64_t b) { int4bf16::block(args, b); });
+  });
+  return c.out;
 }
 #endif
 
@@ -229,29 +261,19 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
 // [M, N] by vpdpbusd (int4_q8_avx512.h).
 torch::Tensor int4_linear_q8(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
                              bool out_bf16) {
-  TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2, "x must be bf16 [M, K]");
-  x = x.contiguous();
-  const int64_t m = x.size(0), k = x.size(1);
-  check(packed, sz, k, n, gs);
-  TORCH_CHECK(gs % 4 == 0, "the int8-activation kernel takes columns in fours: the group size must be a multiple of 4");
-  auto out = torch::empty({m, n}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat));
-  if (m == 0) return out;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  const int64_t groups = k / gs;
-  std::vector<int8_t> xq(m * k);
-  std::vector<float> sx(m * groups), xqsum(m * groups);
-  int4q8::quantize(xp, m, k, gs, xq.data(), sx.data(), xqsum.data());
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  float* of = out_bf16 ? nullptr : out.data_ptr<float>();
-  uint16_t* ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
-  auto run_q8 = [&](auto args) { over_blocks(packed.size(0), [&](int64_t b) { int4q8::block(args, b); }); };
-  if (sz.dtype() == torch::kHalf)
-    run_q8(int4q8::Args<at::Half>{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<at::Half>(), of, ob, m, k, n,
-                                  groups, gs});
-  else
-    run_q8(int4q8::Args<float>{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<float>(), of, ob, m, k, n, groups,
-                               gs});
-  return out;
+  Bf16Call c(x, packed, sz, n, gs, out_bf16, 4,
+             "the int8-activation kernel takes columns in fours: the group size must be a multiple of 4");
+  if (c.m == 0) return c.out;
+  const int64_t groups = c.k / gs;
+  std::vector<int8_t> xq(c.m * c.k);
+  std::vector<float> sx(c.m * groups), xqsum(c.m * groups);
+  int4q8::quantize(c.xp, c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
+  with_scales(sz, [&](auto* s) {
+    const int4q8::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
+        xq.data(), sx.data(), xqsum.data(), c.w, s, c.of, c.ob, c.m, c.k, n, groups, gs};
+    over_blocks(packed.size(0), [&](int64_t b) { int4q8::block(args, b); });
+  });
+  return c.out;
 }
 #endif
 
