@@ -96,12 +96,45 @@ inline void prefetch_next_block(const uint8_t* w, int64_t K, int64_t k) {
   _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * 8), _MM_HINT_T0);
 }
 
+// Independent vdpbf16ps chains for a tile of MT rows: U * MT >= 16 (two issue a cycle at a latency of about 6 on
+// AVX-512 BF16 cores; 8 chains left the M = 8 tile at 69% of the bf16 peak, docs/BENCHMARKS.md).
+template <int MT>
+constexpr int chains() { return MT >= 8 ? 2 : (MT >= 4 ? 4 : 8); }
+
+// finish(m, d) for each of MT rows of x, d = the sum over the column pairs (k, k + 1) of k0..k1-1 of
+// x[m][k..k+1] . codes(k), where codes(k) gives the 16 rows' bf16 weight pairs of columns k, k + 1; prefetch(k)
+// runs once per 2U columns from k (a tile of 4 or more rows fetches the next block's weights: see
+// prefetch_next_block). (finish takes one row's sum at a time: an array of MT sums beside the accumulators and
+// the tile's outputs spilled registers at MT = 8, 8% slower.)
+template <int MT, typename Codes, typename Prefetch, typename Finish>
+inline void group_dots(const uint16_t* const* x, int64_t k0, int64_t k1, Codes codes, Prefetch prefetch,
+                       Finish finish) {
+  constexpr int U = chains<MT>();
+  __m512 acc[U][MT];
+  for (int u = 0; u < U; ++u)
+    for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_setzero_ps();
+  int64_t k = k0;
+  for (; k + 2 * U <= k1; k += 2 * U) {
+    if constexpr (MT >= 4) prefetch(k);
+    for (int u = 0; u < U; ++u) {
+      const __m512bh c = codes(k + 2 * u);
+      for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbf16_ps(acc[u][m], pair(x[m] + k + 2 * u), c);
+    }
+  }
+  for (; k < k1; k += 2) {
+    const __m512bh c = codes(k);
+    for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbf16_ps(acc[0][m], pair(x[m] + k), c);
+  }
+  for (int m = 0; m < MT; ++m) {
+    __m512 d = acc[0][m];
+    for (int u = 1; u < U; ++u) d = _mm512_add_ps(d, acc[u][m]);
+    finish(m, d);
+  }
+}
+
 // Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  // independent vdpbf16ps chains: U * MT >= 16 (two issue a cycle at a latency of about 6 on AVX-512 BF16
-  // cores; 8 chains left the M = 8 tile at 69% of the bf16 peak, docs/BENCHMARKS.md)
-  constexpr int U = MT >= 8 ? 2 : (MT >= 4 ? 4 : 8);
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const uint16_t* x[MT];
@@ -109,30 +142,15 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   __m512 out[MT];
   for (int m = 0; m < MT; ++m) out[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
-    __m512 acc[U][MT];
-    for (int u = 0; u < U; ++u)
-      for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_setzero_ps();
-    const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
-    int64_t k = k0;
-    for (; k + 2 * U <= k1; k += 2 * U) {
-      if constexpr (MT >= 4) prefetch_next_block(w, a.K, k);
-      for (int u = 0; u < U; ++u) {
-        const __m512bh codes = unpack_pair(w + (k + 2 * u) * 8);
-        for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbf16_ps(acc[u][m], pair(x[m] + k + 2 * u), codes);
-      }
-    }
-    for (; k < k1; k += 2) {
-      const __m512bh codes = unpack_pair(w + k * 8);
-      for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbf16_ps(acc[0][m], pair(x[m] + k), codes);
-    }
     const T* s = sz + g * 2 * kRows;
     const __m512 scale = load16(s), zero = _mm512_add_ps(load16(s + kRows), _mm512_set1_ps(128.f));
-    for (int m = 0; m < MT; ++m) {
-      __m512 d = acc[0][m];
-      for (int u = 1; u < U; ++u) d = _mm512_add_ps(d, acc[u][m]);
-      const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]);
-      out[m] = _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zero, d), scale, out[m]);
-    }
+    group_dots<MT>(
+        x, g * a.gs, (g + 1) * a.gs, [&](int64_t k) { return unpack_pair(w + k * 8); },
+        [&](int64_t k) { prefetch_next_block(w, a.K, k); },
+        [&](int m, __m512 d) {
+          const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]);
+          out[m] = _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zero, d), scale, out[m]);
+        });
   }
   for (int m = 0; m < MT; ++m) _mm512_storeu_ps(o + m * kRows, out[m]);
 }

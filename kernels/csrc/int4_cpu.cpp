@@ -31,6 +31,7 @@
 
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
+#include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT4_BF16
 
 namespace {
 
@@ -201,32 +202,33 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 #if defined(QUANTKIT_INT4_BF16)
 namespace {
 
-// What both bf16-activation ops start from: x bf16 [M, K] checked and contiguous, the packed weight checked
-// (the group size a multiple of `columns`, the columns one step of the kernel takes), the output [M, N]
-// allocated (bf16 with out_bf16, else fp32) and the raw pointers.
+// What the bf16-activation ops start from: x bf16 [M, K] checked and contiguous, the output [M, N] allocated
+// (bf16 with out_bf16, else fp32) and the raw pointers. Each op checks its own weight layout.
 struct Bf16Call {
   torch::Tensor x, out;
   int64_t m, k;
   const uint16_t* xp;
-  const uint8_t* w;
   float* of;     // null with out_bf16
   uint16_t* ob;  // null without
 
-  Bf16Call(torch::Tensor x_, const torch::Tensor& packed, const torch::Tensor& sz, int64_t n, int64_t gs,
-           bool out_bf16, int64_t columns, const char* why) {
+  Bf16Call(torch::Tensor x_, int64_t n, bool out_bf16) {
     TORCH_CHECK(x_.dtype() == torch::kBFloat16 && x_.dim() == 2, "x must be bf16 [M, K]");
     x = x_.contiguous();
     m = x.size(0);
     k = x.size(1);
-    check(packed, sz, k, n, gs);
-    TORCH_CHECK(gs % columns == 0, why);
     out = torch::empty({m, n}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat));
     xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-    w = packed.data_ptr<uint8_t>();
     of = out_bf16 ? nullptr : out.data_ptr<float>();
     ob = out_bf16 ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
   }
 };
+
+// The packed int4 weight checked for a kernel that takes `columns` input columns a step.
+void check_int4(const Bf16Call& c, const torch::Tensor& packed, const torch::Tensor& sz, int64_t n, int64_t gs,
+                int64_t columns, const char* why) {
+  check(packed, sz, c.k, n, gs);
+  TORCH_CHECK(gs % columns == 0, why);
+}
 
 // fn(scales) with the scale/zero tensor's data as fp16 or fp32.
 template <typename Fn>
@@ -243,15 +245,37 @@ void with_scales(const torch::Tensor& sz, Fn fn) {
 // with out_bf16 the fp32 sums rounded to bf16 as they are stored (what .to(torch.bfloat16) of the fp32 result gives).
 torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
                                bool out_bf16) {
-  Bf16Call c(x, packed, sz, n, gs, out_bf16, 2, "the bf16 kernel takes column pairs: the group size must be even");
+  Bf16Call c(x, n, out_bf16);
+  check_int4(c, packed, sz, n, gs, 2, "the bf16 kernel takes column pairs: the group size must be even");
   if (c.m == 0) return c.out;
   std::vector<float> xsum(c.m * (c.k / gs));  // [M, G]
   int4bf16::group_sums(c.xp, c.m, c.k, gs, xsum.data());
   with_scales(sz, [&](auto* s) {
     const int4bf16::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
-        c.xp, xsum.data(), c.w, s, c.of, c.ob, c.m, c.k, n, c.k / gs, gs};
+        c.xp, xsum.data(), packed.data_ptr<uint8_t>(), s, c.of, c.ob, c.m, c.k, n, c.k / gs, gs};
     over_blocks(packed.size(0), [&](int64_t b) { int4bf16::block(args, b); });
   });
+  return c.out;
+}
+
+// x bf16 [M, K] @ W8.T -> fp32 (or bf16) [M, N], W8 int8 [ceil(N/16), K/2, 16, 2] with fp32 scales
+// [ceil(N/16), K/gs, 16] (int8_bf16_avx512.h).
+torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t n, int64_t gs,
+                               bool out_bf16) {
+  Bf16Call c(x, n, out_bf16);
+  TORCH_CHECK(gs > 0 && gs % 2 == 0 && c.k % gs == 0, "the group size must be even and divide K");
+  TORCH_CHECK(packed.dtype() == torch::kInt8 && packed.dim() == 4 && packed.size(1) * 2 == c.k &&
+                  packed.size(2) == kRows && packed.size(3) == 2,
+              "packed must be int8 [ceil(N/16), K/2, 16, 2]");
+  TORCH_CHECK(packed.size(0) * kRows >= n && packed.size(0) * kRows < n + kRows, "packed has the wrong row blocks");
+  TORCH_CHECK(scales.dtype() == torch::kFloat && scales.dim() == 3 && scales.size(0) == packed.size(0) &&
+                  scales.size(1) == c.k / gs && scales.size(2) == kRows,
+              "scales must be fp32 [ceil(N/16), K/group, 16]");
+  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous(), "packed and scales must be contiguous");
+  if (c.m == 0) return c.out;
+  const int8bf16::Args args{c.xp, packed.data_ptr<int8_t>(), scales.data_ptr<float>(), c.of, c.ob, c.m, c.k, n,
+                            c.k / gs, gs};
+  over_blocks(packed.size(0), [&](int64_t b) { int8bf16::block(args, b); });
   return c.out;
 }
 #endif
@@ -261,7 +285,8 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
 // [M, N] by vpdpbusd (int4_q8_avx512.h).
 torch::Tensor int4_linear_q8(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
                              bool out_bf16) {
-  Bf16Call c(x, packed, sz, n, gs, out_bf16, 4,
+  Bf16Call c(x, n, out_bf16);
+  check_int4(c, packed, sz, n, gs, 4,
              "the int8-activation kernel takes columns in fours: the group size must be a multiple of 4");
   if (c.m == 0) return c.out;
   const int64_t groups = c.k / gs;
@@ -270,7 +295,7 @@ torch::Tensor int4_linear_q8(torch::Tensor x, torch::Tensor packed, torch::Tenso
   int4q8::quantize(c.xp, c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
   with_scales(sz, [&](auto* s) {
     const int4q8::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
-        xq.data(), sx.data(), xqsum.data(), c.w, s, c.of, c.ob, c.m, c.k, n, groups, gs};
+        xq.data(), sx.data(), xqsum.data(), packed.data_ptr<uint8_t>(), s, c.of, c.ob, c.m, c.k, n, groups, gs};
     over_blocks(packed.size(0), [&](int64_t b) { int4q8::block(args, b); });
   });
   return c.out;
@@ -296,6 +321,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
+        py::arg("out_bf16") = false);
+  m.def("int8_linear_bf16", &int8_linear_bf16, "x bf16 [M, K] @ W8.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);
 #endif
 #if defined(QUANTKIT_INT4_Q8)

@@ -2,7 +2,7 @@
 
   python -m quantkit.bench.int4_engine [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
                                        [--rounds 3] [--dtype auto] [--models-dir DIR] [--make-only]
-                                       [--int8-activations]
+                                       [--int8-activations] [--int8-lm-head]
 
 Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads,
 8 KV heads, vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN
@@ -12,7 +12,8 @@ max_tokens - time of the same prompts to 1 token): the prefill and first token a
 Rounds alternate float and 4-bit; the median counts. Weight memory is the engine's start-up figure.
 --models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
 --int8-activations adds both 4-bit checkpoints again with EngineConfig.cpu_int8_activations (decode batches
-on the W4A8 kernel: activations rounded to int8 per row and group).
+on the W4A8 kernel: activations rounded to int8 per row and group). --int8-lm-head adds the float lm_head's
+runs again with EngineConfig.cpu_int8_lm_head (the head held in int8), and with both flags, both at once.
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def checkpoints(root: Path) -> dict[str, Path]:
             "4-bit GPTQ + lm_head": made.get("gptq-lm-head") or make_gptq(dense, root, lm_head=True)}
 
 
+def variants(models: dict[str, Path], int8_activations: bool, int8_lm_head: bool
+             ) -> list[tuple[str, Path, bool, bool]]:
+    """(name, checkpoint, cpu_int8_activations, cpu_int8_lm_head) of every run: each checkpoint as it is, then the
+    4-bit ones with int8 activations, then those with a float head with it in int8 (and both, with both flags)."""
+    runs = [(name, path, False, False) for name, path in models.items()]
+    if int8_activations:
+        runs += [(f"{name}, int8 activations", path, True, False) for name, path in models.items() if name != "float"]
+    if int8_lm_head:
+        float_head = [(name, path) for name, path in models.items() if "lm_head" not in name]
+        runs += [(f"{name}, int8 lm_head", path, False, True) for name, path in float_head]
+        if int8_activations:
+            runs += [(f"{name}, int8 activations + lm_head", path, True, True) for name, path in float_head
+                     if name != "float"]
+    return runs
+
+
 def main() -> None:
     from quantkit.engine import LLM
     from quantkit.devices import auto_cpu_dtype
@@ -66,6 +83,7 @@ def main() -> None:
     ap.add_argument("--models-dir", type=Path, default=None, help="make the checkpoints here once and reuse them")
     ap.add_argument("--make-only", action="store_true", help="only make the checkpoints in --models-dir")
     ap.add_argument("--int8-activations", action="store_true", help="also the 4-bit checkpoints with W4A8 decode")
+    ap.add_argument("--int8-lm-head", action="store_true", help="also the float lm_heads held in int8")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
@@ -77,11 +95,9 @@ def main() -> None:
         models = checkpoints(args.models_dir or Path(tmp))
         if args.make_only:
             return
-        runs = [(name, path, False) for name, path in models.items()]
-        if args.int8_activations:
-            runs += [(f"{name}, int8 activations", path, True) for name, path in models.items() if name != "float"]
         llms = {name: LLM(str(path), dtype=dtype, max_model_len=1024, max_num_seqs=max(batches),
-                          num_threads=args.threads, cpu_int8_activations=int8) for name, path, int8 in runs}
+                          num_threads=args.threads, cpu_int8_activations=act, cpu_int8_lm_head=head)
+                for name, path, act, head in variants(models, args.int8_activations, args.int8_lm_head)}
         for name, llm in llms.items():  # warm-up, not counted
             _wall(llm, prompts[batches[0]][:1], 2)
             print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}", flush=True)

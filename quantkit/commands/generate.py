@@ -104,6 +104,10 @@ def generate(
         False, "--cpu-int8-activations/--no-cpu-int8-activations",
         help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and group "
              "(W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic."),
+    cpu_int8_lm_head: bool = typer.Option(
+        False, "--cpu-int8-lm-head/--no-cpu-int8-lm-head",
+        help="CPU, bf16: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): half the "
+             "bytes each decode step reads for it. Off: the checkpoint's float head."),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):
@@ -116,7 +120,8 @@ def generate(
     llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
               kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
-              num_threads=threads, cpu_int8_activations=cpu_int8_activations)
+              num_threads=threads, cpu_int8_activations=cpu_int8_activations,
+              cpu_int8_lm_head=cpu_int8_lm_head)
     console.print(llm.engine.kv_plan.describe(), highlight=False)
     outs = _run_with_progress(llm, prompts, params)
     if prompt is not None and outs[0].error:

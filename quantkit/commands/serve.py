@@ -60,6 +60,10 @@ def serve(
         False, "--cpu-int8-activations/--no-cpu-int8-activations",
         help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and group "
              "(W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic."),
+    cpu_int8_lm_head: bool = typer.Option(
+        False, "--cpu-int8-lm-head/--no-cpu-int8-lm-head",
+        help="CPU, bf16: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): half the "
+             "bytes each decode step reads for it. Off: the checkpoint's float head."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),
@@ -83,7 +87,7 @@ def serve(
                           enable_prefix_caching=enable_prefix_caching, gpu_memory_utilization=gpu_memory_utilization,
                           kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
                           swap_space=swap_space, dtype=dtype, device=device, num_threads=threads,
-                          cpu_int8_activations=cpu_int8_activations)
+                          cpu_int8_activations=cpu_int8_activations, cpu_int8_lm_head=cpu_int8_lm_head)
     settings = ServeSettings(engine, host=host, port=port, served_model_names=tuple(served_model_name or ()),
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,

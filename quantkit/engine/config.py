@@ -30,6 +30,9 @@ class EngineConfig:
     # CPU, bf16, 4-bit checkpoints: decode batches round the activations to int8 per row and group and run
     # the W4A8 kernel (AVX-512 VNNI), as llama.cpp's Q8 activations; off: W4A16, the checkpoint's arithmetic
     cpu_int8_activations: bool = False
+    # CPU, bf16: a float lm_head held in int8, symmetric per row and group of 128 columns (kernels/int8_cpu.py):
+    # half the bytes a decode step reads for it; off: the checkpoint's float head
+    cpu_int8_lm_head: bool = False
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

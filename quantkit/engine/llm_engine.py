@@ -69,7 +69,8 @@ class LLMEngine:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         path = resolve_model_path(cfg.model)
-        self.model, self.quant_info = load_decoder(path, self.dtype, self.device, cfg.cpu_int8_activations)
+        self.model, self.quant_info = load_decoder(path, self.dtype, self.device, cfg.cpu_int8_activations,
+                                                   cfg.cpu_int8_lm_head)
         self.tokenizer = load_tokenizer(path)
         s = self.model.shape
         self.max_model_len = self._max_model_len(cfg, s)

@@ -4,7 +4,9 @@ Float tensors load by name from the safetensors shards. A linear with packed wei
 (GPTQ v1/v2, AWQ GEMM or compressed-tensors pack-quantized, as `config.json["quantization_config"]`
 says) becomes a `QuantLinear`, exactly as quantkit's transformers loader does it; on CPU it is then
 repacked for quantkit's 4-bit kernel (torch's int4/int8 kernels where it does not build) and its
-checkpoint tensors dropped. The weight memory is logged at load.
+checkpoint tensors dropped. On CPU the embedding table is read in place from the checkpoint file
+(`MappedEmbedding`: a lookup touches only its rows' pages) wherever lm_head does not share it, and a float
+lm_head can be held in int8 (`Int8Linear`, opt-in). The weight memory is logged at load.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from quantkit.engine.decoder import Decoder, DecoderShape
 from quantkit.engine.rope import inv_frequencies
+from quantkit.kernels.int8_cpu import Int8Linear, int8_kernel_available
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config
 from quantkit.model.loader import QuantInfo, hf_config, replace_packed_linears
@@ -29,10 +32,11 @@ log = logging.getLogger("quantkit.engine")
 EMBED = "model.embed_tokens.weight"
 
 
-def load_decoder(path: Path, dtype: torch.dtype, device: torch.device,
-                 int8_activations: bool = False) -> tuple[Decoder, QuantInfo | None]:
+def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_activations: bool = False,
+                 int8_lm_head: bool = False) -> tuple[Decoder, QuantInfo | None]:
     """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`
-    (`int8_activations`: the 4-bit linears' decode batches run W4A8 on CPU, QuantLinear.repack_for_cpu)."""
+    (`int8_activations`: the 4-bit linears' decode batches run W4A8 on CPU, QuantLinear.repack_for_cpu;
+    `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing)."""
     config_dict = read_config(path)
     spec_for(config_dict)  # unsupported architectures fail here, with the supported list
     info = checkpoint_quant_info(path, config_dict)
@@ -44,18 +48,23 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device,
     state = {}
     head_dtype = reader.get("lm_head.weight").dtype if "lm_head.weight" in reader.keys() else None
     tied = "lm_head" not in quantized and (shape.tie_word_embeddings or "lm_head.weight" not in reader.keys())
+    head_int8 = int8_lm_head and "lm_head" not in quantized and _int8_head_ok(device, dtype)
+    map_embed = device.type == "cpu" and EMBED in reader.keys() and reader.dtype_of(EMBED).is_floating_point \
+        and (not tied or head_int8)
     for key in reader.keys():
-        if key.rpartition(".")[0] in quantized or "rotary_emb" in key:
+        if key.rpartition(".")[0] in quantized or "rotary_emb" in key or (key == EMBED and map_embed):
             continue
         t = reader.get(key)
         state[key] = t.to(table_dtype(t.dtype, dtype) if key == EMBED and not tied else dtype) \
             if t.is_floating_point() else t
-    if tied:
-        state["lm_head.weight"] = state.get(EMBED)
+    if tied:  # with the table mapped, the head is about to be rounded to int8: read at the checkpoint's precision
+        state["lm_head.weight"] = reader.get(EMBED) if map_embed else state.get(EMBED)
     missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if v is not None},
                                                 strict=False, assign=True)
     if unexpected:
         raise QuantkitError(f"{path}: unexpected tensors in the checkpoint: {', '.join(unexpected[:5])}")
+    if map_embed:
+        model.model.embed_tokens = MappedEmbedding(reader.mapped(EMBED))
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta:
         raise QuantkitError(f"{path}: tensors missing from the checkpoint: {', '.join(still_meta[:5])}")
@@ -65,11 +74,46 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device,
     if device.type == "cpu":
         repack_quant_linears(model, dtype, int8_activations)
         fuse_quantized_projections(model)
-        if not tied:
+        if head_int8:
+            model.lm_head = Int8Linear.from_linear(model.lm_head)
+            log.info("lm_head: int8, symmetric per row and group of %d columns (--cpu-int8-lm-head)",
+                     model.lm_head.group_size)
+        elif not tied:
             hold_lm_head_bf16(model, head_dtype, dtype)
         prepack_float_linears(model, dtype)
     log.info(WeightMemory.of(model).describe())
     return model, info
+
+
+def int8_head_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why a float lm_head cannot be held in int8 here (None: it can): the int8 kernel computes on CPU, with
+    bf16 activations, where it is built (AVX-512 BF16)."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return f"the int8 lm_head runs on CPU in bfloat16 (here: {device.type}, {dtype})"
+    if not int8_kernel_available():
+        return "the AVX-512 BF16 int8 kernel is not built on this machine"
+    return None
+
+
+def _int8_head_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    why = int8_head_unavailable(device, dtype)
+    if why is not None:
+        log.warning("lm_head: kept in float (%s)", why)
+    return why is None
+
+
+class MappedEmbedding(torch.nn.Module):
+    """An embedding table read in place from the checkpoint (ShardReader.mapped): only the pages of rows
+    that are looked up become resident, and they stay evictable page cache. `weight` is a plain attribute,
+    not a parameter: WeightMemory counts it apart. ids [T] -> rows [T, hidden] in the stored dtype."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.weight = table
+        self.num_embeddings, self.embedding_dim = table.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids, self.weight)
 
 
 def table_dtype(stored: torch.dtype, compute: torch.dtype) -> torch.dtype:
@@ -163,9 +207,13 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 def _describe_part(nbytes: int, module: torch.nn.Module) -> str:
-    kind = "packed" if isinstance(module, QuantLinear) else \
+    kind = "packed" if isinstance(module, QuantLinear) else "int8" if isinstance(module, Int8Linear) else \
         str(next(iter(module.parameters()), next(iter(module.buffers()), torch.empty(0))).dtype).removeprefix("torch.")
     return f"{nbytes / 1024**2:.1f} MiB {kind}"
+
+
+def _describe_tensor(t: torch.Tensor) -> str:
+    return f"{t.numel() * t.element_size() / 1024**2:.1f} MiB {str(t.dtype).removeprefix('torch.')}"
 
 
 @dataclass(frozen=True)
@@ -192,6 +240,11 @@ class WeightMemory:
             dense += 2 * (m.in_features * m.out_features + (m.out_features if m.bias is not None else 0))
             seen.update(id(t) for t in m.buffers())
         quantized, quantized_bf16 = resident, dense
+        for m in model.modules():
+            if isinstance(m, Int8Linear):  # (bias-free)
+                resident += m.weight_bytes()
+                dense += 2 * m.in_features * m.out_features
+                seen.update(id(t) for t in m.buffers())
         for t in list(model.parameters()) + list(model.buffers()):
             if id(t) in seen:  # (parameters() already lists a tied embedding once)
                 continue
@@ -201,9 +254,14 @@ class WeightMemory:
         embed, head = _embedding_and_head(model)
         if embed is None:
             return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16)
-        e_bytes = module_bytes(embed)
+        mapped = isinstance(embed, MappedEmbedding)
+        if mapped:  # not resident: read in place from the checkpoint
+            dense += 2 * embed.weight.numel()
+        e_bytes = 0 if mapped else module_bytes(embed)
         h_bytes = 0 if _tied(embed, head) else module_bytes(head)
-        parts = f"embedding {_describe_part(e_bytes, embed)}, lm_head " + \
+        e_part = (f"memory-mapped from the checkpoint ({_describe_tensor(embed.weight)}, rows read as looked up)"
+                  if mapped else _describe_part(e_bytes, embed))
+        parts = f"embedding {e_part}, lm_head " + \
             ("tied to the embedding" if h_bytes == 0 else _describe_part(h_bytes, head))
         return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16,
                    e_bytes, h_bytes, parts)

@@ -60,6 +60,9 @@ def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_pa
         argv += ["--chat-template", str(chat_template)]
     if e.swap_space:
         notes.append(f"--swap-space {e.swap_space:g} dropped: vLLM's v1 engine preempts by recompute")
+    for flag, on in (("--cpu-int8-activations", e.cpu_int8_activations), ("--cpu-int8-lm-head", e.cpu_int8_lm_head)):
+        if on:
+            notes.append(f"{flag} is quantkit's own CPU kernel: vLLM runs the checkpoint with its own")
     if s.max_queued_requests is not None:
         notes.append("--max-queued-requests is quantkit's own: vLLM queues without a bound")
     return Handoff(argv, notes)

@@ -1,6 +1,7 @@
 """A checkpoint quantized with --quantize-lm-head, loaded by the engine: lm_head runs packed, and greedy
 decoding equals the dequantized reference (every packed linear, lm_head included, as a float nn.Linear in
-transformers). And a bf16 checkpoint's embedding table and float lm_head stay bf16 in an fp32 engine, losslessly."""
+transformers). A bf16 checkpoint's embedding table is read in place and its float lm_head stays bf16 in an fp32
+engine, losslessly. And `cpu_int8_lm_head` holds a float head in int8, tied or not."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_quantized_lm_head_round_trip(lm_head_dir):
 
 
 def test_bf16_embedding_table_stays_bf16_and_is_lossless(tiny_llama, tmp_path):
-    from quantkit.engine.weights import WeightMemory
+    from quantkit.engine.weights import MappedEmbedding, WeightMemory
     from quantkit.kernels.bf16_cpu import Bf16Linear, unavailable
     from transformers import AutoModelForCausalLM
 
@@ -86,10 +87,13 @@ def test_bf16_embedding_table_stays_bf16_and_is_lossless(tiny_llama, tmp_path):
             (tmp_path / f.name).write_bytes(f.read_bytes())
     llm = LLM(str(tmp_path), dtype="float32", max_model_len=256, max_num_seqs=12)
     model = llm.engine.model
+    assert isinstance(model.model.embed_tokens, MappedEmbedding)  # the untied table, read in place
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert model.model.norm.weight.dtype == torch.float32
     memory = WeightMemory.of(model)
-    assert memory.embedding == 2 * model.model.embed_tokens.weight.numel() and "embedding" in memory.parts
+    assert memory.embedding == 0 and "embedding memory-mapped from the checkpoint (0.1 MiB bfloat16" in memory.parts
+    # the mapped table is counted in the bf16 size the ratio is taken against, and nowhere in the resident bytes
+    assert memory.bf16_equivalent >= 2 * (model.model.embed_tokens.weight.numel() + sum(p.numel() for p in model.parameters()))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     prompts = _prompts()
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
@@ -102,3 +106,51 @@ def test_bf16_embedding_table_stays_bf16_and_is_lossless(tiny_llama, tmp_path):
         fp32.weight.data = model.lm_head.weight.float()
         model.lm_head = fp32  # the fp32 reference: same greedy tokens
         assert got == [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def _bf16_copy(src, dst, tie: bool):
+    """The checkpoint at `src` saved in bf16 at `dst` (its tokenizer beside), with lm_head tied to the embedding
+    or its own copy."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
+    if tie:
+        hf.config.tie_word_embeddings = True
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    hf.save_pretrained(dst)
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            (dst / f.name).write_bytes(f.read_bytes())
+    return hf
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_int8_lm_head(tiny_llama, tmp_path, tie):
+    from quantkit.engine.weights import MappedEmbedding, WeightMemory, int8_head_unavailable
+    from quantkit.kernels.int8_cpu import Int8Linear, dequantize_int8_blocked, pack_int8
+
+    if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
+        pytest.skip(why)
+    hf = _bf16_copy(tiny_llama, tmp_path, tie)
+    head = hf.lm_head.weight.detach()
+    llm = LLM(str(tmp_path), dtype="bfloat16", max_model_len=256, max_num_seqs=12, cpu_int8_lm_head=True)
+    model = llm.engine.model
+    assert isinstance(model.lm_head, Int8Linear) and isinstance(model.model.embed_tokens, MappedEmbedding)
+    # the head is the checkpoint's, rounded to int8 per row and group of 128 columns
+    expected = pack_int8(head, 128)
+    assert torch.equal(dequantize_int8_blocked(expected), dequantize_int8_blocked(
+        type(expected)(model.lm_head.packed, model.lm_head.scales, model.lm_head.out_features, 128)))
+    memory = WeightMemory.of(model)
+    assert memory.lm_head == model.lm_head.weight_bytes() and "int8" in memory.parts and memory.embedding == 0
+    assert memory.resident < memory.bf16_equivalent - 2 * head.numel() - head.numel() // 2
+    outs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outs)
+    # against the float head on hidden states of the final norm's scale: each logit moves by at most
+    # sum_k |h_k| * s_k / 2, and the int8 head's greedy token is the float argmax or within 0.1 of it
+    h = torch.randn(64, head.shape[1], generator=torch.Generator().manual_seed(0)).bfloat16()
+    got, want = model.lm_head(h).float(), h.float() @ head.float().T
+    scales = expected.scales.permute(0, 2, 1).reshape(-1, head.shape[1] // 128)[: head.shape[0]]  # [N, G]
+    bound = (h.float().abs().reshape(64, -1, 128).sum(-1) @ scales.T) / 2  # [64, N]
+    assert bool(((got - want).abs() <= bound + want.abs() / 128 + 1e-3).all())  # (+ the bf16 rounding of got)
+    picked = want.gather(1, got.argmax(1, keepdim=True)).squeeze(1)
+    assert bool((picked >= want.max(1).values - 0.1).all())

@@ -50,3 +50,34 @@ def test_a_header_that_does_not_match_its_data_is_corrupt(tmp_path):
     f.write_bytes(data.replace(b'"shape":[4,4]', b'"shape":[4,5]'))
     with pytest.raises(QuantkitError, match="corrupt safetensors"):
         ShardReader(tmp_path)
+
+
+def test_a_mapped_tensor_reads_in_place_and_never_writes_the_file(tmp_path):
+    table = torch.randn(300, 64).bfloat16()
+    save_file({"a": torch.ones(3, dtype=torch.int8), "embed": table}, tmp_path / "model.safetensors")
+    before = (tmp_path / "model.safetensors").read_bytes()
+    mapped = ShardReader(tmp_path).mapped("embed")
+    assert mapped.dtype == torch.bfloat16 and torch.equal(mapped, table)
+    assert torch.equal(torch.nn.functional.embedding(torch.tensor([5, 299]), mapped), table[[5, 299]])
+    mapped[0] = 0  # a private copy-on-write mapping: the write stays in this process
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+def rss_anon_kib() -> int:
+    """Resident anonymous pages of this process (its own memory, not the page cache's), from /proc."""
+    status = Path("/proc/self/status").read_text() if Path("/proc/self/status").is_file() else ""
+    if "RssAnon" not in status:
+        pytest.skip("needs Linux /proc/self/status with RssAnon")
+    return int(re.search(r"RssAnon:\s+(\d+) kB", status).group(1))
+
+
+def test_a_mapped_table_is_not_copied_into_process_memory(tmp_path):
+    # (file pages a lookup maps may be whole large folios of the page cache: RssFile is not the measure here)
+    save_file({"embed": torch.randn(16384, 1024)}, str(tmp_path / "model.safetensors"))  # 64 MiB
+    before = rss_anon_kib()
+    mapped = ShardReader(tmp_path).mapped("embed")
+    rows = torch.nn.functional.embedding(torch.arange(0, 16384, 7), mapped)  # 2341 rows spread over the table
+    assert rows.shape == (2341, 1024)
+    del rows
+    grown_mib = (rss_anon_kib() - before) / 1024
+    assert grown_mib < 16, f"{grown_mib:.1f} MiB of process memory for a mapped 64 MiB table"

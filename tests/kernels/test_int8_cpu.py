@@ -1,0 +1,88 @@
+"""The int8-weight bf16-activation kernel (kernels/int8_cpu.py) against its pure-torch reference, and its rounding.
+
+The reference dequantizes the layout (q * s) and multiplies in fp32; the kernel's products are exact in fp32, so
+the two agree to summation order. Kernel tests skip where the kernel is not built (it needs AVX-512 BF16).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.kernels import int4_cpu
+from quantkit.kernels.int8_cpu import (Int8Linear, dequantize_int8_blocked, group_size_for, int8_blocked_reference,
+                                       pack_int8, quantize_int8)
+
+TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 sums of the same products in another order
+
+
+def test_rounding_is_symmetric_per_row_and_group():
+    w = torch.tensor([[1.0, -0.5, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0], [-2.0, 1.0, 0.3, 0.1, 4.0, 1.0, -1.0, 0.5]])
+    q, s = quantize_int8(w, 4)
+    assert q.dtype == torch.int8 and s.shape == (2, 2)
+    assert q[0].tolist() == [127, -64, 32, 0, 0, 0, 0, 0]  # -63.5 and 31.75 round to even / nearest
+    assert s[0].tolist() == pytest.approx([1 / 127, 0.0])  # a group of zeros: scale 0, codes 0
+    assert q[1].tolist() == [-127, 64, 19, 6, 127, 32, -32, 16]
+    err = (q.float().reshape(2, 2, 4) * s.unsqueeze(-1) - w.reshape(2, 2, 4)).abs()
+    assert bool((err <= s.unsqueeze(-1) / 2 + 1e-7).all())
+
+
+@pytest.mark.parametrize(("n", "k", "group_size"), [(40, 256, 128), (16, 64, 64), (33, 96, 32)])
+def test_layout_round_trips(n, k, group_size):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
+    packed = pack_int8(w, group_size)
+    q, s = quantize_int8(w, group_size)
+    assert packed.packed.shape == (-(-n // 16), k // 2, 16, 2) and packed.scales.shape == (-(-n // 16), k // group_size, 16)
+    assert torch.equal(dequantize_int8_blocked(packed), q.float() * s.repeat_interleave(group_size, dim=1))
+
+
+def test_group_size_falls_back_to_one_per_row():
+    assert group_size_for(1024) == 128 and group_size_for(96) == 96
+    with pytest.raises(ValueError, match="even"):
+        pack_int8(torch.zeros(4, 6), 3)
+
+
+@pytest.fixture(scope="module")
+def int8_ext():
+    if (why := int4_cpu.unavailable()) is not None:
+        pytest.skip(why)
+    ext = int4_cpu.extension()
+    if not hasattr(ext, "int8_linear_bf16"):
+        pytest.skip("the int8 kernel is built only where the compiler targets AVX-512 BF16")
+    return ext
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 13, 33])
+@pytest.mark.parametrize(("n", "k", "group_size"), [(40, 256, 128), (272, 512, 128), (50, 96, 96), (16, 64, 32)])
+def test_kernel_matches_its_reference(int8_ext, m, n, k, group_size):
+    w = pack_int8(0.05 * torch.randn(n, k, generator=torch.Generator().manual_seed(m)), group_size)
+    x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n))).bfloat16()
+    got = int8_ext.int8_linear_bf16(x, w.packed, w.scales, n, group_size)
+    torch.testing.assert_close(got, int8_blocked_reference(x, w), **TOL)
+    rounded = int8_ext.int8_linear_bf16(x, w.packed, w.scales, n, group_size, True)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.to(torch.bfloat16))
+
+
+def test_kernel_rejects_a_wrong_layout(int8_ext):
+    w = pack_int8(torch.randn(32, 64), 64)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="scales must be fp32"):
+        int8_ext.int8_linear_bf16(x, w.packed, w.scales.half(), 32, 64)
+    with pytest.raises(RuntimeError, match="group size"):
+        int8_ext.int8_linear_bf16(x, w.packed, w.scales, 32, 48)
+    with pytest.raises(RuntimeError, match="x must be bf16"):
+        int8_ext.int8_linear_bf16(x.float(), w.packed, w.scales, 32, 64)
+
+
+def test_module_runs_a_float_linear_in_int8(int8_ext):
+    linear = torch.nn.Linear(256, 100, bias=False)
+    head = Int8Linear.from_linear(linear)
+    assert head.group_size == 128 and head.weight_bytes() == 7 * 128 * 16 * 2 + 7 * 2 * 16 * 4
+    x = torch.randn(2, 3, 256).bfloat16()
+    got = head(x)
+    assert got.shape == (2, 3, 100) and got.dtype == torch.bfloat16
+    w = pack_int8(linear.weight.detach(), 128)
+    assert torch.equal(got.reshape(6, 100), int8_ext.int8_linear_bf16(x.reshape(6, 256), w.packed, w.scales, 100, 128,
+                                                                       True))
+    # against the float head: the int8 rounding of W (at most s / 2 an element) is all that differs
+    torch.testing.assert_close(got.float(), (x.float() @ linear.weight.T).detach(), rtol=0.02, atol=0.02)
