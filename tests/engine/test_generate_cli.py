@@ -118,7 +118,7 @@ def test_stopping_at_the_context_limit_is_said(app, stories_dir, tmp_path):
     assert context_limit_note(second, params, llm.engine.max_model_len) is None
 
 
-def test_cpu_int8_activations_reaches_the_engine_config(app, stories_dir, monkeypatch):
+def test_cpu_int8_flags_reach_the_engine_config(app, stories_dir, monkeypatch):
     from quantkit.engine import llm as llm_module
 
     seen = []
@@ -129,7 +129,10 @@ def test_cpu_int8_activations_reaches_the_engine_config(app, stories_dir, monkey
         return seen[-1]
 
     monkeypatch.setattr(llm_module, "EngineConfig", recording)
-    for flag, want in (("--cpu-int8-activations", True), ("--no-cpu-int8-activations", False)):
+    for flag, field, want in (("--cpu-int8-activations", "cpu_int8_activations", True),
+                              ("--no-cpu-int8-activations", "cpu_int8_activations", False),
+                              ("--cpu-int8-lm-head", "cpu_int8_lm_head", True),
+                              ("--no-cpu-int8-lm-head", "cpu_int8_lm_head", False)):
         res = run(app, stories_dir, "--prompt", "Once upon a time", "--max-tokens", 2, "--threads", 1, flag)
         assert res.exit_code == 0, res.output
-        assert seen[-1].cpu_int8_activations is want
+        assert getattr(seen[-1], field) is want

@@ -161,3 +161,11 @@ def test_serve_engine_vllm_on_loopback_matches_our_engine_and_plan(tmp_path):
     plan = make_plan("tiny", resolve_config(str(model)), 80 * 1024**3, kv_dtype="fp32", block_size=32,
                      kv_cache_memory=kv_bytes, max_model_len=256)
     assert int(reported.group(1).replace(",", "")) == plan.columns[0].kv_tokens
+
+
+def test_quantkit_cpu_kernel_flags_are_noted_not_passed():
+    s = ServeSettings(EngineConfig("m", cpu_int8_activations=True, cpu_int8_lm_head=True))
+    h = vllm_serve_args(s)
+    assert not any("int8" in a for a in h.argv)
+    assert [n.split()[0] for n in h.notes if "quantkit's own CPU kernel" in n] == ["--cpu-int8-activations",
+                                                                                  "--cpu-int8-lm-head"]
