@@ -82,6 +82,16 @@ def int8_kernel_available() -> bool:
     return hasattr(extension(), "int8_linear_bf16")
 
 
+def int8_head_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why a float lm_head cannot be held in int8 here (None: it can): the int8 kernel computes on CPU, with
+    bf16 activations, where it is built (AVX-512 BF16)."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return f"the int8 lm_head runs on CPU in bfloat16 (here: {device.type}, {dtype})"
+    if not int8_kernel_available():
+        return "the AVX-512 BF16 int8 kernel is not built on this machine"
+    return None
+
+
 class Int8Linear(nn.Module):
     """A bias-free linear for bf16 activations holding its weight as Int8Blocked: x [..., K] bf16 -> [..., N]
     bf16 (the kernel's fp32 sums rounded as it stores them). Needs `int8_kernel_available()`."""

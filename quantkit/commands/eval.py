@@ -38,6 +38,8 @@ def eval_command(
     no_cache: bool = typer.Option(False, "--no-cache", help="Evaluate the base even if a cached result exists."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's "
                                        "choice; 1 is fastest for tiny models on a busy machine)."),
+    cpu_int8_lm_head: bool = typer.Option(False, "--cpu-int8-lm-head", help="Hold QUANTIZED's float lm_head in "
+                                          "int8, as `serve --cpu-int8-lm-head` does (needs --dtype bfloat16 on CPU)."),
     allow_unquantized: bool = typer.Option(False, "--allow-unquantized", help="Evaluate QUANTIZED even when its "
                                            "config.json has no quantization_config (two float models)."),
 ) -> None:
@@ -57,7 +59,7 @@ def eval_command(
         subjects=tuple(s.strip() for s in (subjects or "").split(",") if s.strip()), num_fewshot=num_fewshot,
         limit=limit, ppl_text=ppl_text, seqlen=seqlen, batch_size=batch_size,
         dtype=("float16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype, device=device,
-        cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+        cache_dir=None if no_cache else (cache_dir or default_cache_dir()), cpu_int8_lm_head=cpu_int8_lm_head,
     )
     report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio, allow_unquantized)
     if output is not None:

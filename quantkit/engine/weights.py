@@ -20,7 +20,7 @@ import torch
 
 from quantkit.engine.decoder import Decoder, DecoderShape
 from quantkit.engine.rope import inv_frequencies
-from quantkit.kernels.int8_cpu import Int8Linear, int8_kernel_available
+from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config
 from quantkit.model.loader import QuantInfo, hf_config, replace_packed_linears
@@ -83,16 +83,6 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
         prepack_float_linears(model, dtype)
     log.info(WeightMemory.of(model).describe())
     return model, info
-
-
-def int8_head_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why a float lm_head cannot be held in int8 here (None: it can): the int8 kernel computes on CPU, with
-    bf16 activations, where it is built (AVX-512 BF16)."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
-        return f"the int8 lm_head runs on CPU in bfloat16 (here: {device.type}, {dtype})"
-    if not int8_kernel_available():
-        return "the AVX-512 BF16 int8 kernel is not built on this machine"
-    return None
 
 
 def _int8_head_ok(device: torch.device, dtype: torch.dtype) -> bool:

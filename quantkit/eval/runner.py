@@ -118,7 +118,7 @@ def evaluate_model(role: str, path: str, settings: EvalSettings, inputs: TaskInp
     if not todo:
         return run
     start = time.perf_counter()
-    lm = load_lm(path, settings)
+    lm = load_lm(path, settings, int8_lm_head=settings.cpu_int8_lm_head and role == "quantized")
     run.quantization = getattr(lm, "quantization", NOT_QUANTIZED)
     if "ppl" in todo:
         run.ppl = run_ppl(lm, settings, inputs, progress, role)
@@ -161,8 +161,9 @@ def checkpoint_dir(path: str) -> Path:
     return resolve_model_path(path)
 
 
-def load_lm(path: str, settings: EvalSettings):
-    """The lm-eval backend over quantkit's loader (QuantLinear for quantized checkpoints)."""
+def load_lm(path: str, settings: EvalSettings, int8_lm_head: bool = False):
+    """The lm-eval backend over quantkit's loader (QuantLinear for quantized checkpoints); `int8_lm_head`: a float
+    lm_head held in int8 as the engine's --cpu-int8-lm-head holds it (a packed one stays as it is)."""
     from quantkit.eval.lm_backend import DTYPES, QuantkitLM
     from quantkit.model.loader import load_model, load_tokenizer
 
@@ -170,6 +171,13 @@ def load_lm(path: str, settings: EvalSettings):
     lm = QuantkitLM(model=model, tokenizer=load_tokenizer(path), batch_size=settings.batch_size,
                     device=settings.device)
     lm.quantization = describe_quantization(info)
+    if int8_lm_head and type(model.lm_head) is torch.nn.Linear and model.lm_head.bias is None:
+        from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
+
+        if (why := int8_head_unavailable(torch.device(settings.device), DTYPES[settings.dtype])) is not None:
+            raise QuantkitError(f"--cpu-int8-lm-head: {why}")
+        model.lm_head = Int8Linear.from_linear(model.lm_head)
+        lm.quantization += ", lm_head held in int8 (--cpu-int8-lm-head)"
     return lm
 
 

@@ -25,6 +25,8 @@ class EvalSettings:
     dtype: str = "float32"
     device: str = "cpu"
     cache_dir: Path | None = None  # None: no base-result cache
+    # the quantized model's float lm_head held in int8 as the engine's --cpu-int8-lm-head holds it (CPU, bf16)
+    cpu_int8_lm_head: bool = False
 
     def __post_init__(self):
         unknown = [t for t in self.tasks if t not in TASKS]
@@ -40,6 +42,9 @@ class EvalSettings:
             raise QuantkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.dtype not in DTYPE_NAMES:
             raise QuantkitError(f"unknown --dtype {self.dtype!r}; expected one of {', '.join(DTYPE_NAMES)}")
+        if self.cpu_int8_lm_head and (self.device != "cpu" or self.dtype != "bfloat16"):
+            raise QuantkitError("--cpu-int8-lm-head measures the engine's int8 lm_head on CPU: it needs --device cpu "
+                                f"and --dtype bfloat16 (got {self.device}, {self.dtype})")
         if self.dtype == "float16" and self.device == "cpu":
             raise QuantkitError("--dtype float16 on CPU: fp16 matmul is unusably slow there; use float32 or bfloat16")
 

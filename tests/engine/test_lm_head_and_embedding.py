@@ -126,8 +126,8 @@ def _bf16_copy(src, dst, tie: bool):
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_int8_lm_head(tiny_llama, tmp_path, tie):
-    from quantkit.engine.weights import MappedEmbedding, WeightMemory, int8_head_unavailable
-    from quantkit.kernels.int8_cpu import Int8Linear, dequantize_int8_blocked, pack_int8
+    from quantkit.engine.weights import MappedEmbedding, WeightMemory
+    from quantkit.kernels.int8_cpu import Int8Linear, dequantize_int8_blocked, int8_head_unavailable, pack_int8
 
     if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
         pytest.skip(why)
