@@ -81,7 +81,9 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, seen: Sequence[int]
     logits = apply_presence_frequency(logits, output, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
         return int(logits.argmax())
-    logits = logits / params.temperature
+    # an extreme penalty or temperature (1e-308 is a valid float) overflows to +inf, and softmax of inf - inf is
+    # nan: the largest finite value keeps those tokens the likeliest (-inf, a masked token, stays masked)
+    logits = (logits / params.temperature).nan_to_num(posinf=torch.finfo(logits.dtype).max, neginf=float("-inf"))
     logits = apply_min_p(apply_top_p(apply_top_k(logits, params.top_k), params.top_p), params.min_p)
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -123,3 +123,14 @@ def test_invalid_sampling_values_are_refused(kwargs, match):
 
 def test_stop_accepts_a_single_string():
     assert SamplingParams(stop="x").stop == ("x",)
+
+
+@pytest.mark.parametrize("kwargs", [dict(repetition_penalty=1e-308), dict(temperature=1e-38, top_p=0.9)])
+def test_overflowing_penalties_and_temperatures_still_draw_the_top_tokens(kwargs):
+    """A tiny repetition penalty or temperature sends logits to +inf (found by the server's fuzz test): the draw
+    must still pick among the largest, never fail on nan probabilities."""
+    logits = torch.tensor([2.0, 5.0, 5.0, -1.0, 0.5])
+    params = SamplingParams(**{"temperature": 1.0, **kwargs})
+    seen = [1, 2, 3] if "repetition_penalty" in kwargs else []
+    picks = {sample_row(logits, params, seen, torch.Generator().manual_seed(s)) for s in range(20)}
+    assert picks <= {1, 2} and picks

@@ -33,7 +33,10 @@ def still_serves(url: str) -> None:
     ({"prompt": "Once", "top_p": 0}, None),
     ({"prompt": "Once", "max_tokens": 0}, None),
     ({"prompt": []}, "prompt"),
-    ({"prompt": [1, 2, 10**9]}, None),
+    ({"prompt": [1, 2, 10**9]}, "prompt"),
+    # echo decodes the prompt before the engine sees it: an id the tokenizer cannot hold is still a 400
+    ({"prompt": [[-2930672], [2773, -496]], "echo": True}, "prompt"),
+    ({"prompt": [1, 2**40], "echo": True, "max_tokens": 2}, "prompt"),
 ])
 def test_bad_requests_are_400_never_422(stories_server, body, param):
     r = httpx.post(f"{stories_server.url}/v1/completions", json=body, timeout=60)
