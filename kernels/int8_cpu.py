@@ -1,5 +1,5 @@
-"""An int8-weight linear for bf16 activations on CPU (kernels/csrc/int8_bf16_avx512.h, AVX-512 BF16), its
-layout, and the pure-torch reference of that layout.
+"""An int8-weight linear for bf16 activations on CPU (kernels/csrc/int8_bf16_avx512.h, AVX-512 VNNI), its layout,
+and the pure-torch reference of both.
 
 The engine holds a 4-bit checkpoint's float lm_head this way on CPU (`EngineConfig.cpu_int8_lm_head`): a
 decode step reads the whole head, 32000 x 1024 here, and in bf16 it is as many bytes as all the 4-bit layers
@@ -7,11 +7,14 @@ together. Int8 halves them. The rounding is symmetric per row and group of input
 Q8_0: W[n, k] = q[n, k] * s[n, g], q = round(W / s) in [-127, 127], s = max |W| over the group / 127.
 
 Layout (`Int8Blocked`), for W [N, K]:
-  packed  int8 [NB, K / 2, 16, 2]   NB = ceil(N / 16) blocks of 16 output rows; for each column pair the 16
-                                    rows' two codes side by side (padded rows: 0)
-  scales  fp32 [NB, G, 16]          per group and row
-torch's own `_weight_int8pack_mm` (per-row scales) was measured against oneDNN's prepacked bf16 on the
-lm_head's shape: 1.1x at M = 1 but 0.45x at M = 8 (docs/BENCHMARKS.md), so quantkit reads its own layout.
+  packed  int8  [NB, K / 4, 16, 4]   NB = ceil(N / 16) blocks of 16 output rows; for each 4 input columns the
+                                     16 rows' four codes side by side (padded rows: 0)
+  scales  fp32  [NB, G, 16]          per group and row
+  wsum    int32 [NB, G, 16]          per group and row, the sum of its codes
+The kernel multiplies the codes by x written as 16-bit fixed point per row and group (two vpdpbusd, one per
+byte; `quantize_activations16_reference`), so no weight is converted. torch's own `_weight_int8pack_mm`
+(per-row scales) was measured against oneDNN's prepacked bf16 on the lm_head's shape: 1.1x at M = 1 but 0.45x
+at M = 8 (docs/BENCHMARKS.md), so quantkit reads its own layout.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from torch import nn
 
 from quantkit.kernels.int4_cpu import ROWS, extension
 
-GROUP_SIZE = 128  # input columns per scale (K itself where it does not divide K)
+GROUP_SIZE = 128  # input columns per scale: at most this (the kernel's int32 sums), a multiple of 4 dividing K
 
 
 @dataclass
 class Int8Blocked:
-    packed: torch.Tensor  # int8 [NB, K / 2, 16, 2]
+    packed: torch.Tensor  # int8 [NB, K / 4, 16, 4]
     scales: torch.Tensor  # fp32 [NB, G, 16]
+    wsum: torch.Tensor  # int32 [NB, G, 16]
     out_features: int
     group_size: int
 
@@ -45,50 +49,68 @@ def quantize_int8(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     return q.reshape(n, k), s
 
 
-def group_size_for(k: int, group_size: int = GROUP_SIZE) -> int:
-    """`group_size` where it divides K, else K (one scale per row); the kernel takes column pairs, so K even."""
-    return group_size if k % group_size == 0 else k
+def group_size_for(k: int, group_size: int = GROUP_SIZE) -> int | None:
+    """The largest multiple of 4 that divides K and is at most `group_size` (None: K is not a multiple of 4)."""
+    return next((g for g in range(group_size - group_size % 4, 0, -4) if k % g == 0), None)
 
 
 def pack_int8(w: torch.Tensor, group_size: int) -> Int8Blocked:
-    """W [N, K] float (K even, `group_size` dividing K) -> Int8Blocked."""
+    """W [N, K] float (`group_size` a multiple of 4 dividing K, at most GROUP_SIZE) -> Int8Blocked."""
     n, k = w.shape
-    if k % 2 or k % group_size or group_size % 2:
-        raise ValueError(f"int8 blocks take column pairs: K {k} and group size {group_size} must be even, "
-                         "and the group size must divide K")
+    if group_size % 4 or k % group_size or group_size > GROUP_SIZE:
+        raise ValueError(f"int8 blocks take columns in fours: the group size ({group_size}) must be a multiple of 4, "
+                         f"at most {GROUP_SIZE}, and divide K ({k})")
     q, s = quantize_int8(w, group_size)
-    nb = -(-n // ROWS)
+    nb, groups = -(-n // ROWS), k // group_size
     pad = nb * ROWS - n
-    q = torch.nn.functional.pad(q, (0, 0, 0, pad)).view(nb, ROWS, k // 2, 2)
-    s = torch.nn.functional.pad(s, (0, 0, 0, pad)).view(nb, ROWS, k // group_size)
-    return Int8Blocked(q.permute(0, 2, 1, 3).contiguous(), s.permute(0, 2, 1).contiguous(), n, group_size)
+    wsum = q.to(torch.int32).reshape(n, groups, group_size).sum(-1, dtype=torch.int32)  # [N, G]
+    q = torch.nn.functional.pad(q, (0, 0, 0, pad)).view(nb, ROWS, k // 4, 4)
+    per_group = [torch.nn.functional.pad(t, (0, 0, 0, pad)).view(nb, ROWS, groups).permute(0, 2, 1).contiguous()
+                 for t in (s, wsum)]
+    return Int8Blocked(q.permute(0, 2, 1, 3).contiguous(), *per_group, n, group_size)
 
 
 def dequantize_int8_blocked(w: Int8Blocked) -> torch.Tensor:
     """The pure-torch reader of the layout: W fp32 [N, K] = q * s."""
-    nb, half_k, _, _ = w.packed.shape
-    q = w.packed.permute(0, 2, 1, 3).reshape(nb * ROWS, 2 * half_k).float()  # [NB * 16, K]
+    nb, quads, _, _ = w.packed.shape
+    q = w.packed.permute(0, 2, 1, 3).reshape(nb * ROWS, 4 * quads).float()  # [NB * 16, K]
     s = w.scales.permute(0, 2, 1).reshape(nb * ROWS, -1).repeat_interleave(w.group_size, dim=1)
     return (q * s)[: w.out_features]
 
 
+def quantize_activations16_reference(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel multiplies: x [M, K] per row and group as xq = round(x * 32767 / amax) (ties to even, a true
+    division as the kernel's) and scale amax / 32767 (a group of zeros: codes 0, scale 0). Returns xq [M, K]
+    (integers in [-32767, 32767], fp32) and the scale [M, G] fp32."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // group_size, group_size)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 32767.0) / amax, torch.zeros_like(amax))
+    return torch.round(groups * inv).clamp(-32767, 32767).reshape(m, k), (amax / 32767.0).squeeze(-1)
+
+
 def int8_blocked_reference(x: torch.Tensor, w: Int8Blocked) -> torch.Tensor:
-    """The oracle: x [M, K] @ dequantize_int8_blocked(w).T in fp32."""
-    return x.float() @ dequantize_int8_blocked(w).T
+    """The oracle: x [M, K] rounded as quantize_activations16_reference, @ dequantize_int8_blocked(w).T in fp32."""
+    xq, scale = quantize_activations16_reference(x, w.group_size)
+    m, k = x.shape
+    xd = (xq.reshape(m, k // w.group_size, w.group_size) * scale.unsqueeze(-1)).reshape(m, k)
+    return xd @ dequantize_int8_blocked(w).T
 
 
 def int8_kernel_available() -> bool:
-    """Whether the AVX-512 BF16 int8 kernel is built on this machine."""
+    """Whether the int8 kernel is built on this machine (AVX-512 VNNI and BF16)."""
     return hasattr(extension(), "int8_linear_bf16")
 
 
-def int8_head_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+def int8_head_unavailable(device: torch.device, dtype: torch.dtype, in_features: int | None = None) -> str | None:
     """Why a float lm_head cannot be held in int8 here (None: it can): the int8 kernel computes on CPU, with
-    bf16 activations, where it is built (AVX-512 BF16)."""
+    bf16 activations, where it is built (AVX-512 VNNI and BF16), over an input size that is a multiple of 4."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return f"the int8 lm_head runs on CPU in bfloat16 (here: {device.type}, {dtype})"
     if not int8_kernel_available():
-        return "the AVX-512 BF16 int8 kernel is not built on this machine"
+        return "the int8 kernel (AVX-512 VNNI and BF16) is not built on this machine"
+    if in_features is not None and group_size_for(in_features) is None:
+        return f"the int8 kernel takes input columns in fours (hidden size {in_features})"
     return None
 
 
@@ -98,20 +120,25 @@ class Int8Linear(nn.Module):
 
     def __init__(self, w: Int8Blocked):
         super().__init__()
-        self.in_features, self.out_features = 2 * w.packed.shape[1], w.out_features
+        self.out_features = w.out_features
+        self.in_features = 4 * w.packed.shape[1]
         self.group_size = w.group_size
         self.register_buffer("packed", w.packed)
         self.register_buffer("scales", w.scales)
+        self.register_buffer("wsum", w.wsum)
         self._op = extension().int8_linear_bf16
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE) -> Int8Linear:
-        return cls(pack_int8(linear.weight.detach(), group_size_for(linear.in_features, group_size)))
+        g = group_size_for(linear.in_features, group_size)
+        if g is None:
+            raise ValueError(f"int8 blocks take columns in fours: in_features {linear.in_features} is not a multiple of 4")
+        return cls(pack_int8(linear.weight.detach(), g))
 
     def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales))
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.wsum))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = self._op(flat, self.packed, self.scales, self.out_features, self.group_size, True)
+        out = self._op(flat, self.packed, self.scales, self.wsum, self.out_features, self.group_size, True)
         return out.reshape(*x.shape[:-1], self.out_features)

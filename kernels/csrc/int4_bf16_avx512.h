@@ -21,6 +21,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <cstdint>
 #include <cstring>
@@ -61,6 +62,29 @@ inline void group_sums(const uint16_t* x, int64_t M, int64_t K, int64_t gs, floa
       }
       xsum[m * G + g] = sum;
     }
+}
+
+inline __m512 widen16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+inline float widen1(uint16_t b) {  // one bf16 -> fp32 (exact)
+  const uint32_t bits = uint32_t(b) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// max |x| over n bf16 values (the scale of a group the int8-activation kernels round x in)
+inline float abs_max(const uint16_t* p, int64_t n) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 mx = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(widen16(p + c), abs_mask));
+  float amax = _mm512_reduce_max_ps(mx);
+  for (; c < n; ++c) amax = std::max(amax, std::fabs(widen1(p[c])));
+  return amax;
 }
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }

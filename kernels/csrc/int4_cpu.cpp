@@ -31,7 +31,7 @@
 
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
-#include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT4_BF16
+#include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
 
 namespace {
 
@@ -258,24 +258,34 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
   return c.out;
 }
 
-// x bf16 [M, K] @ W8.T -> fp32 (or bf16) [M, N], W8 int8 [ceil(N/16), K/2, 16, 2] with fp32 scales
-// [ceil(N/16), K/gs, 16] (int8_bf16_avx512.h).
-torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t n, int64_t gs,
-                               bool out_bf16) {
+#endif
+
+#if defined(QUANTKIT_INT8_W)
+// x bf16 [M, K] @ W8.T -> fp32 (or bf16) [M, N], W8 int8 [ceil(N/16), K/4, 16, 4] with fp32 scales and int32 code
+// sums [ceil(N/16), K/gs, 16] (int8_bf16_avx512.h).
+torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor wsum,
+                               int64_t n, int64_t gs, bool out_bf16) {
   Bf16Call c(x, n, out_bf16);
-  TORCH_CHECK(gs > 0 && gs % 2 == 0 && c.k % gs == 0, "the group size must be even and divide K");
-  TORCH_CHECK(packed.dtype() == torch::kInt8 && packed.dim() == 4 && packed.size(1) * 2 == c.k &&
-                  packed.size(2) == kRows && packed.size(3) == 2,
-              "packed must be int8 [ceil(N/16), K/2, 16, 2]");
+  TORCH_CHECK(gs > 0 && gs % 4 == 0 && gs <= int8w::kMaxGroup && c.k % gs == 0,
+              "the group size must be a multiple of 4, at most 128, and divide K");
+  TORCH_CHECK(packed.dtype() == torch::kInt8 && packed.dim() == 4 && packed.size(1) * 4 == c.k &&
+                  packed.size(2) == kRows && packed.size(3) == 4,
+              "packed must be int8 [ceil(N/16), K/4, 16, 4]");
   TORCH_CHECK(packed.size(0) * kRows >= n && packed.size(0) * kRows < n + kRows, "packed has the wrong row blocks");
-  TORCH_CHECK(scales.dtype() == torch::kFloat && scales.dim() == 3 && scales.size(0) == packed.size(0) &&
-                  scales.size(1) == c.k / gs && scales.size(2) == kRows,
+  const std::vector<int64_t> per_group{packed.size(0), c.k / gs, kRows};
+  TORCH_CHECK(scales.dtype() == torch::kFloat && scales.sizes() == per_group,
               "scales must be fp32 [ceil(N/16), K/group, 16]");
-  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous(), "packed and scales must be contiguous");
+  TORCH_CHECK(wsum.dtype() == torch::kInt && wsum.sizes() == per_group, "wsum must be int32 [ceil(N/16), K/group, 16]");
+  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && wsum.is_contiguous(),
+              "packed, scales and wsum must be contiguous");
   if (c.m == 0) return c.out;
-  const int8bf16::Args args{c.xp, packed.data_ptr<int8_t>(), scales.data_ptr<float>(), c.of, c.ob, c.m, c.k, n,
-                            c.k / gs, gs};
-  over_blocks(packed.size(0), [&](int64_t b) { int8bf16::block(args, b); });
+  const int64_t groups = c.k / gs;
+  std::vector<uint8_t> hi(c.m * c.k), lo(c.m * c.k);
+  std::vector<float> sx(c.m * groups);
+  int8w::digits(c.xp, c.m, c.k, gs, hi.data(), lo.data(), sx.data());
+  const int8w::Args args{hi.data(), lo.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                         wsum.data_ptr<int32_t>(), c.of, c.ob, c.m, c.k, n, groups, gs};
+  over_blocks(packed.size(0), [&](int64_t b) { int8w::block(args, b); });
   return c.out;
 }
 #endif
@@ -322,8 +332,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);
-  m.def("int8_linear_bf16", &int8_linear_bf16, "x bf16 [M, K] @ W8.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
-        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("n"), py::arg("group_size"),
+#endif
+#if defined(QUANTKIT_INT8_W)
+  m.def("int8_linear_bf16", &int8_linear_bf16, "x bf16 [M, K] @ W8.T -> fp32 (or bf16) [M, N] (AVX-512 VNNI)",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("wsum"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);
 #endif
 #if defined(QUANTKIT_INT4_Q8)

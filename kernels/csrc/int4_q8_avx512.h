@@ -44,43 +44,27 @@ struct Args {
   int64_t M, K, N, G, gs;
 };
 
-inline __m512 widen16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-inline float widen1(uint16_t b) {
-  const uint32_t bits = uint32_t(b) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
 // x bf16 [M, K] -> xq [M, K] = round(x * 127 / amax) (ties to even), sx = amax / 127 and xqsum per (row, group);
 // amax = max |x| over the group (a group of zeros: scale 0, codes 0).
 inline void quantize(const uint16_t* x, int64_t M, int64_t K, int64_t gs, int8_t* xq, float* sx, float* xqsum) {
   const int64_t G = K / gs;
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
       const uint16_t* p = x + m * K + g * gs;
       int8_t* q = xq + m * K + g * gs;
-      __m512 mx = _mm512_setzero_ps();
+      const float amax = int4bf16::abs_max(p, gs);
       int64_t c = 0;
-      for (; c + 16 <= gs; c += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(widen16(p + c), sign));
-      float amax = _mm512_reduce_max_ps(mx);
-      for (; c < gs; ++c) amax = std::max(amax, std::fabs(widen1(p[c])));
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       const __m512 vinv = _mm512_set1_ps(inv);
       __m512i sum = _mm512_setzero_si512();
       for (c = 0; c + 16 <= gs; c += 16) {
-        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(widen16(p + c), vinv));  // rounds to nearest even
+        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p + c), vinv));  // rounds to nearest even
         sum = _mm512_add_epi32(sum, r);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), _mm512_cvtsepi32_epi8(r));
       }
       int32_t total = _mm512_reduce_add_epi32(sum);
       for (; c < gs; ++c) {
-        const int32_t r = static_cast<int32_t>(std::nearbyint(widen1(p[c]) * inv));
+        const int32_t r = static_cast<int32_t>(std::nearbyint(int4bf16::widen1(p[c]) * inv));
         q[c] = static_cast<int8_t>(r);
         total += r;
       }

@@ -1,68 +1,139 @@
-// The int8-weight linear for bf16 activations on CPUs with AVX-512 BF16 (vdpbf16ps): x bf16 [M, K] @ W.T ->
-// fp32 or bf16 [M, N], W held as int8 codes with one fp32 scale per row and group of input columns (symmetric,
-// as llama.cpp's Q8_0): W[n, k] = q[n, k] * s[n, g]. Included by int4_cpu.cpp; compiled with the bf16 int4
-// kernel (QUANTKIT_INT4_BF16). The engine runs a float lm_head through it (kernels/int8_cpu.py): half the bytes
-// of bf16, which a decode step reads in full.
+// The int8-weight linear for bf16 activations on CPUs with AVX-512 VNNI and BF16: x bf16 [M, K] @ W.T -> fp32 or
+// bf16 [M, N], W held as int8 codes with one fp32 scale per row and group of input columns (symmetric, as
+// llama.cpp's Q8_0): W[n, k] = q[n, k] * s[n, g]. Included by int4_cpu.cpp (QUANTKIT_INT8_W). The engine runs a
+// float lm_head through it (kernels/int8_cpu.py): half the bytes of bf16, which a decode step reads in full.
 //
 // Layout (kernels/int8_cpu.py, Int8Blocked):
-//   packed  int8 [NB, K / 2, 16, 2]   NB = ceil(N / 16) blocks of 16 output rows; for each column pair
-//                                     (k, k + 1) the 16 rows' two codes side by side: 32 bytes
-//   scales  fp32 [NB, G, 16]          per group and row (padded rows: 0)
-// One column pair becomes the 32 bf16 lanes of a vdpbf16ps by two sign extensions to int32, two conversions
-// to fp32 and one conversion of both to bf16 (lane pair i: row i's codes for k, k + 1). Codes are integers in
-// [-127, 127], exact in bf16; products of bf16 values are exact in fp32 and the sums are fp32, so the result
-// differs from the fp32 reference only by the order of the sums.
+//   packed  int8  [NB, K / 4, 16, 4]   NB = ceil(N / 16) blocks of 16 output rows; for each 4 input columns the
+//                                      16 rows' four codes side by side: one 64-byte vector, lane i = row i
+//   scales  fp32  [NB, G, 16]          per group and row (padded rows: 0)
+//   wsum    int32 [NB, G, 16]          per group and row: the sum of its codes
+// x is written per row and group as 16-bit fixed point, xq = round(x * 32767 / amax) (amax = max |x| over the
+// group, scale sx = amax / 32767), and xq + 32768 as two unsigned bytes (hi, lo). One vpdpbusd multiplies a
+// byte of 4 columns' activations by the 16 rows' int8 codes, so two of them (hi and lo) give, exactly in int32,
+//   sum_k q * xq = 256 * sum_k q * hi + sum_k q * lo - 32768 * wsum,
+// with no conversion of the weights (a bf16 kernel would widen each int8 code to bf16 first: two conversions
+// and a pack per 32 codes, which was most of its time from 8 rows on). Groups of at most 128 columns keep
+// 256 * sum q * hi below 2^31. The rounding of x to 16 bits (at most amax / 65534 an element, 1/128 of the bf16
+// rounding of the largest element) is the only difference from multiplying bf16 x; int8_blocked_reference
+// rounds x the same way, and the two agree to fp32 summation order.
 #pragma once
 
-#if defined(QUANTKIT_INT4_BF16)
+#if defined(QUANTKIT_INT4_BF16) && defined(__AVX512VNNI__)
+#define QUANTKIT_INT8_W 1
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "int4_bf16_avx512.h"
 
-namespace int8bf16 {
+namespace int8w {
 
 constexpr int kRows = 16;
+constexpr int64_t kMaxGroup = 128;
 
 struct Args {
-  const uint16_t* x;   // bf16 bits [M, K]
-  const int8_t* w;     // [NB, K / 2, 16, 2]
-  const float* s;      // [NB, G, 16]
-  float* out;          // [M, N] fp32, or null when out_bf16 is set
-  uint16_t* out_bf16;  // [M, N] bf16 bits, or null
+  const uint8_t* xhi;    // [M, K]: the high byte of xq + 32768
+  const uint8_t* xlo;    // [M, K]: its low byte
+  const float* sx;       // [M, G]
+  const int8_t* w;       // [NB, K / 4, 16, 4]
+  const float* s;        // [NB, G, 16]
+  const int32_t* wsum;   // [NB, G, 16]
+  float* out;            // [M, N] fp32, or null when out_bf16 is set
+  uint16_t* out_bf16;    // [M, N] bf16 bits, or null
   int64_t M, K, N, G, gs;
 };
 
-// The 32 codes of one column pair (rows 0..15, two columns each) -> bf16 lanes in the same order.
-inline __m512bh widen_pair(const int8_t* p) {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  const __m512 hi =
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
-  return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0..15 from lo (rows 0..7), 16..31 from hi (rows 8..15)
+// x bf16 [M, K] -> the digits of xq + 32768 (hi, lo [M, K]) and sx [M, G], per row and group of gs columns
+// (gs a multiple of 16 or not: the tail runs scalar). xq = round(x * 32767 / amax), ties to even, in
+// [-32767, 32767]; a group of zeros: sx 0, xq 0.
+inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint8_t* hi, uint8_t* lo, float* sx) {
+  const int64_t G = K / gs;
+  const __m512i lim = _mm512_set1_epi32(32767), half = _mm512_set1_epi32(32768), byte = _mm512_set1_epi32(255);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = m * K + g * gs;
+      const uint16_t* p = x + at;
+      const float amax = int4bf16::abs_max(p, gs);
+      const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+      const __m512 vinv = _mm512_set1_ps(inv);
+      int64_t c = 0;
+      for (; c + 16 <= gs; c += 16) {
+        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p + c), vinv));  // rounds to nearest even
+        r = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(r, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
+                             half);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + at + c), _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + at + c), _mm512_cvtepi32_epi8(_mm512_and_si512(r, byte)));
+      }
+      for (; c < gs; ++c) {
+        const float r = std::min(32767.f, std::max(-32767.f, std::nearbyint(int4bf16::widen1(p[c]) * inv)));
+        const int32_t u = static_cast<int32_t>(r) + 32768;
+        hi[at + c] = static_cast<uint8_t>(u >> 8);
+        lo[at + c] = static_cast<uint8_t>(u & 255);
+      }
+      sx[m * G + g] = amax / 32767.f;
+    }
+}
+
+inline __m512i four(const uint8_t* p) {  // (p[0], .., p[3]) in every lane
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
 }
 
 // Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
 template <int MT>
 void tile(const Args& a, int64_t b, int64_t m0, float* o) {
+  // column quads in flight: 2 * U * MT >= 16 independent vpdpbusd chains (a hi and a lo one per row)
+  constexpr int U = MT >= 8 ? 1 : (MT >= 4 ? 2 : 4);
   const int8_t* w = a.w + b * a.K * kRows;
   const float* s = a.s + b * a.G * kRows;
-  const uint16_t* x[MT];
-  for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
+  const int32_t* ws = a.wsum + b * a.G * kRows;
+  const uint8_t* hi[MT];
+  const uint8_t* lo[MT];
+  for (int m = 0; m < MT; ++m) {
+    hi[m] = a.xhi + (m0 + m) * a.K;
+    lo[m] = a.xlo + (m0 + m) * a.K;
+  }
   __m512 out[MT];
   for (int m = 0; m < MT; ++m) out[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
+    __m512i ah[U][MT], al[U][MT];
+    for (int u = 0; u < U; ++u)
+      for (int m = 0; m < MT; ++m) ah[u][m] = al[u][m] = _mm512_setzero_si512();
+    const int64_t k1 = (g + 1) * a.gs;
+    int64_t k = g * a.gs;
+    auto step = [&](int u, int64_t kk) {
+      const __m512i codes = _mm512_loadu_si512(w + kk * kRows);
+      for (int m = 0; m < MT; ++m) {
+        ah[u][m] = _mm512_dpbusd_epi32(ah[u][m], four(hi[m] + kk), codes);
+        al[u][m] = _mm512_dpbusd_epi32(al[u][m], four(lo[m] + kk), codes);
+      }
+    };
+    for (; k + 4 * U <= k1; k += 4 * U) {
+      if constexpr (MT >= 4) {  // the next block's lines for these columns (64 bytes a quad), as the int4 tiles do
+        for (int u = 0; u < U; ++u)
+          _mm_prefetch(reinterpret_cast<const char*>(w + (a.K + k + 4 * u) * kRows), _MM_HINT_T0);
+      }
+      for (int u = 0; u < U; ++u) step(u, k + 4 * u);
+    }
+    for (; k < k1; k += 4) step(0, k);
     const __m512 scale = _mm512_loadu_ps(s + g * kRows);
-    // the next block's lines for the 2U columns from k (32 bytes a column pair, U = 2 or 4 past 4 rows)
-    int4bf16::group_dots<MT>(
-        x, g * a.gs, (g + 1) * a.gs, [&](int64_t k) { return widen_pair(w + k * kRows); },
-        [&](int64_t k) {
-          for (int off = 0; off < int4bf16::chains<MT>() * 32; off += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(w + (a.K + k) * kRows + off), _MM_HINT_T0);
-        },
-        [&](int m, __m512 d) { out[m] = _mm512_fmadd_ps(d, scale, out[m]); });
+    const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(ws + g * kRows), 15);  // 32768 * wsum
+    for (int m = 0; m < MT; ++m) {
+      __m512i h = ah[0][m], l = al[0][m];
+      for (int u = 1; u < U; ++u) {
+        h = _mm512_add_epi32(h, ah[u][m]);
+        l = _mm512_add_epi32(l, al[u][m]);
+      }
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l), offset);  // sum q * xq
+      const __m512 sx = _mm512_set1_ps(a.sx[(m0 + m) * a.G + g]);
+      out[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, sx), out[m]);
+    }
   }
   for (int m = 0; m < MT; ++m) _mm512_storeu_ps(o + m * kRows, out[m]);
 }
@@ -71,6 +142,6 @@ inline void block(const Args& a, int64_t b) {
   int4bf16::for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
 }
 
-}  // namespace int8bf16
+}  // namespace int8w
 
 #endif

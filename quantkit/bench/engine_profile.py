@@ -2,6 +2,7 @@
 
   python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
                                          [--decode-batch 8] [--prefill 8:256] [--model PATH]
+                                         [--int8-activations] [--int8-lm-head]
 
 --decode-batch N adds a workload "c xN": N requests of (c)'s shape (128 in, 128 out) decoding together.
 --prefill N:LEN adds "prefill NxLEN": N random prompts of LEN tokens, one token out (one prefill step when
@@ -117,13 +118,14 @@ PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_
 def instrumented(clock: Clock):
     """Wrap the engine's parts in `clock` for the duration of the block."""
     from quantkit.engine import decoder, llm_engine, model_runner
-    from quantkit.kernels import bf16_cpu, cpu_fused, cpu_linear, fused_ops_reference
+    from quantkit.kernels import bf16_cpu, cpu_fused, cpu_linear, fused_ops_reference, int8_cpu
     from quantkit.model.quant_linear import QuantLinear
 
     targets = [(llm_engine.LLMEngine, "step", "step"), (model_runner.ModelRunner, "execute", "execute"),
                (decoder.Decoder, "forward", "forward"), (cpu_linear.PrepackedLinear, "forward", "linears"),
                (torch.nn.Linear, "forward", "linears"), (QuantLinear, "forward", "linears"),
-               (bf16_cpu.Bf16Linear, "forward", "linears"), (decoder, "paged_attention", "attention"),
+               (bf16_cpu.Bf16Linear, "forward", "linears"), (int8_cpu.Int8Linear, "forward", "linears"),
+               (decoder, "paged_attention", "attention"),
                (decoder, "cos_sin", "rotary"), (llm_engine.LLMEngine, "_postprocess", "sampling + postprocess")]
     for ops in (cpu_fused, fused_ops_reference):
         targets += [(ops, "rms_norm", "norms"), (ops, "add_rms_norm", "norms"), (ops, "rotary", "rotary"),
@@ -195,14 +197,18 @@ def main() -> None:
     ap.add_argument("--prefill", help="N:LEN: also N prompts of LEN tokens, one token out")
     ap.add_argument("--repeats", type=int, default=1, help="profile each workload this many times")
     ap.add_argument("--model", help="a checkpoint to profile (default: the random 1024-hidden Llama)")
+    ap.add_argument("--int8-activations", action="store_true", help="EngineConfig.cpu_int8_activations")
+    ap.add_argument("--int8-lm-head", action="store_true", help="EngineConfig.cpu_int8_lm_head")
     args = ap.parse_args()
     if unknown := set(args.paths.split(",")) - set(PATHS):
         ap.error(f"unknown paths {sorted(unknown)}: choose from {', '.join(PATHS)}")
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_dense(Path(tmp)))
-        llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads)
-    name = args.model or "random Llama (hidden 1024, 8 layers)"
+        llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads,
+                  cpu_int8_activations=args.int8_activations, cpu_int8_lm_head=args.int8_lm_head)
+    flags = [f for f, on in (("int8 activations", args.int8_activations), ("int8 lm_head", args.int8_lm_head)) if on]
+    name = (args.model or "random Llama (hidden 1024, 8 layers)") + "".join(f", {f}" for f in flags)
     print(f"{name}, {dtype}, {torch.get_num_threads()} threads")
     print("| workload | path | tok/s | steps | ms/step | " + " | ".join(PARTS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(PARTS))

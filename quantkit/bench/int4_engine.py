@@ -9,7 +9,8 @@ Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 
 checkpoint in the GPTQ v1 layout (symmetric, group 128), with lm_head float and with lm_head packed too
 (`quantize --quantize-lm-head`). All load in --dtype (auto: the engine's pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B prompts to
 max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out.
-Rounds alternate float and 4-bit; the median counts. Weight memory is the engine's start-up figure.
+Rounds alternate float and 4-bit; the median counts, and beside it the median of each round's ratio to
+the float model's run in that round. Weight memory is the engine's start-up figure.
 --models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
 --int8-activations adds both 4-bit checkpoints again with EngineConfig.cpu_int8_activations (decode batches
 on the W4A8 kernel: activations rounded to int8 per row and group). --int8-lm-head adds the float lm_head's
@@ -98,8 +99,9 @@ def main() -> None:
         llms = {name: LLM(str(path), dtype=dtype, max_model_len=1024, max_num_seqs=max(batches),
                           num_threads=args.threads, cpu_int8_activations=act, cpu_int8_lm_head=head)
                 for name, path, act, head in variants(models, args.int8_activations, args.int8_lm_head)}
-        for name, llm in llms.items():  # warm-up, not counted
-            _wall(llm, prompts[batches[0]][:1], 2)
+        for name, llm in llms.items():  # warm-up at every batch size (a first batch-8 step ran 4x slower), not counted
+            for b in batches:
+                _wall(llm, prompts[b], 2)
             print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}", flush=True)
         rates = {(name, b): [] for name in llms for b in batches}
         loads = [os.getloadavg()[0]]
@@ -113,7 +115,10 @@ def main() -> None:
           f"of {args.rounds} alternating rounds; load average {min(loads):.2f}-{max(loads):.2f}")
     for b in batches:
         f = statistics.median(rates["float", b])
-        parts = [f"{n} {statistics.median(rates[n, b]):.1f} ({statistics.median(rates[n, b]) / f:.2f}x)"
+        # (the median of each round's ratio to the float run beside it: a machine whose speed drifts between
+        # rounds moves both runs of a round together)
+        parts = [f"{n} {statistics.median(rates[n, b]):.1f} ({statistics.median(rates[n, b]) / f:.2f}x; per round "
+                 f"{statistics.median(r / fl for r, fl in zip(rates[n, b], rates['float', b])):.2f}x)"
                  for n in llms if n != "float"]
         rounds = "; ".join(f"{n} " + ", ".join(f"{r:.1f}" for r in rates[n, b]) for n in llms)
         print(f"batch {b}: decode tok/s float {f:.1f}, " + ", ".join(parts) + f"; rounds {rounds}", flush=True)

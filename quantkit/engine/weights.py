@@ -20,13 +20,13 @@ import torch
 
 from quantkit.engine.decoder import Decoder, DecoderShape
 from quantkit.engine.rope import inv_frequencies
-from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config
 from quantkit.model.loader import QuantInfo, hf_config, replace_packed_linears
 from quantkit.model.quant_format import checkpoint_quant_info
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.format.arch import get_submodule, spec_for
+from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
 
 log = logging.getLogger("quantkit.engine")
 EMBED = "model.embed_tokens.weight"
@@ -46,9 +46,9 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
         model = Decoder(shape)
     quantized = replace_packed_linears(model, reader, info, dtype)
     state = {}
-    head_dtype = reader.get("lm_head.weight").dtype if "lm_head.weight" in reader.keys() else None
+    head_dtype = reader.dtype_of("lm_head.weight") if "lm_head.weight" in reader.keys() else None
     tied = "lm_head" not in quantized and (shape.tie_word_embeddings or "lm_head.weight" not in reader.keys())
-    head_int8 = int8_lm_head and "lm_head" not in quantized and _int8_head_ok(device, dtype)
+    head_int8 = int8_lm_head and "lm_head" not in quantized and _int8_head_ok(device, dtype, shape.hidden_size)
     map_embed = device.type == "cpu" and EMBED in reader.keys() and reader.dtype_of(EMBED).is_floating_point \
         and (not tied or head_int8)
     for key in reader.keys():
@@ -85,8 +85,8 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     return model, info
 
 
-def _int8_head_ok(device: torch.device, dtype: torch.dtype) -> bool:
-    why = int8_head_unavailable(device, dtype)
+def _int8_head_ok(device: torch.device, dtype: torch.dtype, hidden_size: int) -> bool:
+    why = int8_head_unavailable(device, dtype, hidden_size)
     if why is not None:
         log.warning("lm_head: kept in float (%s)", why)
     return why is None

@@ -174,7 +174,8 @@ def load_lm(path: str, settings: EvalSettings, int8_lm_head: bool = False):
     if int8_lm_head and type(model.lm_head) is torch.nn.Linear and model.lm_head.bias is None:
         from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
 
-        if (why := int8_head_unavailable(torch.device(settings.device), DTYPES[settings.dtype])) is not None:
+        why = int8_head_unavailable(torch.device(settings.device), DTYPES[settings.dtype], model.lm_head.in_features)
+        if why is not None:
             raise QuantkitError(f"--cpu-int8-lm-head: {why}")
         model.lm_head = Int8Linear.from_linear(model.lm_head)
         lm.quantization += ", lm_head held in int8 (--cpu-int8-lm-head)"

@@ -183,8 +183,10 @@ class ShardReader:
 
     def mapped(self, key: str) -> torch.Tensor:
         """The tensor read in place from its file: a private copy-on-write mapping, so only the pages a
-        reader touches become resident (an embedding table's looked-up rows) and they stay evictable page
-        cache. The mapping lives as long as the tensor; the file must not be rewritten meanwhile."""
+        reader touches (and the kernel's read-around) are mapped into this process (an embedding table's
+        looked-up rows), and they stay evictable page cache. The mapping lives as long as the tensor; the
+        file must not be rewritten meanwhile. (MADV_RANDOM, to map fewer pages, made each lookup of 8 rows
+        6x slower here, 163 against 27 us, and a first pass over the table 35x slower.)"""
         e = self._entry(key)
         if e.start % e.dtype.itemsize:
             raise QuantkitError(f"{self.path / e.file}: {key} is not aligned for {e.dtype}; it cannot be mapped")
@@ -193,8 +195,6 @@ class ShardReader:
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         except (OSError, ValueError) as exc:
             raise QuantkitError(f"{self.path / e.file}: cannot map ({exc})") from exc
-        if hasattr(mmap, "MADV_RANDOM"):  # no read-around: a lookup maps its own rows' pages, not their neighbours'
-            mm.madvise(mmap.MADV_RANDOM)
         n = math.prod(e.shape)
         return torch.frombuffer(mm, dtype=e.dtype, count=n, offset=e.start).reshape(e.shape)
 

@@ -127,7 +127,7 @@ def _bf16_copy(src, dst, tie: bool):
 @pytest.mark.parametrize("tie", [False, True])
 def test_int8_lm_head(tiny_llama, tmp_path, tie):
     from quantkit.engine.weights import MappedEmbedding, WeightMemory
-    from quantkit.kernels.int8_cpu import Int8Linear, dequantize_int8_blocked, int8_head_unavailable, pack_int8
+    from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable, pack_int8
 
     if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
         pytest.skip(why)
@@ -138,8 +138,9 @@ def test_int8_lm_head(tiny_llama, tmp_path, tie):
     assert isinstance(model.lm_head, Int8Linear) and isinstance(model.model.embed_tokens, MappedEmbedding)
     # the head is the checkpoint's, rounded to int8 per row and group of 128 columns
     expected = pack_int8(head, 128)
-    assert torch.equal(dequantize_int8_blocked(expected), dequantize_int8_blocked(
-        type(expected)(model.lm_head.packed, model.lm_head.scales, model.lm_head.out_features, 128)))
+    head8 = model.lm_head
+    assert torch.equal(head8.packed, expected.packed) and torch.equal(head8.scales, expected.scales)
+    assert torch.equal(head8.wsum, expected.wsum) and head8.group_size == 128
     memory = WeightMemory.of(model)
     assert memory.lm_head == model.lm_head.weight_bytes() and "int8" in memory.parts and memory.embedding == 0
     assert memory.resident < memory.bf16_equivalent - 2 * head.numel() - head.numel() // 2

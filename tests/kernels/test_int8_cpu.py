@@ -1,7 +1,8 @@
 """The int8-weight bf16-activation kernel (kernels/int8_cpu.py) against its pure-torch reference, and its rounding.
 
-The reference dequantizes the layout (q * s) and multiplies in fp32; the kernel's products are exact in fp32, so
-the two agree to summation order. Kernel tests skip where the kernel is not built (it needs AVX-512 BF16).
+The reference rounds x to 16-bit fixed point per row and group as the kernel does, dequantizes the layout (q * s)
+and multiplies in fp32; the kernel's integer sums are exact, so the two agree to fp32 summation order. Kernel tests
+skip where the kernel is not built (it needs AVX-512 VNNI and BF16).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 from quantkit.kernels import int4_cpu
 from quantkit.kernels.int8_cpu import (Int8Linear, dequantize_int8_blocked, group_size_for, int8_blocked_reference,
-                                       pack_int8, quantize_int8)
+                                       pack_int8, quantize_activations16_reference, quantize_int8)
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 sums of the same products in another order
 
@@ -32,14 +33,27 @@ def test_layout_round_trips(n, k, group_size):
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
     packed = pack_int8(w, group_size)
     q, s = quantize_int8(w, group_size)
-    assert packed.packed.shape == (-(-n // 16), k // 2, 16, 2) and packed.scales.shape == (-(-n // 16), k // group_size, 16)
+    nb, groups = -(-n // 16), k // group_size
+    assert packed.packed.shape == (nb, k // 4, 16, 4) and packed.scales.shape == packed.wsum.shape == (nb, groups, 16)
     assert torch.equal(dequantize_int8_blocked(packed), q.float() * s.repeat_interleave(group_size, dim=1))
+    wsum = packed.wsum.permute(0, 2, 1).reshape(nb * 16, groups)[:n]
+    assert torch.equal(wsum, q.to(torch.int32).reshape(n, groups, group_size).sum(-1))
 
 
-def test_group_size_falls_back_to_one_per_row():
-    assert group_size_for(1024) == 128 and group_size_for(96) == 96
-    with pytest.raises(ValueError, match="even"):
-        pack_int8(torch.zeros(4, 6), 3)
+def test_group_size_divides_k_in_fours_up_to_128():
+    assert group_size_for(1024) == 128 and group_size_for(96) == 96 and group_size_for(64) == 64
+    assert group_size_for(1000) == 100 and group_size_for(6) is None
+    with pytest.raises(ValueError, match="multiple of 4"):
+        pack_int8(torch.zeros(4, 6), 6)
+    with pytest.raises(ValueError, match="at most 128"):
+        pack_int8(torch.zeros(4, 512), 256)
+
+
+def test_activations_round_to_16_bits_per_row_and_group():
+    x = torch.tensor([[2.0, -1.0, 0.5, 1e-6, 0.0, 0.0, 0.0, 0.0]])
+    xq, scale = quantize_activations16_reference(x, 4)
+    assert xq[0].tolist() == [32767, -16384, 8192, 0, 0, 0, 0, 0]  # -16383.5 and 8191.75: to even / nearest
+    assert scale[0].tolist() == pytest.approx([2 / 32767, 0.0])
 
 
 @pytest.fixture(scope="module")
@@ -53,36 +67,54 @@ def int8_ext():
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 13, 33])
-@pytest.mark.parametrize(("n", "k", "group_size"), [(40, 256, 128), (272, 512, 128), (50, 96, 96), (16, 64, 32)])
+@pytest.mark.parametrize(("n", "k", "group_size"), [(40, 256, 128), (272, 512, 128), (50, 96, 96), (16, 64, 32),
+                                                    (24, 40, 20)])
 def test_kernel_matches_its_reference(int8_ext, m, n, k, group_size):
     w = pack_int8(0.05 * torch.randn(n, k, generator=torch.Generator().manual_seed(m)), group_size)
     x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n))).bfloat16()
-    got = int8_ext.int8_linear_bf16(x, w.packed, w.scales, n, group_size)
+    x[0, :group_size] = 0  # a group of zeros: scale 0
+    got = int8_ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, n, group_size)
     torch.testing.assert_close(got, int8_blocked_reference(x, w), **TOL)
-    rounded = int8_ext.int8_linear_bf16(x, w.packed, w.scales, n, group_size, True)
+    rounded = int8_ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, n, group_size, True)
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.to(torch.bfloat16))
+    # against x unrounded: the 16-bit rounding of x (at most amax / 65534 an element) is all that differs
+    exact = x.float() @ dequantize_int8_blocked(w).T
+    torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-4 * float(exact.abs().max()))
+
+
+def test_full_scale_codes_do_not_overflow(int8_ext):
+    """Every code at +-127 against x at its group's maximum: the largest sums the int32 accumulators hold."""
+    k = 256
+    w = pack_int8(torch.ones(16, k), 128)
+    x = torch.ones(3, k, dtype=torch.bfloat16)
+    x[1] = -1
+    got = int8_ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 16, 128)
+    torch.testing.assert_close(got, int8_blocked_reference(x, w), **TOL)
+    assert got[0].tolist() == pytest.approx([k] * 16) and got[1].tolist() == pytest.approx([-k] * 16)
 
 
 def test_kernel_rejects_a_wrong_layout(int8_ext):
     w = pack_int8(torch.randn(32, 64), 64)
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="scales must be fp32"):
-        int8_ext.int8_linear_bf16(x, w.packed, w.scales.half(), 32, 64)
+        int8_ext.int8_linear_bf16(x, w.packed, w.scales.half(), w.wsum, 32, 64)
+    with pytest.raises(RuntimeError, match="wsum must be int32"):
+        int8_ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum.long(), 32, 64)
     with pytest.raises(RuntimeError, match="group size"):
-        int8_ext.int8_linear_bf16(x, w.packed, w.scales, 32, 48)
+        int8_ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 32, 48)
     with pytest.raises(RuntimeError, match="x must be bf16"):
-        int8_ext.int8_linear_bf16(x.float(), w.packed, w.scales, 32, 64)
+        int8_ext.int8_linear_bf16(x.float(), w.packed, w.scales, w.wsum, 32, 64)
 
 
 def test_module_runs_a_float_linear_in_int8(int8_ext):
     linear = torch.nn.Linear(256, 100, bias=False)
     head = Int8Linear.from_linear(linear)
-    assert head.group_size == 128 and head.weight_bytes() == 7 * 128 * 16 * 2 + 7 * 2 * 16 * 4
+    assert head.group_size == 128 and head.weight_bytes() == 7 * 64 * 16 * 4 + 2 * (7 * 2 * 16 * 4)
     x = torch.randn(2, 3, 256).bfloat16()
     got = head(x)
     assert got.shape == (2, 3, 100) and got.dtype == torch.bfloat16
     w = pack_int8(linear.weight.detach(), 128)
-    assert torch.equal(got.reshape(6, 100), int8_ext.int8_linear_bf16(x.reshape(6, 256), w.packed, w.scales, 100, 128,
-                                                                       True))
+    assert torch.equal(got.reshape(6, 100), int8_ext.int8_linear_bf16(x.reshape(6, 256), w.packed, w.scales, w.wsum,
+                                                                       100, 128, True))
     # against the float head: the int8 rounding of W (at most s / 2 an element) is all that differs
     torch.testing.assert_close(got.float(), (x.float() @ linear.weight.T).detach(), rtol=0.02, atol=0.02)
