@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from quantkit.commands.common import console, one_line_errors
+from quantkit.commands.common import console, cpu_int8_activations_option, cpu_int8_lm_head_option, one_line_errors
 from quantkit.errors import QuantkitError
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
@@ -100,14 +100,8 @@ def generate(
     dtype: str = typer.Option("auto", "--dtype", help=("auto (float16 on GPU; on CPU bfloat16 where it computes "
                                                        "natively, else float32), float32, bfloat16 or float16 (GPU).")),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
-    cpu_int8_activations: bool = typer.Option(
-        False, "--cpu-int8-activations/--no-cpu-int8-activations",
-        help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and group "
-             "(W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic."),
-    cpu_int8_lm_head: bool = typer.Option(
-        False, "--cpu-int8-lm-head/--no-cpu-int8-lm-head",
-        help="CPU, bf16: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): half the "
-             "bytes each decode step reads for it. Off: the checkpoint's float head."),
+    cpu_int8_activations: bool = cpu_int8_activations_option(),
+    cpu_int8_lm_head: bool = cpu_int8_lm_head_option(),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from quantkit.commands.common import console, one_line_errors
+from quantkit.commands.common import console, cpu_int8_activations_option, cpu_int8_lm_head_option, one_line_errors
 from quantkit.errors import QuantkitError
 from quantkit.memory import bound_kernel_caches
 
@@ -56,14 +56,8 @@ def serve(
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout",
                                            help="Seconds requests in flight may take to finish on SIGTERM."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch."),
-    cpu_int8_activations: bool = typer.Option(
-        False, "--cpu-int8-activations/--no-cpu-int8-activations",
-        help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and group "
-             "(W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic."),
-    cpu_int8_lm_head: bool = typer.Option(
-        False, "--cpu-int8-lm-head/--no-cpu-int8-lm-head",
-        help="CPU, bf16: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): half the "
-             "bytes each decode step reads for it. Off: the checkpoint's float head."),
+    cpu_int8_activations: bool = cpu_int8_activations_option(),
+    cpu_int8_lm_head: bool = cpu_int8_lm_head_option(),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),
