@@ -50,7 +50,7 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     tied = "lm_head" not in quantized and (shape.tie_word_embeddings or "lm_head.weight" not in reader.keys())
     head_int8 = int8_lm_head and "lm_head" not in quantized and _int8_head_ok(device, dtype, shape.hidden_size)
     map_embed = device.type == "cpu" and EMBED in reader.keys() and reader.dtype_of(EMBED).is_floating_point \
-        and (not tied or head_int8)
+        and reader.aligned(EMBED) and (not tied or head_int8)
     for key in reader.keys():
         if key.rpartition(".")[0] in quantized or "rotary_emb" in key or (key == EMBED and map_embed):
             continue

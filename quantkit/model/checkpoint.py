@@ -181,6 +181,11 @@ class ShardReader:
         _release(mm, e.start, e.end)
         return data.view(e.dtype).reshape(e.shape)
 
+    def aligned(self, key: str) -> bool:
+        """Whether the tensor's data starts at a multiple of its element size (then `mapped` can read it)."""
+        e = self._entry(key)
+        return e.start % e.dtype.itemsize == 0
+
     def mapped(self, key: str) -> torch.Tensor:
         """The tensor read in place from its file: a private copy-on-write mapping, so only the pages a
         reader touches (and the kernel's read-around) are mapped into this process (an embedding table's
@@ -188,7 +193,7 @@ class ShardReader:
         file must not be rewritten meanwhile. (MADV_RANDOM, to map fewer pages, made each lookup of 8 rows
         6x slower here, 163 against 27 us, and a first pass over the table 35x slower.)"""
         e = self._entry(key)
-        if e.start % e.dtype.itemsize:
+        if not self.aligned(key):
             raise QuantkitError(f"{self.path / e.file}: {key} is not aligned for {e.dtype}; it cannot be mapped")
         try:
             with open(self.path / e.file, "rb") as fh:

@@ -81,3 +81,21 @@ def test_a_mapped_table_is_not_copied_into_process_memory(tmp_path):
     del rows
     grown_mib = (rss_anon_kib() - before) / 1024
     assert grown_mib < 16, f"{grown_mib:.1f} MiB of process memory for a mapped 64 MiB table"
+
+
+def test_a_misaligned_tensor_is_read_not_mapped(tmp_path):
+    """safetensors does not promise aligned offsets: a bf16 table after a 3-byte tensor, written by hand."""
+    import json
+    import struct
+
+    table = torch.randn(4, 8).bfloat16()
+    header = json.dumps({"a": {"dtype": "I8", "shape": [3], "data_offsets": [0, 3]},
+                         "embed": {"dtype": "BF16", "shape": [4, 8], "data_offsets": [3, 67]}}).encode()
+    header += b" " * (-len(header) % 8)
+    data = bytes([1, 2, 3]) + table.view(torch.int16).numpy().tobytes()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
+    reader = ShardReader(tmp_path)
+    assert not reader.aligned("embed")
+    with pytest.raises(QuantkitError, match="not aligned"):
+        reader.mapped("embed")
+    assert torch.equal(reader.get("embed"), table)  # read (copied) instead
