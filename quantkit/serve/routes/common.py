@@ -30,7 +30,12 @@ def prompt_token_ids(tokenizer, prompt: Prompt) -> list[list[int]]:
         prompts = [list(p) for p in prompt]
     if not prompts or any(not p for p in prompts):
         raise APIError(400, "prompt must not be empty", param="prompt")
-    vocab = len(tokenizer)  # as vLLM: ids past the tokenizer's are refused before anything decodes them (echo)
+    return prompts
+
+
+def check_token_ids(tokenizer, prompts: list[list[int]]) -> None:
+    """As vLLM, after the context-length check: ids past the tokenizer's are a 400 (before anything decodes
+    them, as `echo` does)."""
+    vocab = len(tokenizer)
     if (bad := next((t for p in prompts for t in p if not 0 <= t < vocab), None)) is not None:
         raise APIError(400, f"Token id {bad} is out of vocabulary [0, {vocab})", param="prompt")
-    return prompts

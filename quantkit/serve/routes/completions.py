@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from quantkit.serve.generation import Job
 from quantkit.serve.protocol import CompletionRequest
 from quantkit.serve.responses import Format
-from quantkit.serve.routes.common import prompt_token_ids, server
+from quantkit.serve.routes.common import check_token_ids, prompt_token_ids, server
 from quantkit.serve.sampling import check_context, num_logprobs, requested_max_tokens, sampling_params
 
 router = APIRouter()
@@ -29,6 +29,7 @@ async def completions(body: CompletionRequest, request: Request):
     max_tokens = requested_max_tokens(body)
     for ids in prompts:
         check_context(len(ids), max_tokens, engine.max_model_len)
+    check_token_ids(tokenizer, prompts)
     params = sampling_params(body, max_tokens, max_n=state.settings.engine.max_num_seqs)
     state.check_queue()
     echo = None
