@@ -101,7 +101,7 @@ def test_cancelled_and_abandoned_consumers_abort_their_requests(stories_dir):
         await wait_until(lambda: all_blocks_free(llm))
         async with contextlib.aclosing(llm.generate(PROMPTS[1], ENDLESS, "broke")) as gen:
             async for out in gen:
-                if len(out.outputs[0].token_ids) == 3:
+                if len(out.outputs[0].token_ids) >= 3:  # (outputs coalesce: a slow consumer may never see 3)
                     break
         # the abort is a message to the engine loop: wait for its effect in the stats snapshot, not only the blocks
         await wait_until(lambda: all_blocks_free(llm) and llm.get_stats().finished_by_reason.get("abort") == 2)
