@@ -150,16 +150,18 @@ def int4_blocked_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor |
     return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
-def quantize_activations_reference(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the int8-activation kernel multiplies: x [M, K] per row and group of `group_size` columns as
-    xq = round(x * 127 / amax) (ties to even) and scale amax / 127 (amax = max |x| of the group; a group of
-    zeros gives codes 0 and scale 0). Returns xq [M, K] (integers in [-127, 127], fp32) and scale [M, G] fp32."""
+def quantize_activations_reference(x: torch.Tensor, group_size: int, qmax: int = 127
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the int8-activation kernel multiplies (qmax 127; the int8-weight kernel's 16-bit x: 32767): x [M, K]
+    per row and group of `group_size` columns as xq = round(x * qmax / amax) (ties to even) and scale amax / qmax
+    (amax = max |x| of the group; a group of zeros gives codes 0 and scale 0). Returns xq [M, K] (integers in
+    [-qmax, qmax], fp32) and scale [M, G] fp32."""
     m, k = x.shape
     groups = x.float().reshape(m, k // group_size, group_size)
     amax = groups.abs().amax(dim=-1, keepdim=True)
-    # a true division, as the kernel's (torch computes 127.0 / t as t.reciprocal() * 127, which rounds differently)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    return torch.round(groups * inv).reshape(m, k), (amax / 127.0).squeeze(-1)
+    # a true division, as the kernel's (torch computes q / t as t.reciprocal() * q, which rounds differently)
+    inv = torch.where(amax > 0, torch.full_like(amax, float(qmax)) / amax, torch.zeros_like(amax))
+    return torch.round(groups * inv).clamp(-qmax, qmax).reshape(m, k), (amax / float(qmax)).squeeze(-1)
 
 
 def int4_q8_reference(x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:

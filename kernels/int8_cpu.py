@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quantkit.kernels.int4_cpu import ROWS, extension
+from quantkit.kernels.int4_cpu import ROWS, extension, quantize_activations_reference
 
 GROUP_SIZE = 128  # input columns per scale: at most this (the kernel's int32 sums), a multiple of 4 dividing K
 
@@ -79,14 +79,9 @@ def dequantize_int8_blocked(w: Int8Blocked) -> torch.Tensor:
 
 
 def quantize_activations16_reference(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the kernel multiplies: x [M, K] per row and group as xq = round(x * 32767 / amax) (ties to even, a true
-    division as the kernel's) and scale amax / 32767 (a group of zeros: codes 0, scale 0). Returns xq [M, K]
-    (integers in [-32767, 32767], fp32) and the scale [M, G] fp32."""
-    m, k = x.shape
-    groups = x.float().reshape(m, k // group_size, group_size)
-    amax = groups.abs().amax(dim=-1, keepdim=True)
-    inv = torch.where(amax > 0, torch.full_like(amax, 32767.0) / amax, torch.zeros_like(amax))
-    return torch.round(groups * inv).clamp(-32767, 32767).reshape(m, k), (amax / 32767.0).squeeze(-1)
+    """What the kernel multiplies: x [M, K] per row and group as xq = round(x * 32767 / amax), scale amax / 32767
+    (quantize_activations_reference at 16 bits)."""
+    return quantize_activations_reference(x, group_size, 32767)
 
 
 def int8_blocked_reference(x: torch.Tensor, w: Int8Blocked) -> torch.Tensor:
