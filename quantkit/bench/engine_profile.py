@@ -2,7 +2,7 @@
 
   python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
                                          [--decode-batch 8] [--prefill 8:256] [--model PATH]
-                                         [--int8-activations] [--int8-lm-head]
+                                         [--int8-activations] [--lm-head auto|int8|float]
 
 --decode-batch N adds a workload "c xN": N requests of (c)'s shape (128 in, 128 out) decoding together.
 --prefill N:LEN adds "prefill NxLEN": N random prompts of LEN tokens, one token out (one prefill step when
@@ -110,6 +110,7 @@ def single_rows_attention():
             mod.set_pair_rows(bool(old))
 
 
+LM_HEAD = {"auto": None, "int8": True, "float": False}
 PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_row_attention,
          "cpp-single-rows": single_rows_attention}
 
@@ -198,7 +199,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="profile each workload this many times")
     ap.add_argument("--model", help="a checkpoint to profile (default: the random 1024-hidden Llama)")
     ap.add_argument("--int8-activations", action="store_true", help="EngineConfig.cpu_int8_activations")
-    ap.add_argument("--int8-lm-head", action="store_true", help="EngineConfig.cpu_int8_lm_head")
+    ap.add_argument("--lm-head", choices=tuple(LM_HEAD), default="auto",
+                    help="EngineConfig.cpu_int8_lm_head: auto (the engine's default), int8 or float")
     args = ap.parse_args()
     if unknown := set(args.paths.split(",")) - set(PATHS):
         ap.error(f"unknown paths {sorted(unknown)}: choose from {', '.join(PATHS)}")
@@ -206,8 +208,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_dense(Path(tmp)))
         llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads,
-                  cpu_int8_activations=args.int8_activations, cpu_int8_lm_head=args.int8_lm_head)
-    flags = [f for f, on in (("int8 activations", args.int8_activations), ("int8 lm_head", args.int8_lm_head)) if on]
+                  cpu_int8_activations=args.int8_activations, cpu_int8_lm_head=LM_HEAD[args.lm_head])
+    flags = [f for f, on in (("int8 activations", args.int8_activations),
+                             (f"{args.lm_head} lm_head", args.lm_head != "auto")) if on]
     name = (args.model or "random Llama (hidden 1024, 8 layers)") + "".join(f", {f}" for f in flags)
     print(f"{name}, {dtype}, {torch.get_num_threads()} threads")
     print("| workload | path | tok/s | steps | ms/step | " + " | ".join(PARTS) + " |")

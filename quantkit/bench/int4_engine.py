@@ -2,7 +2,7 @@
 
   python -m quantkit.bench.int4_engine [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
                                        [--rounds 3] [--dtype auto] [--models-dir DIR] [--make-only]
-                                       [--int8-activations] [--int8-lm-head]
+                                       [--int8-activations] [--other-lm-head]
 
 Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads,
 8 KV heads, vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN
@@ -12,9 +12,12 @@ max_tokens - time of the same prompts to 1 token): the prefill and first token a
 Rounds alternate float and 4-bit; the median counts, and beside it the median of each round's ratio to
 the float model's run in that round. Weight memory is the engine's start-up figure.
 --models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
+Each checkpoint runs with the engine's defaults: the 4-bit GPTQ checkpoint's float lm_head is held in int8
+(EngineConfig.cpu_int8_lm_head, where the int8 kernel is built), the float model's stays float.
 --int8-activations adds both 4-bit checkpoints again with EngineConfig.cpu_int8_activations (decode batches
-on the W4A8 kernel: activations rounded to int8 per row and group). --int8-lm-head adds the float lm_head's
-runs again with EngineConfig.cpu_int8_lm_head (the head held in int8), and with both flags, both at once.
+on the W4A8 kernel: activations rounded to int8 per row and group). --other-lm-head adds each float lm_head
+the other way: the float model's in int8, the 4-bit one's float (with --int8-activations too, also W4A8 with
+a float head).
 """
 
 from __future__ import annotations
@@ -53,18 +56,21 @@ def checkpoints(root: Path) -> dict[str, Path]:
             "4-bit GPTQ + lm_head": made.get("gptq-lm-head") or make_gptq(dense, root, lm_head=True)}
 
 
-def variants(models: dict[str, Path], int8_activations: bool, int8_lm_head: bool
-             ) -> list[tuple[str, Path, bool, bool]]:
-    """(name, checkpoint, cpu_int8_activations, cpu_int8_lm_head) of every run: each checkpoint as it is, then the
-    4-bit ones with int8 activations, then those with a float head with it in int8 (and both, with both flags)."""
-    runs = [(name, path, False, False) for name, path in models.items()]
+def variants(models: dict[str, Path], int8_activations: bool, other_head: bool
+             ) -> list[tuple[str, Path, bool, bool | None]]:
+    """(name, checkpoint, cpu_int8_activations, cpu_int8_lm_head) of every run: each checkpoint with the engine's
+    defaults (None: a 4-bit checkpoint's float head is held in int8, the float model's stays float), then the
+    4-bit ones with int8 activations, then each float head the other way (and, with both flags, the 4-bit one
+    with int8 activations and a float head)."""
+    runs = [(name, path, False, None) for name, path in models.items()]
     if int8_activations:
-        runs += [(f"{name}, int8 activations", path, True, False) for name, path in models.items() if name != "float"]
-    if int8_lm_head:
+        runs += [(f"{name}, int8 activations", path, True, None) for name, path in models.items() if name != "float"]
+    if other_head:
         float_head = [(name, path) for name, path in models.items() if "lm_head" not in name]
-        runs += [(f"{name}, int8 lm_head", path, False, True) for name, path in float_head]
+        runs += [(f"{name}, {'int8' if name == 'float' else 'float'} lm_head", path, False, name == "float")
+                 for name, path in float_head]
         if int8_activations:
-            runs += [(f"{name}, int8 activations + lm_head", path, True, True) for name, path in float_head
+            runs += [(f"{name}, int8 activations, float lm_head", path, True, False) for name, path in float_head
                      if name != "float"]
     return runs
 
@@ -84,7 +90,8 @@ def main() -> None:
     ap.add_argument("--models-dir", type=Path, default=None, help="make the checkpoints here once and reuse them")
     ap.add_argument("--make-only", action="store_true", help="only make the checkpoints in --models-dir")
     ap.add_argument("--int8-activations", action="store_true", help="also the 4-bit checkpoints with W4A8 decode")
-    ap.add_argument("--int8-lm-head", action="store_true", help="also the float lm_heads held in int8")
+    ap.add_argument("--other-lm-head", action="store_true",
+                    help="also each float lm_head the other way (int8 for the float model, float for the 4-bit one)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
@@ -98,7 +105,7 @@ def main() -> None:
             return
         llms = {name: LLM(str(path), dtype=dtype, max_model_len=1024, max_num_seqs=max(batches),
                           num_threads=args.threads, cpu_int8_activations=act, cpu_int8_lm_head=head)
-                for name, path, act, head in variants(models, args.int8_activations, args.int8_lm_head)}
+                for name, path, act, head in variants(models, args.int8_activations, args.other_lm_head)}
         for name, llm in llms.items():  # warm-up at every batch size (a first batch-8 step ran 4x slower), not counted
             for b in batches:
                 _wall(llm, prompts[b], 2)

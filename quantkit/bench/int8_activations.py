@@ -1,6 +1,9 @@
 """What int8 activations (W4A8, EngineConfig.cpu_int8_activations) and an int8 lm_head (cpu_int8_lm_head) cost in
 accuracy: perplexity of a 4-bit checkpoint in bf16 with the W4A16 kernel and with the W4A8 one, each with its float
 lm_head and with it held in int8 (kernels/int8_cpu.py), beside the float model (and it with an int8 head), one process.
+Beside perplexity, each variant's next-token distributions are compared with the float model's on the same tokens:
+the mean KL divergence KL(float || variant) per prediction, and how often the two argmax tokens agree (what
+llama.cpp's perplexity tool reports as KLD and "same top p").
 
   python -m quantkit.bench.int8_activations [--model tiny|stories] [--method gptq] [--threads 2]
 
@@ -14,20 +17,53 @@ the same repacked weights; only the kernel the direct call picks differs.
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from quantkit.bench.vs_llmcompressor import CALIB, MODELS, NSAMPLES, PPL_TEXT, PPL_TOKENS, SEQLEN, model_path
 
 WINDOW = 128
 
 
-def score(model, ids: torch.Tensor, note: str) -> float:
-    from quantkit.eval.perplexity import perplexity
+@dataclass(frozen=True)
+class Score:
+    ppl: float
+    kl: float  # mean KL(float || this) per prediction, nats
+    top1: float  # share of predictions whose argmax equals the float model's
 
-    return perplexity(model.eval(), ids, WINDOW, "wikitext2/test.txt", note, batch_size=1).ppl
+    def describe(self) -> str:
+        return f"ppl {self.ppl:.4f}, KL {self.kl:.3e}, top-1 agreement {100 * self.top1:.2f}%"
+
+
+def divergence(base_logp: torch.Tensor, logp: torch.Tensor) -> tuple[float, float]:
+    """Mean KL(base || this) per row and the share of rows with the same argmax: [N, V] log-probs each."""
+    kl = (base_logp.exp() * (base_logp - logp)).sum(-1)
+    return float(kl.mean()), float((base_logp.argmax(-1) == logp.argmax(-1)).float().mean())
+
+
+def window_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 log-probs of every scored prediction, [windows * (WINDOW - 1), V], one window a forward."""
+    from quantkit.eval.windows import disjoint_windows
+
+    rows = [F.log_softmax(model(ids[a:b][None]).logits[0, :-1].float(), dim=-1)
+            for a, b in disjoint_windows(len(ids), WINDOW)]
+    return torch.cat(rows)
+
+
+def score(model, ids: torch.Tensor, base: torch.Tensor | None = None) -> tuple[Score, torch.Tensor]:
+    """`model` scored on `ids`; against `base` (the float model's log-probs), or against itself when None."""
+    from quantkit.eval.windows import disjoint_windows
+
+    logp = window_logprobs(model.eval(), ids)
+    targets = torch.cat([ids[a + 1:b] for a, b in disjoint_windows(len(ids), WINDOW)])
+    nll = -logp.gather(-1, targets[:, None]).mean()
+    kl, top1 = divergence(logp if base is None else base, logp)
+    return Score(math.exp(float(nll)), kl, top1), logp
 
 
 def int8_head(model):
@@ -52,13 +88,13 @@ def main() -> None:
     from quantkit.quant.pipeline import quantize_model
 
     path = model_path(args.model)
-    ids, note = tokenize_once(load_tokenizer(path), PPL_TEXT.read_text(encoding="utf-8"))
+    ids, _ = tokenize_once(load_tokenizer(path), PPL_TEXT.read_text(encoding="utf-8"))
     ids = ids[:PPL_TOKENS]
     with torch.inference_mode():
-        base = score(load_model(path, dtype=torch.bfloat16)[0], ids, note)
-        head8 = score(int8_head(load_model(path, dtype=torch.bfloat16)[0]), ids, note)
-    print(f"# {args.model}: float (bf16) ppl {base:.4f}; with an int8 lm_head {head8:.4f} ({head8 / base:.5f}x)",
-          flush=True)
+        base, base_logp = score(load_model(path, dtype=torch.bfloat16)[0], ids)
+        head8, _ = score(int8_head(load_model(path, dtype=torch.bfloat16)[0]), ids, base_logp)
+    print(f"# {args.model}: float (bf16) {base.describe()}; with an int8 lm_head {head8.describe()} "
+          f"({head8.ppl / base.ppl:.5f}x)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-int8-act-") as tmp:
         out = Path(tmp)
         cfg = QuantizeConfig(model=str(path), out=out, method=args.method, group_size=MODELS[args.model][0],
@@ -73,10 +109,10 @@ def main() -> None:
             if int8 and not all(m._direct is not None and m._direct.int8_activations for m in linears):
                 raise SystemExit(f"the int8-activation kernel does not run every linear here: {sorted(paths)}")
             with torch.inference_mode():
-                ppl = score(model, ids, note)
+                got, _ = score(model, ids, base_logp)
             print(f"{args.method} 4-bit, {'int8' if int8 else 'bf16'} activations, {'int8' if head else 'float'} "
                   f"lm_head ({', '.join(sorted(paths))}): "
-                  f"ppl {ppl:.4f} ({ppl / base:.4f}x float)", flush=True)
+                  f"{got.describe()} ({got.ppl / base.ppl:.4f}x float)", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ def cpu_int8_activations_option():
 
 def cpu_int8_lm_head_option():
     """`--cpu-int8-lm-head` of generate and serve (EngineConfig.cpu_int8_lm_head)."""
-    return typer.Option(False, "--cpu-int8-lm-head/--no-cpu-int8-lm-head",
+    return typer.Option(None, "--cpu-int8-lm-head/--no-cpu-int8-lm-head", show_default=False,
                         help="CPU, bf16, AVX-512 VNNI: hold a float lm_head in int8 (symmetric, groups of 128, as "
-                             "llama.cpp's Q8_0): half the bytes each decode step reads for it. Off: the checkpoint's "
-                             "float head.")
+                             "llama.cpp's Q8_0): half the bytes each decode step reads for it. Default: on for "
+                             "quantized checkpoints, off for float ones. Off: the checkpoint's float head.")
 
 
 def one_line_errors(fn: Callable) -> Callable:

@@ -101,7 +101,7 @@ def generate(
                                                        "natively, else float32), float32, bfloat16 or float16 (GPU).")),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
     cpu_int8_activations: bool = cpu_int8_activations_option(),
-    cpu_int8_lm_head: bool = cpu_int8_lm_head_option(),
+    cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):

@@ -57,7 +57,7 @@ def serve(
                                            help="Seconds requests in flight may take to finish on SIGTERM."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch."),
     cpu_int8_activations: bool = cpu_int8_activations_option(),
-    cpu_int8_lm_head: bool = cpu_int8_lm_head_option(),
+    cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
     engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),

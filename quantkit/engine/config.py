@@ -31,8 +31,9 @@ class EngineConfig:
     # the W4A8 kernel (AVX-512 VNNI), as llama.cpp's Q8 activations; off: W4A16, the checkpoint's arithmetic
     cpu_int8_activations: bool = False
     # CPU, bf16: a float lm_head held in int8, symmetric per row and group of 128 columns (kernels/int8_cpu.py):
-    # half the bytes a decode step reads for it; off: the checkpoint's float head
-    cpu_int8_lm_head: bool = False
+    # half the bytes a decode step reads for it. None (auto): on for checkpoints whose linears are quantized,
+    # where the int8 kernel is built; False: the checkpoint's float head; True: also for float checkpoints
+    cpu_int8_lm_head: bool | None = None
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

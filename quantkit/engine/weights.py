@@ -33,10 +33,11 @@ EMBED = "model.embed_tokens.weight"
 
 
 def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_activations: bool = False,
-                 int8_lm_head: bool = False) -> tuple[Decoder, QuantInfo | None]:
+                 int8_lm_head: bool | None = None) -> tuple[Decoder, QuantInfo | None]:
     """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`
     (`int8_activations`: the 4-bit linears' decode batches run W4A8 on CPU, QuantLinear.repack_for_cpu;
-    `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing)."""
+    `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing;
+    None: where the checkpoint's linears are quantized, see `int8_head_wanted`)."""
     config_dict = read_config(path)
     spec_for(config_dict)  # unsupported architectures fail here, with the supported list
     info = checkpoint_quant_info(path, config_dict)
@@ -48,7 +49,8 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     state = {}
     head_dtype = reader.dtype_of("lm_head.weight") if "lm_head.weight" in reader.keys() else None
     tied = "lm_head" not in quantized and (shape.tie_word_embeddings or "lm_head.weight" not in reader.keys())
-    head_int8 = int8_lm_head and "lm_head" not in quantized and _int8_head_ok(device, dtype, shape.hidden_size)
+    head_int8 = "lm_head" not in quantized and int8_head_wanted(int8_lm_head, bool(quantized), device, dtype,
+                                                                shape.hidden_size)
     map_embed = device.type == "cpu" and EMBED in reader.keys() and reader.dtype_of(EMBED).is_floating_point \
         and reader.aligned(EMBED) and (not tied or head_int8)
     for key in reader.keys():
@@ -76,8 +78,9 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
         fuse_quantized_projections(model)
         if head_int8:
             model.lm_head = Int8Linear.from_linear(model.lm_head)
-            log.info("lm_head: int8, symmetric per row and group of %d columns (--cpu-int8-lm-head)",
-                     model.lm_head.group_size)
+            log.info("lm_head: int8, symmetric per row and group of %d columns (%s)", model.lm_head.group_size,
+                     "--cpu-int8-lm-head" if int8_lm_head else "the default for a quantized checkpoint on this CPU; "
+                     "--no-cpu-int8-lm-head keeps it float")
         elif not tied:
             hold_lm_head_bf16(model, head_dtype, dtype)
         prepack_float_linears(model, dtype)
@@ -85,9 +88,15 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     return model, info
 
 
-def _int8_head_ok(device: torch.device, dtype: torch.dtype, hidden_size: int) -> bool:
+def int8_head_wanted(asked: bool | None, quantized: bool, device: torch.device, dtype: torch.dtype,
+                     hidden_size: int) -> bool:
+    """Whether a float lm_head is held in int8: where asked (a warning says why not, where it cannot be), and
+    by default (`asked` None) for a checkpoint whose linears are quantized, where the int8 kernel runs. Its
+    error is a small part of the 4-bit linears' (docs/BENCHMARKS.md: KL divergence from the float model)."""
+    if asked is False or (asked is None and not quantized):
+        return False
     why = int8_head_unavailable(device, dtype, hidden_size)
-    if why is not None:
+    if why is not None and asked:
         log.warning("lm_head: kept in float (%s)", why)
     return why is None
 

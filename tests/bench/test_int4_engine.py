@@ -15,14 +15,16 @@ MODELS = {"float": Path("f"), "4-bit GPTQ": Path("g"), "4-bit GPTQ + lm_head": P
 
 def test_each_flag_adds_the_runs_it_changes():
     assert [(n, a, h) for n, _, a, h in variants(MODELS, False, False)] == [
-        ("float", False, False), ("4-bit GPTQ", False, False), ("4-bit GPTQ + lm_head", False, False)]
+        ("float", False, None), ("4-bit GPTQ", False, None), ("4-bit GPTQ + lm_head", False, None)]
     runs = {n: (p, a, h) for n, p, a, h in variants(MODELS, True, True)}
-    # int8 activations touch only 4-bit layers; an int8 head only a float head (not a packed one)
-    assert runs["4-bit GPTQ + lm_head, int8 activations"] == (Path("h"), True, False)
+    # int8 activations touch only 4-bit layers; the other head choice only a float head (not a packed one)
+    assert runs["4-bit GPTQ + lm_head, int8 activations"] == (Path("h"), True, None)
     assert runs["float, int8 lm_head"] == (Path("f"), False, True)
-    assert runs["4-bit GPTQ, int8 activations + lm_head"] == (Path("g"), True, True)
-    assert "float, int8 activations" not in runs and "4-bit GPTQ + lm_head, int8 lm_head" not in runs
-    assert len(runs) == 8
+    assert runs["4-bit GPTQ, float lm_head"] == (Path("g"), False, False)
+    assert runs["4-bit GPTQ, int8 activations, float lm_head"] == (Path("g"), True, False)
+    assert sorted(runs) == sorted(["float", "4-bit GPTQ", "4-bit GPTQ + lm_head", "4-bit GPTQ, int8 activations",
+                                   "4-bit GPTQ + lm_head, int8 activations", "float, int8 lm_head",
+                                   "4-bit GPTQ, float lm_head", "4-bit GPTQ, int8 activations, float lm_head"])
 
 
 def test_int8_head_bench_runs_at_toy_size():

@@ -155,3 +155,45 @@ def test_int8_lm_head(tiny_llama, tmp_path, tie):
     assert bool(((got - want).abs() <= bound + want.abs() / 128 + 1e-3).all())  # (+ the bf16 rounding of got)
     picked = want.gather(1, got.argmax(1, keepdim=True)).squeeze(1)
     assert bool((picked >= want.max(1).values - 0.1).all())
+
+
+@pytest.fixture(scope="module")
+def rtn_dir(tiny_llama, tmp_path_factory):
+    from tests_support.cli import run_cli
+
+    out = tmp_path_factory.mktemp("rtn") / "ckpt"
+    code, output = run_cli("quantize", tiny_llama, "--out", out, "--method", "rtn", "--group-size", "64")
+    assert code == 0, output
+    return out
+
+
+def test_a_quantized_checkpoints_float_head_is_int8_by_default(rtn_dir, tiny_llama, tmp_path, caplog):
+    from quantkit.engine.weights import WeightMemory
+    from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
+
+    if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
+        pytest.skip(why)
+    default = LLM(str(rtn_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4).engine.model
+    kept = LLM(str(rtn_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4, cpu_int8_lm_head=False).engine.model
+    assert isinstance(default.lm_head, Int8Linear) and not isinstance(kept.lm_head, Int8Linear)
+    assert WeightMemory.of(default).resident < WeightMemory.of(kept).resident
+    _bf16_copy(tiny_llama, tmp_path, tie=False)  # a float checkpoint keeps its float head unless asked
+    assert not isinstance(LLM(str(tmp_path), dtype="bfloat16", max_model_len=256).engine.model.lm_head, Int8Linear)
+    with caplog.at_level("WARNING", logger="quantkit.engine"):  # fp32: the int8 kernel takes bf16; no warning
+        fp32 = LLM(str(rtn_dir), dtype="float32", max_model_len=256, max_num_seqs=4).engine.model
+    assert not isinstance(fp32.lm_head, Int8Linear) and "lm_head" not in caplog.text
+
+
+def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(caplog):
+    from quantkit.engine.weights import int8_head_wanted
+    from quantkit.kernels.int8_cpu import int8_head_unavailable
+
+    cpu, gpu, bf16 = torch.device("cpu"), torch.device("cuda"), torch.bfloat16
+    here = int8_head_unavailable(cpu, bf16, 64) is None
+    assert int8_head_wanted(None, True, cpu, bf16, 64) is here and int8_head_wanted(True, False, cpu, bf16, 64) is here
+    assert not int8_head_wanted(None, False, cpu, bf16, 64) and not int8_head_wanted(False, True, cpu, bf16, 64)
+    with caplog.at_level("WARNING", logger="quantkit.engine"):
+        assert not int8_head_wanted(None, True, gpu, bf16, 64)
+        assert caplog.text == ""  # the default is silent where the kernel cannot run
+        assert not int8_head_wanted(True, True, gpu, bf16, 64)
+    assert "lm_head: kept in float (the int8 lm_head runs on CPU in bfloat16" in caplog.text
