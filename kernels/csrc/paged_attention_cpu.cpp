@@ -119,6 +119,28 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
   }
 }
 
+// Asks for a block's key and value rows of one kv head (block_size rows of d elements, token_stride apart)
+// to be brought into the cache while the block before it is folded in. A decode's blocks lie wherever the
+// pool put them, so the hardware prefetcher cannot guess the next one: without this, the decode step waited
+// on memory (8 layers x 8 sequences x 192 keys: 2.4-3.0 ms from memory against 0.7-1.0 ms with the same
+// blocks in the cache, docs/BENCHMARKS.md).
+// How many blocks ahead of the one being folded are prefetched (0: none). A setting, so that the attention
+// benchmark can time both in one process (set_prefetch_blocks).
+inline int64_t& prefetch_blocks() {
+  static int64_t blocks = 1;
+  return blocks;
+}
+
+template <typename T>
+inline void prefetch_block(const T* kb, const T* vb, int64_t token_stride, int64_t block_size, int64_t d) {
+  constexpr int64_t LINE = 64 / static_cast<int64_t>(sizeof(T));  // elements per cache line
+  for (int64_t t = 0; t < block_size; ++t)
+    for (int64_t i = 0; i < d; i += LINE) {
+      __builtin_prefetch(kb + t * token_stride + i, 0, 2);
+      __builtin_prefetch(vb + t * token_stride + i, 0, 2);
+    }
+}
+
 // The online-softmax state of every (query, query head) after the shared prefix blocks, fp32:
 // acc [T, heads, D], m and l [T, heads]. Written by the cascade's first pass (shared_prefix_state_ below,
 // GEMMs), read by paged_attention.
@@ -152,8 +174,12 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
   const int64_t first_pos = seq_len - chunk_len;  // position of the chunk's first query
   const int64_t last_key = first_pos + (w.q_end - 1 - chunk_begin);  // the tile's last query sees up to here
   const int64_t token_stride = kv_heads * d;
+  const auto base_of = [&](int64_t b) { return static_cast<int64_t>(table[b]) * block_size * token_stride + w.kv_head * d; };
+  const int64_t ahead = prefetch_blocks();
   for (int64_t b = skip_blocks; b * block_size <= last_key; ++b) {
-    const int64_t base = static_cast<int64_t>(table[b]) * block_size * token_stride + w.kv_head * d;
+    const int64_t base = base_of(b);
+    for (int64_t f = b == skip_blocks ? b + 1 : b + ahead; f <= b + ahead && f * block_size <= last_key; ++f)
+      prefetch_block(kc + base_of(f), vc + base_of(f), token_stride, block_size, d);
     for (int64_t r = 0; r < rows.n; ++r)  // causal: the row's query at pos sees keys b * block_size .. pos
       visible[r] = first_pos + (w.q_begin + r / group - chunk_begin) - b * block_size + 1;
     fold_block(rows, kc + base, vc + base, token_stride, block_size, visible.data(), s.data());
@@ -202,8 +228,11 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
       rows.set_query(r, src, scale);
     }
     std::vector<float> s(block_size);
+    const auto base_of = [&](int64_t b) { return static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d; };
     for (int64_t b = 0; b < n_blocks; ++b) {
-      const int64_t base = static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d;
+      const int64_t base = base_of(b);
+      for (int64_t f = b == 0 ? 1 : b + prefetch_blocks(); f <= b + prefetch_blocks() && f < n_blocks; ++f)
+        prefetch_block(kc + base_of(f), vc + base_of(f), token_stride, block_size, d);
       avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
                         rows.m.data(), rows.l.data(), kc + base, vc + base, token_stride, block_size, nullptr, s.data());
     }
@@ -220,6 +249,11 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
 }
 
 }  // namespace
+
+int64_t set_prefetch_blocks(int64_t blocks) {
+  TORCH_CHECK(blocks >= 0, "blocks must be at least 0");
+  return std::exchange(prefetch_blocks(), blocks);
+}
 
 // The AVX-512 step's switch between its per-row and widened-block paths (attention_avx512.h); -1 where
 // that step is not compiled in.
@@ -393,6 +427,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of a work item from which a block is widened once for all of them (AVX-512); returns the old value");
   m.def("set_pair_rows", &set_pair_rows,
         "whether the per-row step folds two rows with the same keys together (AVX-512); returns the old setting");
+  m.def("set_prefetch_blocks", &set_prefetch_blocks,
+        "how many cache blocks ahead of the one being folded are prefetched (0: none); returns the old value");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");

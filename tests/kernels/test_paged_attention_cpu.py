@@ -86,6 +86,31 @@ def test_rows_folded_in_pairs_give_the_bits_of_rows_folded_alone(attn, dtype):
     assert torch.equal(outs[True], outs[False])
 
 
+def test_prefetching_blocks_ahead_changes_no_bits(attn):
+    """Decodes and a prefill chunk with no blocks prefetched, the default, and more blocks ahead than any
+    sequence has: prefetches only ask for the cache's own blocks and leave the arithmetic as it is."""
+    from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+    mod = cpu_attention()
+    if mod is None:
+        pytest.skip("the C++ attention is not built here")
+    kc, vc, tables, _ = random_paged([5, 40, 17, 33], 8, 4, 64, 16, num_blocks=96, seed=15)
+    q = torch.randn(9, 8, 64, generator=torch.Generator().manual_seed(16)).bfloat16()
+    lens = torch.tensor([5, 40, 17, 33], dtype=torch.int32)
+    starts = torch.tensor([0, 1, 2, 8, 9], dtype=torch.int32)
+    default = mod.set_prefetch_blocks(0)
+    try:
+        outs = []
+        for ahead in (0, default, 8):
+            mod.set_prefetch_blocks(ahead)
+            outs.append(attn(q, kc.bfloat16(), vc.bfloat16(), tables, lens, starts, 0.125))
+    finally:
+        mod.set_prefetch_blocks(default)
+    assert default == 1 and all(torch.equal(outs[0], o) for o in outs[1:])
+    with pytest.raises(RuntimeError, match="at least 0"):
+        mod.set_prefetch_blocks(-1)
+
+
 def test_bfloat16_within_rounding(attn):
     run_case(attn, [7, 30, 18], [1, 10, 18], 8, 4, 32, 16, dtype=torch.bfloat16, seed=7)
 
