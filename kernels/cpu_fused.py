@@ -1,5 +1,6 @@
 """The decoder's fused elementwise ops in C++ on CPU, fp32 or bf16 (in the extension quantkit_attn, built by
-paged_attention_cpu.cpu_attention): RMSNorm, residual add + RMSNorm, SiLU-and-mul, rotary. Same
+paged_attention_cpu.cpu_attention): RMSNorm, residual add + RMSNorm, SiLU-and-mul, rotary, and rotary with the
+KV cache write (rope_and_cache); and the greedy sampler's argmax over fp32 rows (argmax_rows). Same
 signatures as fused_ops_reference.py, the test oracle; results are computed in place where the
 inputs are this step's temporaries (the caller's x, residual, q and k are overwritten)."""
 
@@ -40,3 +41,19 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         return fused_ops_reference.rotary(q, k, cos, sin)
     cpu_attention().rotary_(q, k, cos.contiguous(), sin.contiguous())
     return q, k
+
+
+def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, slots: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """q [T, Hq, D] rotated, k rotated and v stored at the caches' slots, from qkv [T, (Hq + 2 Hk) D] in one call."""
+    return cpu_attention().rope_and_cache(qkv.contiguous(), positions, table, key_cache, value_cache, slots,
+                                          num_heads, num_kv_heads)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of a fp32 CPU [rows, n] (int64 [rows]; a NaN counts as the maximum, as there):
+    in C++ where the extension builds (about 10x torch's on a 32000-wide row), else torch's."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] == 0 \
+            or cpu_attention() is None:
+        return x.argmax(dim=-1)
+    return cpu_attention().argmax_rows(x.contiguous())

@@ -45,3 +45,18 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D], k [T, Hk, D], cos/sin [T, rot_dim] in the rotate-half layout."""
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, slots: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """The attention block's step before attention, from the fused projection's output qkv [T, (Hq + 2 Hk) D]:
+    q and k rotated by the rows `positions` [T] of `table` [n, 2D] (cos | sin), k and v stored at the caches'
+    `slots` [T] (write_kv) -> q [T, Hq, D]."""
+    from quantkit.kernels.paged_attention_reference import write_kv
+
+    d = key_cache.shape[-1]
+    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+    cos, sin = table[positions].split([d, d], dim=-1)
+    q, k = rotary(q.reshape(-1, num_heads, d), k.reshape(-1, num_kv_heads, d), cos, sin)
+    write_kv(key_cache, value_cache, k, v.reshape(-1, num_kv_heads, d), slots)
+    return q

@@ -5,6 +5,9 @@
 //   add_rms_norm_(x [T, H], residual [T, H], w, eps)   residual += x; x = rms_norm(residual) (both in place)
 //   silu_and_mul(gate [T, I], up [T, I])        -> silu(gate) * up (rows may be strided)
 //   rotary_(q [T, Hq, D], k [T, Hk, D], cos [T, D], sin [T, D])   rotate-half RoPE, in place
+//   rope_and_cache(qkv [T, (Hq + 2 Hk) D], positions [T], table [n, 2D], key_cache, value_cache, slots [T], Hq, Hk)
+//       -> q [T, Hq, D] rotated; k rotated and v copied into the caches' slots (one call for what the
+//       attention block did in eight ops: split, copies, rotary, two index_copy_)
 //
 // Every tensor of one call shares x's dtype. Arithmetic is fp32; in bf16, each value is rounded to
 // bf16 where the torch reference's op would round it (`rnd<T>`: the identity for fp32), so the
@@ -12,7 +15,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "vec_avx512.h"  // the vector bodies, where QUANTKIT_AVX512
 
@@ -161,15 +166,16 @@ torch::Tensor silu_and_mul(torch::Tensor gate, torch::Tensor up) {
 
 namespace {
 
+// dst = src rotated (dst == src: in place)
 template <typename T>
-inline void rotate_row(T* x, const T* c, const T* s, int64_t half) {
+inline void rotate_row(const T* src, T* x, const T* c, const T* s, int64_t half) {
   // rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); cos/sin repeat over the halves.
   // Each product is rounded before the sum, as the reference's x * cos + rotate_half(x) * sin.
 #if defined(QUANTKIT_AVX512)
   using namespace vec512;
   for (int64_t i = 0; i < half; i += 16) {
     const __mmask16 k = first(half - i);
-    const __m512 a = load16(x + i, k), b = load16(x + i + half, k);
+    const __m512 a = load16(src + i, k), b = load16(src + i + half, k);
     const __m512 lo = _mm512_sub_ps(round16<T>(_mm512_mul_ps(a, load16(c + i, k))),
                                     round16<T>(_mm512_mul_ps(b, load16(s + i, k))));
     const __m512 hi = _mm512_add_ps(round16<T>(_mm512_mul_ps(b, load16(c + i + half, k))),
@@ -180,13 +186,43 @@ inline void rotate_row(T* x, const T* c, const T* s, int64_t half) {
 #else
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
-    const float a = static_cast<float>(x[i]), b = static_cast<float>(x[i + half]);
+    const float a = static_cast<float>(src[i]), b = static_cast<float>(src[i + half]);
     const float c1 = static_cast<float>(c[i]), s1 = static_cast<float>(s[i]);
     const float c2 = static_cast<float>(c[i + half]), s2 = static_cast<float>(s[i + half]);
     x[i] = static_cast<T>(rnd<T>(a * c1) + rnd<T>(-b * s1));
     x[i + half] = static_cast<T>(rnd<T>(b * c2) + rnd<T>(a * s2));
   }
 #endif
+}
+
+// The index of the first maximum of x[0 .. n), as torch.argmax: a NaN counts as the maximum (the first NaN
+// wins). Two passes: the maximum (NaNs noticed on the way), then its first index.
+inline int64_t argmax_row(const float* x, int64_t n) {
+#if defined(QUANTKIT_AVX512)
+  using namespace vec512;
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = first(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
+    mx = _mm512_mask_max_ps(mx, k, mx, v);
+  }
+  if (nan == 0) {
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 mv = _mm512_set1_ps(m);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 hit = _mm512_mask_cmp_ps_mask(first(n - i), _mm512_maskz_loadu_ps(first(n - i), x + i), mv, _CMP_EQ_OQ);
+      if (hit) return i + __builtin_ctz(hit);
+    }
+  }
+#endif
+  int64_t best = 0;  // the portable loop, and the rows with a NaN
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) return i;
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
 }
 
 }  // namespace
@@ -201,9 +237,65 @@ void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor 
     const scalar_t *cp = cos.data_ptr<scalar_t>(), *sp = sin.data_ptr<scalar_t>();
     at::parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        for (int64_t h = 0; h < hq; ++h) rotate_row(qp + (t * hq + h) * d, cp + t * d, sp + t * d, d / 2);
-        for (int64_t h = 0; h < hk; ++h) rotate_row(kp + (t * hk + h) * d, cp + t * d, sp + t * d, d / 2);
+        for (int64_t h = 0; h < hq; ++h) {
+          scalar_t* x = qp + (t * hq + h) * d;
+          rotate_row(x, x, cp + t * d, sp + t * d, d / 2);
+        }
+        for (int64_t h = 0; h < hk; ++h) {
+          scalar_t* x = kp + (t * hk + h) * d;
+          rotate_row(x, x, cp + t * d, sp + t * d, d / 2);
+        }
       }
     });
   });
+}
+
+torch::Tensor rope_and_cache(torch::Tensor qkv, torch::Tensor positions, torch::Tensor table, torch::Tensor key_cache,
+                             torch::Tensor value_cache, torch::Tensor slots, int64_t hq, int64_t hk) {
+  for (auto* t : {&qkv, &table, &key_cache, &value_cache}) check_rows(*t, qkv, "qkv, table and the caches");
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slots.scalar_type() == torch::kInt64 &&
+                  positions.is_contiguous() && slots.is_contiguous(),
+              "positions and slots must be contiguous int64");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes() && key_cache.size(2) == hk,
+              "the caches must be [blocks, block_size, kv_heads, D] alike");
+  const int64_t tokens = qkv.size(0), d = key_cache.size(3), n_slots = key_cache.size(0) * key_cache.size(1);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (hq + 2 * hk) * d && d % 2 == 0,
+              "qkv must be [T, (heads + 2 kv_heads) * D] with even D");
+  TORCH_CHECK(table.dim() == 2 && table.size(1) == 2 * d, "table must be [positions, 2 * D] (cos | sin)");
+  TORCH_CHECK(positions.numel() == tokens && slots.numel() == tokens, "one position and one slot per token");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < table.size(0), "position ", pos[t], " is outside the table");
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < n_slots, "slot ", slot[t], " is outside the cache");
+  }
+  auto q = torch::empty({tokens, hq, d}, qkv.options());
+  QK_DISPATCH(qkv, "rope_and_cache", [&] {
+    const scalar_t *src = qkv.data_ptr<scalar_t>(), *tp = table.data_ptr<scalar_t>();
+    scalar_t *qp = q.data_ptr<scalar_t>(), *kc = key_cache.data_ptr<scalar_t>(), *vc = value_cache.data_ptr<scalar_t>();
+    const int64_t width = (hq + 2 * hk) * d;
+    at::parallel_for(0, tokens, 16, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const scalar_t* row = src + t * width;
+        const scalar_t *c = tp + pos[t] * 2 * d, *s = c + d;
+        for (int64_t h = 0; h < hq; ++h) rotate_row(row + h * d, qp + (t * hq + h) * d, c, s, d / 2);
+        for (int64_t h = 0; h < hk; ++h) rotate_row(row + (hq + h) * d, kc + (slot[t] * hk + h) * d, c, s, d / 2);
+        std::copy(row + (hq + hk) * d, row + width, vc + slot[t] * hk * d);
+      }
+    });
+  });
+  return q;
+}
+
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.size(1) > 0,
+              "x must be a contiguous non-empty fp32 [rows, n]");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty({rows}, x.options().dtype(torch::kInt64));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) op[r] = argmax_row(xp + r * n, n);
+  });
+  return out;
 }

@@ -417,6 +417,9 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 torch::Tensor silu_and_mul(torch::Tensor gate, torch::Tensor up);
 void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor rope_and_cache(torch::Tensor qkv, torch::Tensor positions, torch::Tensor table, torch::Tensor key_cache,
+                             torch::Tensor value_cache, torch::Tensor slots, int64_t hq, int64_t hk);
+torch::Tensor argmax_rows(torch::Tensor x);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
@@ -433,4 +436,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up, fp32");
   m.def("rotary_", &rotary_, "rotate-half RoPE on q and k in place, fp32");
+  m.def("rope_and_cache", &rope_and_cache,
+        "q, k, v of the fused projection: q rotated out, k rotated and v copied into the caches' slots");
+  m.def("argmax_rows", &argmax_rows, "the first maximum's index of each row of a fp32 [rows, n], as torch.argmax");
 }

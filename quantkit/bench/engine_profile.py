@@ -19,8 +19,9 @@ same model, same process, one after the other.
 
 Each part of the step is wrapped (in this process only) by a wall-clock accumulator: the linears
 (every linear's forward: float, prepacked, bf16 and quantized), attention (the cache write, the reads of the paged cache and the
-softmax), norms (RMSNorm, fused residual add included), rotary (cos/sin tables and their
-application), SiLU-and-mul, the rest of the forward (embedding, row selection, per-layer Python),
+softmax), norms (RMSNorm, fused residual add included), rotary (cos/sin and their application; where the
+engine's rope table runs, the one op that rotates q and k and writes the cache, so the cache write counts
+here and not under attention), SiLU-and-mul, the rest of the forward (embedding, row selection, per-layer Python),
 the runner's per-step inputs (token ids, positions, attention metadata), sampling and post-processing
 (sampler, stop checks, detokenizer), and the scheduler with the rest of the step. Shares are of
 the summed step time; the accumulators cost well under a microsecond per call.
@@ -118,7 +119,7 @@ PATHS = {"cpp": contextlib.nullcontext, "torch": torch_path, "cpp-per-row": per_
 @contextlib.contextmanager
 def instrumented(clock: Clock):
     """Wrap the engine's parts in `clock` for the duration of the block."""
-    from quantkit.engine import decoder, llm_engine, model_runner
+    from quantkit.engine import decoder, llm_engine, model_runner, rope
     from quantkit.kernels import bf16_cpu, cpu_fused, cpu_linear, fused_ops_reference, int8_cpu
     from quantkit.model.quant_linear import QuantLinear
 
@@ -126,11 +127,11 @@ def instrumented(clock: Clock):
                (decoder.Decoder, "forward", "forward"), (cpu_linear.PrepackedLinear, "forward", "linears"),
                (torch.nn.Linear, "forward", "linears"), (QuantLinear, "forward", "linears"),
                (bf16_cpu.Bf16Linear, "forward", "linears"), (int8_cpu.Int8Linear, "forward", "linears"),
-               (decoder, "paged_attention", "attention"),
-               (decoder, "cos_sin", "rotary"), (llm_engine.LLMEngine, "_postprocess", "sampling + postprocess")]
+               (decoder, "paged_attention", "attention"), (decoder, "attend", "attention"),
+               (rope.StepRope, "cos_sin", "rotary"), (llm_engine.LLMEngine, "_postprocess", "sampling + postprocess")]
     for ops in (cpu_fused, fused_ops_reference):
         targets += [(ops, "rms_norm", "norms"), (ops, "add_rms_norm", "norms"), (ops, "rotary", "rotary"),
-                    (ops, "silu_and_mul", "silu-and-mul")]
+                    (ops, "rope_and_cache", "rotary"), (ops, "silu_and_mul", "silu-and-mul")]
     originals = [(owner, attr, clock.wrap(owner, attr, label)) for owner, attr, label in targets]
     try:
         yield

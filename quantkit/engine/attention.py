@@ -135,6 +135,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache
     Writes k/v into the cache first, so each query also sees the keys of its own chunk.
     """
     write_kv(key_cache, value_cache, k, v, meta.slot_mapping)
+    return attend(q, key_cache, value_cache, meta, scale)
+
+
+def attend(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
+           scale: float) -> torch.Tensor:
+    """q [T, heads, D] of this step's tokens, whose k/v the cache already holds -> [T, heads, D]."""
     if meta.seq_lens_t is not None:
         return paged_attention_cpu(q, key_cache, value_cache, meta.block_tables, meta.seq_lens_t,
                                    meta.query_start_t, scale, meta.shared_prefix)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quantkit.engine.attention import AttentionMetadata, paged_attention
-from quantkit.engine.rope import cos_sin, inv_frequencies, rope_parameters
+from quantkit.engine.attention import AttentionMetadata, attend, paged_attention
+from quantkit.engine.rope import StepRope, inv_frequencies, rope_parameters, rope_table
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import spec_for
 from quantkit.kernels import cpu_fused, fused_ops_reference
@@ -104,9 +104,15 @@ class Attention(nn.Module):
                                           s.num_kv_heads * s.head_dim], dim=-1)
         return q.contiguous(), k.contiguous(), v  # (one token: views already contiguous, no copy)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, ops=fused_ops_reference) -> torch.Tensor:
         t, s = x.shape[0], self.s
+        if rope.table is not None and self.qkv_proj is not None and not s.qk_norm:
+            # rotary and the cache write in one op on the fused projection's output (the table covers the step)
+            q = ops.rope_and_cache(self.qkv_proj(x), rope.positions, rope.table, kv[0], kv[1], meta.slot_mapping,
+                                   s.num_heads, s.num_kv_heads)
+            return self.o_proj(attend(q, kv[0], kv[1], meta, self.scale).reshape(t, s.num_heads * s.head_dim))
+        cos, sin = rope.cos_sin()
         q, k, v = self.project(x)
         q = q.view(t, s.num_heads, s.head_dim)  # [T, heads, D]
         k = k.view(t, s.num_kv_heads, s.head_dim)  # [T, kv_heads, D]
@@ -146,7 +152,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = MLP(s)
 
-    def forward(self, x, residual, cos, sin, kv, meta, ops):
+    def forward(self, x, residual, rope, kv, meta, ops):
         """x: the previous layer's MLP output, residual: the stream before it (None at layer 0, where x is
         the embedding). Returns this layer's (MLP output, residual stream): the add is fused into the next norm."""
         norm = self.input_layernorm
@@ -154,7 +160,7 @@ class DecoderLayer(nn.Module):
             h, residual = ops.rms_norm(x, norm.weight, norm.eps), x
         else:
             h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        a = self.self_attn(h, cos, sin, kv, meta, ops)
+        a = self.self_attn(h, rope, kv, meta, ops)
         norm = self.post_attention_layernorm
         h, residual = ops.add_rms_norm(a, residual, norm.weight, norm.eps)
         return self.mlp(h, ops), residual
@@ -178,6 +184,25 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         self.register_buffer("inv_freq", inv_frequencies(s.rope, s.head_dim, s.max_position_embeddings),
                              persistent=False)
+        self.rope_limit: int | None = None  # use_rope_table: positions a rope table may cover (None: no table)
+        self.rope_table: torch.Tensor | None = None  # cos | sin by position, grown as sequences grow
+
+    def use_rope_table(self, positions: int) -> None:
+        """From now on hold cos | sin by position (up to `positions`) for the fused rotary + cache write, on CPU
+        with a full-width rotary (elsewhere each step computes its cos and sin). The table grows by doubling
+        with the longest sequence seen (64 MiB in bf16 would cover 128K positions of head dim 128 up front)."""
+        if self.inv_freq.device.type == "cpu" and 2 * self.inv_freq.numel() == self.shape.head_dim:
+            self.rope_limit = positions
+
+    def _rope_rows(self, need: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The rope table covering positions below `need` in `dtype`, or None where none may be held."""
+        if self.rope_limit is None or need > self.rope_limit:
+            return None
+        table = self.rope_table
+        if table is None or table.shape[0] < need or table.dtype != dtype:
+            rows = min(self.rope_limit, max(256, 1 << max(need - 1, 1).bit_length()))
+            self.rope_table = table = rope_table(self.inv_freq, rows, dtype)
+        return table
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
@@ -185,11 +210,11 @@ class Decoder(nn.Module):
         """input_ids, positions [T] int64 -> logits [len(logits_rows), vocab] fp32."""
         # x: [T, hidden] in the compute dtype (the norms'); the table may be held in 16 bits (weights.table_dtype)
         x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)
-        cos, sin = cos_sin(self.inv_freq, positions, x.dtype)
+        rope = StepRope(self.inv_freq, positions, x.dtype, self._rope_rows(max(meta.seq_lens, default=0), x.dtype))
         ops = ops_for(x)
         residual = None
         for layer, kv in zip(self.model.layers, kv_caches):
-            x, residual = layer(x, residual, cos, sin, kv, meta, ops)
+            x, residual = layer(x, residual, rope, kv, meta, ops)
         norm = self.model.norm
         x, _ = ops.add_rms_norm(x[logits_rows], residual[logits_rows], norm.weight, norm.eps)
         return self.lm_head(x).float()

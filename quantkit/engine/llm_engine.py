@@ -74,6 +74,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(path)
         s = self.model.shape
         self.max_model_len = self._max_model_len(cfg, s)
+        self.model.use_rope_table(self.max_model_len)
         self.eos_ids = eos_token_ids(path, getattr(hf_config(path), "eos_token_id", None), self.tokenizer)
         block_bytes = kv_block_bytes(s.num_layers, cfg.block_size, s.num_kv_heads, s.head_dim, self.dtype)
         self.kv_plan = plan_kv(cfg, block_bytes, self.max_model_len, self.device)

@@ -62,3 +62,25 @@ def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype)
     freqs = positions[:, None].float() * inv_freq[None, :].to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope_table(inv_freq: torch.Tensor, positions: int, dtype: torch.dtype) -> torch.Tensor:
+    """[positions, 2 * rot_dim]: row p is cos | sin of position p, as cos_sin computes them (the table a fused
+    rotary reads by position, so that a step computes no cos and sin of its own)."""
+    return torch.cat(cos_sin(inv_freq, torch.arange(positions), dtype), dim=-1)
+
+
+class StepRope:
+    """One step's rotary inputs: positions [T] int64, and `table` (rope_table in the compute dtype) where the
+    engine built one that covers the step, else None. `cos_sin()` gives cos, sin [T, rot_dim] to the paths
+    that take them, computed once per step on first use."""
+
+    def __init__(self, inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype,
+                 table: torch.Tensor | None = None):
+        self.inv_freq, self.positions, self.dtype, self.table = inv_freq, positions, dtype, table
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos_sin is None:
+            self._cos_sin = cos_sin(self.inv_freq, self.positions, self.dtype)
+        return self._cos_sin

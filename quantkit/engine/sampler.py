@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from quantkit.engine.sampling_params import SamplingParams
+from quantkit.kernels.cpu_fused import argmax_rows
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: Sequence[int], penalty: float) -> torch.Tensor:
@@ -121,7 +122,7 @@ class Sampler:
         """logits [B, V] fp32 -> B token ids. `histories`: prompt + output ids; `outputs`: output ids
         (for presence/frequency penalties and min_tokens). Plain greedy rows share one argmax."""
         logits = logits.float().cpu()
-        out = logits.argmax(dim=-1).tolist()
+        out = argmax_rows(logits).tolist()
         outputs = outputs if outputs is not None else [()] * len(params)
         for i, (rid, p) in enumerate(zip(request_ids, params)):
             banned = self.banned_ids(p, len(outputs[i]))

@@ -86,3 +86,35 @@ def test_mistral_greedy_matches_transformers(tmp_path):
     path = make_tiny_model(tmp_path / "mistral", family="mistral")
     got, want = _greedy_pair(path, PROMPTS)
     assert got == want
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_table_path_gives_the_tokens_of_per_step_cos_sin(tiny_llama, monkeypatch, dtype):
+    """On CPU the engine holds cos | sin by position for its max_model_len and the attention block rotates and
+    writes the cache in one op from the table; without the table each step computes cos and sin: same tokens."""
+    from quantkit.engine.rope import rope_table
+    from quantkit.kernels import cpu_fused
+
+    llm = LLM(str(tiny_llama), dtype=dtype, max_model_len=96, max_num_seqs=4)
+    model = llm.engine.model
+    assert model.rope_limit == 96 and model.rope_table is None  # built at the first step, for what it needs
+    calls = []
+    fused = cpu_fused.rope_and_cache
+    monkeypatch.setattr(cpu_fused, "rope_and_cache", lambda *a: calls.append(1) or fused(*a))
+    prompts = [[1, 5, 9, 200, 7], [1, 300, 4], list(range(3, 60))]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    with_table = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert calls or not cpu_fused.available(torch.zeros(1, dtype=getattr(torch, dtype)))
+    assert torch.equal(model.rope_table, rope_table(model.inv_freq, 96, getattr(torch, dtype)))  # 256 capped at 96
+    model.rope_limit, calls[:] = None, []
+    assert with_table == [o.outputs[0].token_ids for o in llm.generate(prompts, params)] and not calls
+
+
+def test_rope_table_grows_by_doubling_up_to_the_limit(tiny_llama):
+    from quantkit.engine.rope import rope_table
+
+    model = LLM(str(tiny_llama), dtype="float32", max_model_len=500).engine.model
+    assert model._rope_rows(10, torch.float32).shape[0] == 256 and model._rope_rows(256, torch.float32).shape[0] == 256
+    assert model._rope_rows(257, torch.float32).shape[0] == 500  # 512, capped at the limit
+    assert torch.equal(model.rope_table, rope_table(model.inv_freq, 500, torch.float32))
+    assert model._rope_rows(501, torch.float32) is None  # past the limit: cos and sin per step

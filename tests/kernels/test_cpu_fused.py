@@ -93,3 +93,44 @@ def test_rejects_other_dtypes(fused):
 def test_rejects_mixed_dtypes(fused):
     with pytest.raises(RuntimeError, match="x's dtype"):
         fused.rms_norm(torch.zeros(2, 4, dtype=torch.bfloat16), torch.ones(4), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hk,d", [(16, 8, 64), (4, 2, 32)])
+def test_rope_and_cache_is_rotary_and_the_cache_write_in_one_call(fused, hq, hk, d, dtype):
+    """From the fused projection's output: q rotated out, k rotated and v stored at the slots, as the reference's
+    split, rotary and write_kv; the other slots of the caches untouched."""
+    from quantkit.engine.rope import rope_table
+
+    t, blocks, block = 9, 6, 16
+    qkv = randn(t, (hq + 2 * hk) * d).to(dtype)
+    table = rope_table(1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)), 300, dtype)
+    positions = torch.tensor([0, 1, 2, 17, 18, 150, 299, 5, 64])
+    slots = torch.randperm(blocks * block, generator=torch.Generator().manual_seed(3))[:t]
+    caches = [randn(blocks, block, hk, d, seed=4 + i).to(dtype) for i in range(2)]
+    want_k, want_v = (c.clone() for c in caches)
+    want_q = ref.rope_and_cache(qkv, positions, table, want_k, want_v, slots, hq, hk)
+    got_q = fused.rope_and_cache(qkv, positions, table, caches[0], caches[1], slots, hq, hk)
+    exact = dict(rtol=0, atol=0) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(got_q, want_q, **exact)
+    torch.testing.assert_close(caches[0], want_k, **exact)
+    assert torch.equal(caches[1], want_v)
+    with pytest.raises(RuntimeError, match="outside the table"):
+        fused.rope_and_cache(qkv, positions + 1, table, caches[0], caches[1], slots, hq, hk)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        fused.rope_and_cache(qkv, positions, table, caches[0], caches[1], slots + blocks * block, hq, hk)
+
+
+def test_argmax_rows_is_torchs_argmax(fused):
+    """Rows of a vocabulary's width and of widths off the vector length; ties (the first wins), infinities, an
+    all -inf row and NaNs (the first NaN wins, as torch's)."""
+    for n in (32000, 1, 17, 300):
+        x = randn(7, n, seed=n)
+        if n > 1:
+            x[1, n // 2] = x[1, n - 1] = x[1].max() + 1  # a tie
+            x[2, n // 3] = float("inf")
+            x[3] = float("-inf")
+            x[4, n - 1], x[4, n // 2] = float("nan"), float("nan")
+            x[5, 0] = float("nan")
+        assert torch.equal(fused.argmax_rows(x), x.argmax(dim=-1)), n
+    assert torch.equal(fused.argmax_rows(x.double()), x.double().argmax(dim=-1))  # others: torch's
