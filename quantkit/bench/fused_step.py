@@ -34,18 +34,13 @@ def unfused(llm):
 
 
 def main() -> None:
-    from quantkit.bench.int4_engine import _wall, decode_tok_s
+    from quantkit.bench.int4_engine import _wall, decode_args, decode_tok_s
     from quantkit.devices import auto_cpu_dtype
     from quantkit.engine import LLM
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--dtype", default="auto")
+    decode_args(ap, max_tokens=48, rounds=9)
     ap.add_argument("--max-model-len", type=int, default=1024)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -45,6 +45,16 @@ def decode_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
     return len(prompts) * (max_tokens - 1) / (full - first)
 
 
+def decode_args(ap: argparse.ArgumentParser, max_tokens: int, rounds: int) -> None:
+    """The options of a decode-speed benchmark: threads, batch sizes, prompt and output lengths, rounds, dtype."""
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=max_tokens)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--dtype", default="auto")
+
+
 def checkpoints(root: Path) -> dict[str, Path]:
     """The float model and its two 4-bit checkpoints under `root`, made where missing."""
     from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
@@ -81,12 +91,7 @@ def main() -> None:
     from quantkit.engine.weights import WeightMemory
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dtype", default="auto")
+    decode_args(ap, max_tokens=64, rounds=3)
     ap.add_argument("--models-dir", type=Path, default=None, help="make the checkpoints here once and reuse them")
     ap.add_argument("--make-only", action="store_true", help="only make the checkpoints in --models-dir")
     ap.add_argument("--int8-activations", action="store_true", help="also the 4-bit checkpoints with W4A8 decode")
