@@ -1,7 +1,7 @@
 """quantkit's engine against llama.cpp (llama-cpp-python) at batch 1: same model, prompt and threads, one sitting.
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
-                                       [--model DIR --gptq DIR]
+                                       [--model DIR --gptq DIR] [--int8-activations]
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
@@ -60,11 +60,12 @@ class Tally:
 class Quantkit:
     """quantkit's engine, one sequence at a time."""
 
-    def __init__(self, model: Path, dtype: str, threads: int):
+    def __init__(self, model: Path, dtype: str, threads: int, int8_activations: bool = False):
         from quantkit.engine import LLM
         from quantkit.engine.weights import WeightMemory
 
-        self.llm = LLM(str(model), dtype=dtype, max_model_len=N_CTX, max_num_seqs=1, num_threads=threads)
+        self.llm = LLM(str(model), dtype=dtype, max_model_len=N_CTX, max_num_seqs=1, num_threads=threads,
+                       cpu_int8_activations=int8_activations)
         self.kernel = WeightMemory.of(self.llm.engine.model).describe()
 
     def run(self, prompt: list[int], max_tokens: int) -> Run:
@@ -180,6 +181,8 @@ def compare(args, tmp: Path) -> None:
         ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
     for label, path in gptq.items():
         ours[f"quantkit {label}, {auto}"] = Quantkit(path, auto, args.threads)
+        if args.int8_activations and auto == "bfloat16":  # W4A8: activations in int8, as llama.cpp's Q4 types
+            ours[f"quantkit {label}, W4A8"] = Quantkit(path, auto, args.threads, int8_activations=True)
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
                **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
@@ -226,6 +229,8 @@ def main() -> None:
     ap.add_argument("--model", help="a float HF Llama to use instead of the random one")
     ap.add_argument("--gptq", help="its 4-bit GPTQ checkpoint (needed with --model)")
     ap.add_argument("--log", default="out/llamacpp-bench.log", help="where llama.cpp's stderr goes")
+    ap.add_argument("--int8-activations", action="store_true",
+                    help="also each 4-bit checkpoint with --cpu-int8-activations (bf16 CPUs)")
     args = ap.parse_args()
     if bool(args.model) != bool(args.gptq):
         raise SystemExit("--model and --gptq go together")
