@@ -109,6 +109,7 @@ def generate(
     prompts = [prompt] if prompt is not None else read_prompts(prompts_file)
     from quantkit.engine import LLM, SamplingParams
     from quantkit.engine.llm import context_limit_note
+    from quantkit.engine.weights import WeightMemory
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
     llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
@@ -116,6 +117,7 @@ def generate(
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
               num_threads=threads, cpu_int8_activations=cpu_int8_activations,
               cpu_int8_lm_head=cpu_int8_lm_head)
+    console.print(WeightMemory.of(llm.engine.model).describe(), highlight=False, soft_wrap=True)
     console.print(llm.engine.kv_plan.describe(), highlight=False)
     outs = _run_with_progress(llm, prompts, params)
     if prompt is not None and outs[0].error:

@@ -40,6 +40,7 @@ def test_prompts_file_to_jsonl_matches_the_python_api(app, stories_dir, tmp_path
         assert row["finish_reason"] == "length"
     assert rows[2]["finish_reason"] == "error" and "more than max_model_len 128" in rows[2]["error"]
     assert "KV cache:" in res.output and not list(tmp_path.glob(".out.jsonl.tmp-*"))
+    assert "weights: " in res.output and "resident" in res.output  # the start-up weight memory line
 
 
 def test_single_prompt_prints_the_completion(app, stories_dir):
