@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quantkit.kernels.paged_attention_reference import write_kv
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., H] -> weight * x / sqrt(mean(x^2) + eps)."""
@@ -52,8 +54,6 @@ def rope_and_cache(qkv: torch.Tensor, positions: torch.Tensor, table: torch.Tens
     """The attention block's step before attention, from the fused projection's output qkv [T, (Hq + 2 Hk) D]:
     q and k rotated by the rows `positions` [T] of `table` [n, 2D] (cos | sin), k and v stored at the caches'
     `slots` [T] (write_kv) -> q [T, Hq, D]."""
-    from quantkit.kernels.paged_attention_reference import write_kv
-
     d = key_cache.shape[-1]
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     cos, sin = table[positions].split([d, d], dim=-1)
