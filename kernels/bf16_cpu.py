@@ -1,5 +1,12 @@
-"""A bf16-weight linear for CPUs without native bf16 (kernels/csrc/bf16_cpu.cpp, AVX-512 or AVX2 + FMA), and
-its pure-torch reference.
+"""bf16-weight linears on CPU (kernels/csrc/bf16_cpu.cpp) and their pure-torch references.
+
+`Bf16DotLinear`, where the CPU computes bf16 natively (AVX-512 BF16): bf16 activations and weights, fp32 sums,
+a bf16 result, on a layout of its own (`pack_pairs`: 16 output rows by 2 input columns per 64-byte line, each
+line one `vdpbf16ps` operand as stored). The engine runs a bf16 model's float linears through it instead of
+oneDNN's prepacked GEMM: it reads the weights of a decode step closer to the memory's pace and matches oneDNN
+on prefill-sized batches (python -m quantkit.bench.cpu_linear --bf16-dot, docs/BENCHMARKS.md).
+
+`Bf16Linear`, for CPUs without native bf16 (AVX-512 or AVX2 + FMA):
 
 On such a CPU the engine computes in fp32, and an unquantized lm_head held in fp32 is the largest weight
 read per decoded token (131 MB for a 32000 x 1024 head). Held as the checkpoint's bf16 instead, each weight
@@ -11,6 +18,8 @@ any M. `Bf16Linear` is a drop-in for nn.Linear (no bias: lm_heads have none); wh
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -78,3 +87,66 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x, self.packed_weight, self.out_features)
+
+
+def bf16_dot_available() -> bool:
+    """Whether `Bf16DotLinear` runs here: the extension built, with its AVX-512 BF16 kernel."""
+    ext = extension()
+    return ext is not None and ext.has_bf16_dot()
+
+
+def bf16_dot_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x bf16 [M, K] @ weight.T (+ bias) in fp32, rounded to bf16: what the kernel computes up to the order of sums."""
+    y = nn.functional.linear(x.float(), weight.float())
+    return (y if bias is None else y + bias.float()).to(torch.bfloat16)
+
+
+def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 W [N, K] (K even) -> the kernel's blocks bf16 [ceil(N / 16), K / 2, 16, 2] (rows past N zero)."""
+    if not bf16_dot_available():
+        raise RuntimeError(f"the bf16 dot kernel is unavailable: {unavailable() or 'this CPU has no AVX-512 BF16'}")
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.shape[1] % 2:
+        raise ValueError(f"pack_pairs takes a bf16 weight [N, K] with K even, got {weight.dtype} {tuple(weight.shape)}")
+    return extension().pack_pairs(weight.contiguous())
+
+
+class Bf16DotLinear(nn.Module):
+    """A drop-in for a bf16 nn.Linear on CPU: x bf16 [..., K] -> bf16 [..., N], weight packed at construction."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed_weight", pack_pairs(linear.weight.detach().to(torch.bfloat16)))
+        bias = None
+        if linear.bias is not None:  # fp32, padded to the blocks, added to the fp32 sums
+            bias = torch.zeros(self.packed_weight.shape[0] * 16)
+            bias[: self.out_features] = linear.bias.detach().float()
+        self.register_buffer("bias", bias)
+        self.out_splits = (self.out_features,)  # with concat: each source linear's share of the output
+
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:
+        return linear.in_features % 2 == 0
+
+    @classmethod
+    def concat(cls, linears: Sequence[nn.Linear]) -> Bf16DotLinear:
+        """One linear computing `linears` (same input size) side by side; its output splits by `out_splits`."""
+        from quantkit.kernels.cpu_linear import concat_linears
+
+        fused = cls(concat_linears(linears))
+        fused.out_splits = tuple(m.out_features for m in linears)
+        return fused
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The bf16 weight [N, K], unpacked (a copy)."""
+        p = self.packed_weight
+        return p.permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers  # (read directly, as PrepackedLinear does: an engine step makes 33 calls)
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if flat.dtype != torch.bfloat16 or flat.shape[-1] != self.in_features:
+            raise ValueError(f"Bf16DotLinear takes bf16 x [..., {self.in_features}], got {x.dtype} {tuple(x.shape)}")
+        y = extension().bf16_dot_linear(flat, buffers["packed_weight"], self.out_features, buffers["bias"])
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)

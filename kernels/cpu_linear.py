@@ -43,14 +43,7 @@ class PrepackedLinear(nn.Module):
     def concat(cls, linears: Sequence[nn.Linear]) -> PrepackedLinear:
         """One prepacked linear computing `linears` (same input size) side by side: its output
         [..., sum N_i] splits by `out_splits` into theirs, each row the same dot products as theirs."""
-        if len({m.in_features for m in linears}) != 1 or len({m.bias is None for m in linears}) != 1:
-            raise ValueError("concatenated linears need one input size and all or none with a bias")
-        merged = nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
-                           bias=linears[0].bias is not None, device="meta")
-        merged.weight = nn.Parameter(torch.cat([m.weight.detach() for m in linears]), requires_grad=False)
-        if merged.bias is not None:
-            merged.bias = nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
-        packed = cls(merged)
+        packed = cls(concat_linears(linears))
         packed.out_splits = tuple(m.out_features for m in linears)
         return packed
 
@@ -62,6 +55,18 @@ class PrepackedLinear(nn.Module):
         shape = x.shape
         out = _LINEAR(x.reshape(-1, shape[-1]), buffers["packed_weight"], buffers["bias"], "none", [], "")
         return out.reshape(*shape[:-1], self.out_features)
+
+
+def concat_linears(linears: Sequence[nn.Linear]) -> nn.Linear:
+    """One nn.Linear computing `linears` (same input size, all or none with a bias) side by side."""
+    if len({m.in_features for m in linears}) != 1 or len({m.bias is None for m in linears}) != 1:
+        raise ValueError("concatenated linears need one input size and all or none with a bias")
+    merged = nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
+                       bias=linears[0].bias is not None, device="meta")
+    merged.weight = nn.Parameter(torch.cat([m.weight.detach() for m in linears]), requires_grad=False)
+    if merged.bias is not None:
+        merged.bias = nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
+    return merged
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

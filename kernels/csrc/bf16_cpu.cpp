@@ -1,4 +1,5 @@
-// quantkit's bf16-weight linear for CPUs without native bf16: y = x @ W.T with x fp32 [M, K], W bf16 [N, K],
+// quantkit's bf16-weight linears. Where the CPU computes bf16 natively (AVX-512 BF16), bf16_dot_linear takes bf16
+// activations too (bf16_dot_avx512.h). Below, the one for CPUs without native bf16: y = x @ W.T with x fp32 [M, K], W bf16 [N, K],
 // y fp32 [M, N]. Each bf16 weight is widened to fp32 exactly (its 16 bits become the top half of an fp32) and
 // multiplied in fp32, so the result is fp32 F.linear on the widened weight up to summation order, reading half
 // the bytes of an fp32 weight.
@@ -18,6 +19,8 @@
 #include <array>
 #include <cstdint>
 #include <utility>
+
+#include "bf16_dot_avx512.h"  // bf16 activations and weights, where QUANTKIT_BF16_DOT
 
 namespace {
 
@@ -135,7 +138,60 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor packed, int64_t N) {
   return y;
 }
 
+// Whether this build has the bf16-activation kernel (AVX-512 BF16).
+bool has_bf16_dot() {
+#if defined(QUANTKIT_BF16_DOT)
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if defined(QUANTKIT_BF16_DOT)
+// W bf16 [N, K] (K even) -> [ceil(N / 16), K / 2, 16, 2] (bf16_dot_avx512.h; rows past N zero).
+torch::Tensor pack_pairs(torch::Tensor w) {
+  TORCH_CHECK(w.dtype() == torch::kBFloat16 && w.dim() == 2 && w.size(1) % 2 == 0, "w must be bf16 [N, K], K even");
+  const int64_t N = w.size(0), K = w.size(1), blocks = (N + bf16dot::kRows - 1) / bf16dot::kRows;
+  auto padded = torch::zeros({blocks * bf16dot::kRows, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({blocks, bf16dot::kRows, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// x bf16 [M, K] @ W.T + bias -> bf16 [M, N], W given as pack_pairs(W) and its row count N; bias fp32 [NB * 16]
+// (zero past N) or None.
+torch::Tensor bf16_dot_linear(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2, "x must be bf16 [M, K]");
+  TORCH_CHECK(packed.dtype() == torch::kBFloat16 && packed.dim() == 4 && packed.size(2) == bf16dot::kRows &&
+                  packed.size(3) == 2 && packed.size(1) * 2 == x.size(1) && packed.is_contiguous() &&
+                  N > (packed.size(0) - 1) * bf16dot::kRows && N <= packed.size(0) * bf16dot::kRows,
+              "packed must be pack_pairs(W) of a bf16 W [N, K] with K = x.size(1)");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->dtype() == torch::kFloat32 && bias->is_contiguous() &&
+                            bias->numel() == packed.size(0) * bf16dot::kRows),
+              "bias must be fp32 [ceil(N / 16) * 16]");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  const bf16dot::Args args{reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                           reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
+                           has_bias ? bias->data_ptr<float>() : nullptr, nullptr,
+                           reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, K, N};
+  const int64_t rows_per_pass = std::max<int64_t>(8, bf16dot::kRowsPerPass / std::max<int64_t>(K, 1) / 8 * 8);
+  for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
+    const int64_t m1 = std::min(M, m0 + rows_per_pass);
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { bf16dot::blocks(args, b0, b1, m0, m1); });
+  }
+  return y;
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("has_bf16_dot", &has_bf16_dot, "whether bf16_dot_linear was built (AVX-512 BF16)");
+#if defined(QUANTKIT_BF16_DOT)
+  m.def("pack_pairs", &pack_pairs, "bf16 W [N, K] -> the bf16 kernel's blocks [ceil(N / 16), K / 2, 16, 2]");
+  m.def("bf16_dot_linear", &bf16_dot_linear, "x bf16 [M, K] @ W.T (+ bias) from pack_pairs(W) -> bf16 [M, N]",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
+#endif
   m.def("pack", &pack, "bf16 W [N, K] -> the kernel's panels [ceil(N / 16), K, 16]");
   m.def("bf16_linear", &bf16_linear, "x fp32 [M, K] @ W.T from pack(W), widened to fp32 -> fp32 [M, N]");
 }

@@ -126,7 +126,8 @@ def instrumented(clock: Clock):
     targets = [(llm_engine.LLMEngine, "step", "step"), (model_runner.ModelRunner, "execute", "execute"),
                (decoder.Decoder, "forward", "forward"), (cpu_linear.PrepackedLinear, "forward", "linears"),
                (torch.nn.Linear, "forward", "linears"), (QuantLinear, "forward", "linears"),
-               (bf16_cpu.Bf16Linear, "forward", "linears"), (int8_cpu.Int8Linear, "forward", "linears"),
+               (bf16_cpu.Bf16Linear, "forward", "linears"), (bf16_cpu.Bf16DotLinear, "forward", "linears"),
+               (int8_cpu.Int8Linear, "forward", "linears"),
                (decoder, "paged_attention", "attention"), (decoder, "attend", "attention"),
                (rope.StepRope, "cos_sin", "rotary"), (llm_engine.LLMEngine, "_postprocess", "sampling + postprocess")]
     for ops in (cpu_fused, fused_ops_reference):

@@ -150,23 +150,40 @@ def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype, int8_activa
 
 
 def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Every float nn.Linear into a oneDNN-prepacked PrepackedLinear where this CPU supports it for `dtype`
-    (a tied lm_head stays: prepacking would copy the embedding). Returns how many were replaced."""
+    """Every float nn.Linear into the CPU's fastest float linear for `dtype`, weight laid out once (a tied lm_head
+    stays: a copy of the embedding would double it): in bf16 where the CPU computes it natively, quantkit's
+    Bf16DotLinear (faster than oneDNN's prepacked GEMM at decode batch sizes and level with it on prefill,
+    docs/BENCHMARKS.md), else oneDNN's PrepackedLinear where oneDNN supports `dtype`. Returns how many were
+    replaced."""
+    from quantkit.kernels import bf16_cpu
     from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
 
-    if not prepack_supported(dtype):
+    if dtype == torch.bfloat16 and bf16_cpu.bf16_dot_available():
+        kind, what = bf16_cpu.Bf16DotLinear, "quantkit's bf16 kernel (AVX-512 BF16)"
+    elif prepack_supported(dtype):
+        kind, what = PrepackedLinear, f"prepacked for oneDNN ({dtype})"
+    else:
         log.info("linears: F.linear (oneDNN has no prepacked %s path on this CPU)", dtype)
         return 0
-    fused = fuse_float_projections(model, PrepackedLinear.concat)
+
+    def concat(linears):
+        return kind.concat(linears) if all(_fits(kind, m) for m in linears) else None
+
+    fused = fuse_float_projections(model, concat)
     embed = model.model.embed_tokens.weight
     targets = [(name, m) for name, m in model.named_modules()
                if type(m) is torch.nn.Linear and m.weight.data_ptr() != embed.data_ptr()]
     for name, m in targets:
         parent, _, attr = name.rpartition(".")
-        setattr(get_submodule(model, parent) if parent else model, attr, PrepackedLinear(m))
-    log.info("linears: %d prepacked for oneDNN (%s), %d of them fused q/k/v or gate/up", len(targets) + fused,
-             dtype, fused)
+        setattr(get_submodule(model, parent) if parent else model, attr,
+                kind(m) if _fits(kind, m) else PrepackedLinear(m) if prepack_supported(dtype) else m)
+    log.info("linears: %d in %s, %d of them fused q/k/v or gate/up", len(targets) + fused, what, fused)
     return len(targets) + fused
+
+
+def _fits(kind: type, linear: torch.nn.Linear) -> bool:
+    supports = getattr(kind, "supports", None)
+    return supports is None or supports(linear)
 
 
 def fuse_float_projections(model: torch.nn.Module, concat) -> int:

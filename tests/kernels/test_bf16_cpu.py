@@ -1,11 +1,13 @@
-"""The bf16-weight CPU linear against its pure-torch reference (weight widened to fp32, then F.linear)."""
+"""The bf16-weight CPU linears against their pure-torch references: Bf16Linear (fp32 activations, the weight widened
+to fp32, then F.linear) and Bf16DotLinear (bf16 activations, fp32 sums rounded to bf16)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from quantkit.kernels.bf16_cpu import Bf16Linear, bf16_linear, bf16_linear_reference, pack_weight, unavailable
+from quantkit.kernels.bf16_cpu import (Bf16DotLinear, Bf16Linear, bf16_dot_available, bf16_dot_reference, bf16_linear,
+                                       bf16_linear_reference, pack_pairs, pack_weight, unavailable)
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"bf16 CPU kernel: {unavailable()}")
 
@@ -38,3 +40,59 @@ def test_panels_pad_rows_past_n_with_zeros():
 def test_wrong_dtypes_are_refused():
     with pytest.raises(ValueError, match="bf16 weight"):
         bf16_linear(torch.randn(1, 8), torch.randn(4, 8))
+
+
+# Bf16DotLinear: bf16 activations and weights (AVX-512 BF16)
+
+dot_missing = pytest.mark.skipif(not bf16_dot_available(), reason="the bf16 dot kernel needs AVX-512 BF16 "
+                                 f"(this CPU or build has none: {unavailable() or 'no AVX-512 BF16'})")
+
+
+@dot_missing
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 12, 17, 24, 300])  # every tile; 16 on: 8 x 2 blocks; 300: 3 passes
+@pytest.mark.parametrize("n,k,bias", [(1000, 1024, False), (33, 100, True), (7, 2, False), (130, 1024, True),
+                                      (20, 2816, False)])
+def test_bf16_dot_linear_matches_reference(m, n, k, bias):
+    g = torch.Generator().manual_seed(m * n + k)
+    lin = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(m, k, generator=g).bfloat16()  # x: [M, K]
+    want = bf16_dot_reference(x, lin.weight, lin.bias)
+    got = Bf16DotLinear(lin)(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    # fp32 sums in another order, each rounded to bf16 once: at most one bf16 ulp apart
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+    assert (got != want).float().mean() < 0.02  # mostly bit-equal: the orders rarely round apart
+
+
+@dot_missing
+def test_bf16_dot_layout_gives_the_weight_back_and_pads_with_zeros():
+    w = torch.randn(20, 8).bfloat16()
+    packed = pack_pairs(w)
+    assert packed.shape == (2, 4, 16, 2)  # [ceil(N / 16), K / 2, 16, 2]
+    assert torch.equal(packed[0, 1, 3], w[3, 2:4])  # block 0, columns 2-3, row 3
+    assert torch.equal(packed[1, :, :4].permute(1, 0, 2).reshape(4, 8), w[16:]) and not packed[1, :, 4:].any()
+    lin = torch.nn.Linear(8, 20, bias=False).to(torch.bfloat16)
+    assert torch.equal(Bf16DotLinear(lin).weight, lin.weight)
+
+
+@dot_missing
+def test_bf16_dot_concat_splits_into_each_linears_own_output():
+    lins = [torch.nn.Linear(64, n, bias=True).to(torch.bfloat16).requires_grad_(False) for n in (48, 16, 16)]
+    fused = Bf16DotLinear.concat(lins)
+    assert fused.out_splits == (48, 16, 16)
+    x = torch.randn(5, 64).bfloat16()
+    for got, lin in zip(fused(x).split(fused.out_splits, dim=-1), lins):
+        assert torch.equal(got, Bf16DotLinear(lin)(x))  # the same sums in the same order: bit-equal
+
+
+@dot_missing
+def test_bf16_dot_takes_leading_dims_and_refuses_what_it_cannot_run():
+    lin = torch.nn.Linear(32, 24, bias=False).to(torch.bfloat16)
+    dot = Bf16DotLinear(lin)
+    x = torch.randn(2, 3, 32).bfloat16()
+    assert torch.equal(dot(x), dot(x.reshape(6, 32)).reshape(2, 3, 24))
+    with pytest.raises(ValueError, match="bf16 x"):
+        dot(torch.randn(2, 32))  # fp32 activations
+    with pytest.raises(ValueError, match="K even"):
+        pack_pairs(torch.randn(4, 7).bfloat16())
+    assert not Bf16DotLinear.supports(torch.nn.Linear(7, 4))
