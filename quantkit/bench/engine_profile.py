@@ -3,10 +3,13 @@
   python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
                                          [--decode-batch 8] [--prefill 8:256] [--model PATH]
                                          [--int8-activations] [--lm-head auto|int8|float]
+                                         [--float-linears auto|onednn]
 
 --decode-batch N adds a workload "c xN": N requests of (c)'s shape (128 in, 128 out) decoding together.
 --prefill N:LEN adds "prefill NxLEN": N random prompts of LEN tokens, one token out (one prefill step when
 N x LEN fits the step's token budget), on fresh prompts each repeat (no prefix-cache hits).
+--float-linears onednn loads the float linears as oneDNN-prepacked where the engine would run quantkit's bf16
+kernel (quantkit.bench.bf16_dot).
 --model PATH profiles that checkpoint instead of the random 1024-hidden Llama (`--workloads ""` with it
 when its vocabulary is smaller than (a)-(c)'s token ids).
 
@@ -187,6 +190,7 @@ def prefill(n: int, length: int, vocab: int, seed: int):
 
 
 def main() -> None:
+    from quantkit.bench.bf16_dot import onednn_linears
     from quantkit.bench.engine_vs_vllm import MAX_MODEL_LEN, make_dense, workloads
     from quantkit.engine import LLM, SamplingParams
     from quantkit.devices import auto_cpu_dtype
@@ -203,16 +207,20 @@ def main() -> None:
     ap.add_argument("--int8-activations", action="store_true", help="EngineConfig.cpu_int8_activations")
     ap.add_argument("--lm-head", choices=tuple(LM_HEAD), default="auto",
                     help="EngineConfig.cpu_int8_lm_head: auto (the engine's default), int8 or float")
+    ap.add_argument("--float-linears", choices=("auto", "onednn"), default="auto",
+                    help="auto: the engine's choice; onednn: oneDNN's prepacked GEMM even where the bf16 kernel runs")
     args = ap.parse_args()
     if unknown := set(args.paths.split(",")) - set(PATHS):
         ap.error(f"unknown paths {sorted(unknown)}: choose from {', '.join(PATHS)}")
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_dense(Path(tmp)))
-        llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads,
-                  cpu_int8_activations=args.int8_activations, cpu_int8_lm_head=LM_HEAD[args.lm_head])
+        with onednn_linears() if args.float_linears == "onednn" else contextlib.nullcontext():
+            llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads,
+                      cpu_int8_activations=args.int8_activations, cpu_int8_lm_head=LM_HEAD[args.lm_head])
     flags = [f for f, on in (("int8 activations", args.int8_activations),
-                             (f"{args.lm_head} lm_head", args.lm_head != "auto")) if on]
+                             (f"{args.lm_head} lm_head", args.lm_head != "auto"),
+                             ("oneDNN float linears", args.float_linears == "onednn")) if on]
     name = (args.model or "random Llama (hidden 1024, 8 layers)") + "".join(f", {f}" for f in flags)
     print(f"{name}, {dtype}, {torch.get_num_threads()} threads")
     print("| workload | path | tok/s | steps | ms/step | " + " | ".join(PARTS) + " |")
