@@ -216,9 +216,108 @@ void for_tiles(const A& a, int64_t b, Tile tile) {
   }
 }
 
+// 8 columns' codes at once (64 bytes at p = block + k * 8, k a multiple of 8) -> four vdpbf16ps operands: operand c,
+// 32-bit lane 4L + q, holds rows 4c + q of columns k + 2L, k + 2L + 1 as bf16 (128 + code). One in-lane byte shuffle
+// puts each 128-bit lane's column pair side by side, a mask and a shift split the nibbles, and interleaving the codes
+// with the byte 0x43 makes the bf16 values: 9 vector ops for 4 operands, where unpack_pair takes 6 for one. The cost is
+// that a lane adds up one column pair of each group of 8 only (lanes_to_rows sums them at the end of a tile).
+inline void unpack_eight(const uint8_t* p, __m512bh (&w)[4]) {
+  const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15));
+  const __m512i v = _mm512_shuffle_epi8(_mm512_loadu_si512(p), order);
+  const __m512i nibble = _mm512_set1_epi8(15), exponent = _mm512_set1_epi8(0x43);
+  const __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  w[0] = (__m512bh)_mm512_unpacklo_epi8(lo, exponent);
+  w[1] = (__m512bh)_mm512_unpackhi_epi8(lo, exponent);
+  w[2] = (__m512bh)_mm512_unpacklo_epi8(hi, exponent);
+  w[3] = (__m512bh)_mm512_unpackhi_epi8(hi, exponent);
+}
+
+// x[k + 2L], x[k + 2L + 1] in every 32-bit lane of 128-bit lane L (the operand unpack_eight's lanes meet)
+inline __m512bh quad(const uint16_t* x) {
+  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  return (__m512bh)_mm512_permutexvar_epi32(idx, _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+}
+
+// v[c], lane 4L + q, a part of row 4c + q -> lane r the sum of row r's four parts
+inline __m512 lanes_to_rows(const __m512 (&v)[4]) {
+  __m512 rows = _mm512_setzero_ps();
+  for (int c = 0; c < 4; ++c) {
+    __m512 t = _mm512_add_ps(v[c], _mm512_shuffle_f32x4(v[c], v[c], _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));  // every 128-bit lane: the sum
+    rows = _mm512_mask_mov_ps(rows, static_cast<__mmask16>(0xF << (4 * c)), t);
+  }
+  return rows;
+}
+
+// Rows m0..m0+MT-1 of x against block b, 8 columns a step (unpack_eight; the group size a multiple of 8). For 1 or 2
+// rows, where the one-pair tile spends most of its time unpacking: over a batch-1 decode step's int4 linears it read
+// the codes at 27 GB/s, this tile at 35 (1.30x; 2 rows 1.11-1.25x). From 4 rows the unpacking is shared enough:
+// two 2-row passes of this tile ran 4 rows 0.90x of the one-pair tile (docs/BENCHMARKS.md). The scales and zero points are
+// applied in the operands' lane order, the zero point's xsum a quarter in each of a row's four lanes.
+template <int MT, typename T>
+void lane_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+  constexpr int U = MT == 1 ? 2 : 1;  // 8 chains at one row
+  const uint8_t* w = a.w + b * a.K * 8;
+  const T* sz = a.sz + b * a.G * 2 * kRows;
+  const uint16_t* x[MT];
+  for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
+  __m512i rows_of[4];  // lane 4L + q -> row 4c + q
+  for (int c = 0; c < 4; ++c) rows_of[c] = _mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+  __m512 out[4][MT];
+  for (int c = 0; c < 4; ++c)
+    for (int m = 0; m < MT; ++m) out[c][m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m512 acc[U][4][MT];
+    for (int u = 0; u < U; ++u)
+      for (int c = 0; c < 4; ++c)
+        for (int m = 0; m < MT; ++m) acc[u][c][m] = _mm512_setzero_ps();
+    auto step = [&](int u, int64_t k) {
+      __m512bh wv[4];
+      unpack_eight(w + k * 8, wv);
+      for (int m = 0; m < MT; ++m) {
+        const __m512bh xv = quad(x[m] + k);
+        for (int c = 0; c < 4; ++c) acc[u][c][m] = _mm512_dpbf16_ps(acc[u][c][m], xv, wv[c]);
+      }
+    };
+    const int64_t k1 = (g + 1) * a.gs;
+    int64_t k = g * a.gs;
+    for (; k + 8 * U <= k1; k += 8 * U)
+      for (int u = 0; u < U; ++u) step(u, k + 8 * u);
+    for (; k < k1; k += 8) step(0, k);
+    const T* s = sz + g * 2 * kRows;
+    const __m512 scale = load16(s), zero = _mm512_add_ps(load16(s + kRows), _mm512_set1_ps(128.f));
+    for (int c = 0; c < 4; ++c) {
+      const __m512 sc = _mm512_permutexvar_ps(rows_of[c], scale), zc = _mm512_permutexvar_ps(rows_of[c], zero);
+      for (int m = 0; m < MT; ++m) {
+        __m512 d = acc[0][c][m];
+        for (int u = 1; u < U; ++u) d = _mm512_add_ps(d, acc[u][c][m]);
+        const __m512 xs = _mm512_set1_ps(0.25f * a.xsum[(m0 + m) * a.G + g]);
+        out[c][m] = _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zc, d), sc, out[c][m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    const __m512 parts[4] = {out[0][m], out[1][m], out[2][m], out[3][m]};
+    _mm512_storeu_ps(o + m * kRows, lanes_to_rows(parts));
+  }
+}
+
+// Whether 1-2 rows run lane_tile (the default) or the one-pair tile: a switch so that a benchmark can time both in
+// one process (set_lane_tiles).
+inline bool& lane_tiles() {
+  static bool on = true;
+  return on;
+}
+
 template <typename T>
 void block(const Args<T>& a, int64_t b) {
-  for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
+  for_tiles(a, b, [&](auto mt, int64_t m0, float* o) {
+    constexpr int MT = decltype(mt)::value;
+    if constexpr (MT <= 2) {
+      if (a.gs % 8 == 0 && lane_tiles()) return lane_tile<MT>(a, b, m0, o);
+    }
+    tile<MT>(a, b, m0, o);
+  });
 }
 
 }  // namespace int4bf16

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
@@ -329,6 +330,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
+  m.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
+        "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);

@@ -137,7 +137,7 @@ def bf16_kernel(kernel):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("m", [1, 3, 5, 8, 33])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 33])  # 1-2 rows: 8 columns a step (unpack_eight), the rest a pair a step
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize(("layout", "sym", "group_size", "act_order"), [
     ("gptq", True, 32, False), ("gptq_v2", False, 32, True), ("awq", False, 32, False), ("gptq", False, -1, False)])
@@ -155,6 +155,35 @@ def test_bf16_kernel_matches_the_reference(bf16_kernel, m, n, k, layout, sym, gr
     out = int4_blocked_linear(xb, w, p.bias, dense_from_m=m + 1)  # the same kernel through the wrapper
     assert out.dtype == torch.bfloat16  # rounded once: within a bf16 ulp (2^-8 relative) of the fp32 result
     torch.testing.assert_close(out.float(), int4_blocked_reference(xb.float(), w, p.bias).float(), rtol=8e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_bf16_kernel_takes_even_groups_not_a_multiple_of_eight(bf16_kernel, m):
+    """Groups of 6 and 10 columns: 1-2 rows fall back from 8 columns a step to a pair a step."""
+    for group_size in (6, 10):
+        p = checkpoint(48, 120, group_size, "gptq_v2", False, False, seed=group_size)
+        w = repack(p)
+        xb = torch.randn(m, 120, generator=torch.Generator().manual_seed(m)).bfloat16()
+        got = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 48, w.group_size)
+        torch.testing.assert_close(got, int4_blocked_reference(xb.float(), w, None), **TOL)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_bf16_kernel_switch_between_tiles_keeps_the_result(bf16_kernel, m):
+    """set_lane_tiles(False): 1-2 rows run a column pair a step (the benchmark's baseline); both match the reference."""
+    p = checkpoint(272, 512, 128, "gptq", True, False, seed=m)
+    w = repack(p)
+    xb = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).bfloat16()
+    want = int4_blocked_reference(xb.float(), w, None)
+    assert bf16_kernel.set_lane_tiles(False) is True  # the default is on
+    try:
+        pair = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
+    finally:
+        assert bf16_kernel.set_lane_tiles(True) is False
+    lanes = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
+    torch.testing.assert_close(pair, want, **TOL)
+    torch.testing.assert_close(lanes, want, **TOL)
+    assert not torch.equal(pair, lanes)  # two summation orders: the switch reached the kernel
 
 
 def test_bf16_kernel_rejects_odd_groups(bf16_kernel):

@@ -1,0 +1,87 @@
+"""What 8 columns a step buys the int4 kernel at 1-2 rows of x (int4_bf16_avx512.h: lane_tile, unpack_eight) against
+a column pair a step (the tile of 4 and 8 rows), one process, alternating rounds: the kernel over a decode step's
+int4 linears, then the engine's decode.
+
+  python -m quantkit.bench.int4_lanes [--models-dir out/int4-models] [--threads 2] [--ms 1,2,4] [--batches 1,2]
+                                      [--rounds 9] [--max-tokens 64]
+
+Kernel: the 4-bit GPTQ checkpoint's quantized linears (q/k/v and gate/up fused, as the engine runs them), each called
+once per pass with its own weights; the rate at which a pass reads the packed codes and scales. Engine: decode
+tokens/s as quantkit.bench.int4_engine measures it, the same engine with the switch set each way (`set_lane_tiles`).
+Each row: the medians, and the median of each round's ratio (8 columns / one pair).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    from quantkit.bench.int4_engine import _wall, checkpoints, decode_tok_s
+    from quantkit.engine import LLM
+    from quantkit.kernels.int4_cpu import extension
+    from quantkit.model.quant_linear import QuantLinear
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models-dir", type=Path, default=Path("out/int4-models"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ms", default="1,2,4")
+    ap.add_argument("--batches", default="1,2")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    ext = extension()
+    if ext is None or not hasattr(ext, "set_lane_tiles"):
+        raise SystemExit("the int4 kernel's bf16 tiles are not built here (no AVX-512 BF16)")
+    torch.set_num_threads(args.threads)
+    llm = LLM(str(checkpoints(args.models_dir)["4-bit GPTQ"]), dtype="bfloat16", max_model_len=1024,
+              max_num_seqs=8, num_threads=args.threads)
+    direct = [m._direct for m in llm.engine.model.modules() if isinstance(m, QuantLinear) and m._direct is not None]
+    nbytes = sum(d.packed.numel() + d.scale_zero.numel() * d.scale_zero.element_size() for d in direct)
+    settings = {"8 columns": True, "one pair": False}
+    print(f"{len(direct)} int4 linears, {nbytes / 2**20:.1f} MiB of codes and scales, bf16, {args.threads} threads, "
+          f"{args.rounds} alternating rounds")
+    print("| run | 8 columns a step | one pair a step | ratio, median per round |")
+    print("|---|---|---|---|")
+
+    def row(label: str, unit: str, got: dict[str, list[float]], faster_is_higher: bool) -> None:
+        a, b = got["8 columns"], got["one pair"]
+        ratios = [x / y if faster_is_higher else y / x for x, y in zip(a, b)]
+        print(f"| {label} | {statistics.median(a):.2f} {unit} | {statistics.median(b):.2f} {unit} | "
+              f"**{statistics.median(ratios):.2f}x** |", flush=True)
+
+    try:
+        with torch.inference_mode():
+            for m in [int(v) for v in args.ms.split(",")]:
+                xs = {d.packed.shape[1]: torch.randn(m, d.packed.shape[1]).bfloat16() for d in direct}
+                got: dict[str, list[float]] = {name: [] for name in settings}
+                for _ in range(args.rounds):
+                    for name, on in settings.items():
+                        ext.set_lane_tiles(on)
+                        t = time.perf_counter()
+                        for d in direct:
+                            d(xs[d.packed.shape[1]])
+                        got[name].append((time.perf_counter() - t) * 1e3)
+                row(f"kernel, M = {m} ({nbytes / statistics.median(got['8 columns']) / 1e6:.1f} against "
+                    f"{nbytes / statistics.median(got['one pair']) / 1e6:.1f} GB/s)", "ms", got, False)
+        g = torch.Generator().manual_seed(0)
+        for b in [int(v) for v in args.batches.split(",")]:
+            prompts = [torch.randint(3, 32000, (128,), generator=g).tolist() for _ in range(b)]
+            _wall(llm, prompts, 2)  # warm-up at this batch size, not counted
+            got = {name: [] for name in settings}
+            for _ in range(args.rounds):
+                for name, on in settings.items():
+                    ext.set_lane_tiles(on)
+                    got[name].append(decode_tok_s(llm, prompts, args.max_tokens))
+            row(f"engine decode, batch {b}", "tok/s", got, True)
+    finally:
+        ext.set_lane_tiles(True)
+
+
+if __name__ == "__main__":
+    main()
