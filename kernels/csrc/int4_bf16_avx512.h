@@ -320,6 +320,86 @@ void block(const Args<T>& a, int64_t b) {
   });
 }
 
+// Rows m0..m0+7 of x against blocks b and b + 1 at once: each broadcast pair of x serves both blocks, so the 8-row
+// tile issues half the broadcasts per vdpbf16ps of the one-block tile (the bf16 kernel's wide tile does the same,
+// bf16_dot_avx512.h): 1.07-1.15x the one-block tile at 8-64 rows (docs/BENCHMARKS.md). 16 accumulators; each group's sums are scaled into o[2][8][16] in memory, since a second set
+// of 16 registers for them would spill.
+template <typename T>
+void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+  constexpr int MT = 8, NB = 2;
+  const uint8_t* w[NB];
+  const T* sz[NB];
+  for (int j = 0; j < NB; ++j) {
+    w[j] = a.w + (b + j) * a.K * 8;
+    sz[j] = a.sz + (b + j) * a.G * 2 * kRows;
+  }
+  const uint16_t* x[MT];
+  for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
+  for (int i = 0; i < NB * MT; ++i) _mm512_storeu_ps(o + i * kRows, _mm512_setzero_ps());
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m512 acc[NB][MT];
+    for (int j = 0; j < NB; ++j)
+      for (int m = 0; m < MT; ++m) acc[j][m] = _mm512_setzero_ps();
+    for (int64_t k = g * a.gs; k < (g + 1) * a.gs; k += 2) {
+      if ((k & 7) == 0)  // the next two blocks' line for these columns (one 64-byte line holds 8 columns)
+        for (int j = 0; j < NB; ++j) prefetch_next_block(w[j] + a.K * 8, a.K, k);
+      __m512bh wv[NB];
+      for (int j = 0; j < NB; ++j) wv[j] = unpack_pair(w[j] + k * 8);
+      for (int m = 0; m < MT; ++m) {
+        const __m512bh xv = pair(x[m] + k);
+        for (int j = 0; j < NB; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], xv, wv[j]);
+      }
+    }
+    for (int j = 0; j < NB; ++j) {
+      const T* s = sz[j] + g * 2 * kRows;
+      const __m512 scale = load16(s), zero = _mm512_add_ps(load16(s + kRows), _mm512_set1_ps(128.f));
+      for (int m = 0; m < MT; ++m) {
+        float* p = o + (j * MT + m) * kRows;
+        const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]);
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zero, acc[j][m]), scale, _mm512_loadu_ps(p)));
+      }
+    }
+  }
+}
+
+// Whether 8 rows and more run wide_tile over pairs of blocks (the default) or the one-block tile: a switch so that a
+// benchmark can time both in one process (set_wide_tiles).
+inline bool& wide_tiles() {
+  static bool on = true;
+  return on;
+}
+
+// Blocks b0..b1-1 for every row of x: pairs of blocks in wide tiles of 8 rows, the rows past the last 8 and a last
+// unpaired block by block().
+template <typename T>
+void blocks(const Args<T>& a, int64_t b0, int64_t b1) {
+  int64_t b = b0;
+  if (a.M >= 8 && wide_tiles()) {
+    const int64_t m8 = a.M / 8 * 8;
+    Args<T> rest = a;  // rows m8.. of x
+    rest.x = a.x + m8 * a.K;
+    rest.xsum = a.xsum + m8 * a.G;
+    rest.out = a.out != nullptr ? a.out + m8 * a.N : nullptr;
+    rest.out_bf16 = a.out_bf16 != nullptr ? a.out_bf16 + m8 * a.N : nullptr;
+    rest.M = a.M - m8;
+    float o[2 * 8 * kRows];
+    for (; b + 2 <= b1; b += 2) {
+      for (int64_t m0 = 0; m0 < m8; m0 += 8) {
+        wide_tile(a, b, m0, o);
+        for (int j = 0; j < 2; ++j) {
+          const int64_t n0 = (b + j) * kRows;
+          if (n0 < a.N) store_rows(a.out, a.out_bf16, a.N, n0, std::min<int64_t>(kRows, a.N - n0), m0, 8, o + j * 8 * kRows);
+        }
+      }
+      if (rest.M > 0) {
+        block(rest, b);
+        block(rest, b + 1);
+      }
+    }
+  }
+  for (; b < b1; ++b) block(a, b);
+}
+
 }  // namespace int4bf16
 
 #endif

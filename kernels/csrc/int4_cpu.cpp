@@ -254,7 +254,7 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
   with_scales(sz, [&](auto* s) {
     const int4bf16::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
         c.xp, xsum.data(), packed.data_ptr<uint8_t>(), s, c.of, c.ob, c.m, c.k, n, c.k / gs, gs};
-    over_blocks(packed.size(0), [&](int64_t b) { int4bf16::block(args, b); });
+    at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4bf16::blocks(args, b0, b1); });
   });
   return c.out;
 }
@@ -330,6 +330,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
+  m.def("set_wide_tiles", [](bool on) { return std::exchange(int4bf16::wide_tiles(), on); },
+        "8 rows of x and more: pairs of blocks a tile (True, the default) or one; returns the previous setting");
   m.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",

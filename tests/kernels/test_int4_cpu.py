@@ -168,18 +168,20 @@ def test_bf16_kernel_takes_even_groups_not_a_multiple_of_eight(bf16_kernel, m):
         torch.testing.assert_close(got, int4_blocked_reference(xb.float(), w, None), **TOL)
 
 
-@pytest.mark.parametrize("m", [1, 2])
-def test_bf16_kernel_switch_between_tiles_keeps_the_result(bf16_kernel, m):
-    """set_lane_tiles(False): 1-2 rows run a column pair a step (the benchmark's baseline); both match the reference."""
+@pytest.mark.parametrize(("m", "switch"), [(1, "set_lane_tiles"), (2, "set_lane_tiles"), (8, "set_wide_tiles"),
+                                           (19, "set_wide_tiles")])
+def test_bf16_kernel_switch_between_tiles_keeps_the_result(bf16_kernel, m, switch):
+    """The benchmarks' baselines: set_lane_tiles(False) runs 1-2 rows a column pair a step, set_wide_tiles(False) 8
+    rows and more one block a tile; both ways match the reference (272 rows: 17 blocks, one left unpaired)."""
     p = checkpoint(272, 512, 128, "gptq", True, False, seed=m)
     w = repack(p)
     xb = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).bfloat16()
     want = int4_blocked_reference(xb.float(), w, None)
-    assert bf16_kernel.set_lane_tiles(False) is True  # the default is on
+    assert getattr(bf16_kernel, switch)(False) is True  # the default is on
     try:
         pair = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     finally:
-        assert bf16_kernel.set_lane_tiles(True) is False
+        assert getattr(bf16_kernel, switch)(True) is False
     lanes = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     torch.testing.assert_close(pair, want, **TOL)
     torch.testing.assert_close(lanes, want, **TOL)

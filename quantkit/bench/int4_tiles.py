@@ -1,14 +1,15 @@
-"""What 8 columns a step buys the int4 kernel at 1-2 rows of x (int4_bf16_avx512.h: lane_tile, unpack_eight) against
-a column pair a step (the tile of 4 and 8 rows), one process, alternating rounds: the kernel over a decode step's
-int4 linears, then the engine's decode.
+"""What the int4 kernel's newer tiles buy (int4_bf16_avx512.h), each against the tile it replaced, one process,
+alternating rounds: at 1-2 rows of x, 8 columns a step (lane_tile, unpack_eight; switch `set_lane_tiles`) against a
+column pair a step; from 8 rows, two blocks a tile (wide_tile; `set_wide_tiles`) against one. The kernel over a decode
+step's int4 linears, then the engine's decode.
 
-  python -m quantkit.bench.int4_lanes [--models-dir out/int4-models] [--threads 2] [--ms 1,2,4] [--batches 1,2]
-                                      [--rounds 9] [--max-tokens 64]
+  python -m quantkit.bench.int4_tiles [--models-dir out/int4-models] [--threads 2] [--ms 1,2,8,16]
+                                      [--batches 1,2,8] [--rounds 9] [--max-tokens 64]
 
 Kernel: the 4-bit GPTQ checkpoint's quantized linears (q/k/v and gate/up fused, as the engine runs them), each called
 once per pass with its own weights; the rate at which a pass reads the packed codes and scales. Engine: decode
-tokens/s as quantkit.bench.int4_engine measures it, the same engine with the switch set each way (`set_lane_tiles`).
-Each row: the medians, and the median of each round's ratio (8 columns / one pair).
+tokens/s as quantkit.bench.int4_engine measures it, the same engine with the switch set each way. Rows of x or batch
+sizes of 3-7 run neither tile and are refused. Each row: the medians, and the median of each round's ratio (new / old).
 """
 
 from __future__ import annotations
@@ -30,57 +31,65 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models-dir", type=Path, default=Path("out/int4-models"))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ms", default="1,2,4")
-    ap.add_argument("--batches", default="1,2")
+    ap.add_argument("--ms", default="1,2,8,16")
+    ap.add_argument("--batches", default="1,2,8")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
     ext = extension()
     if ext is None or not hasattr(ext, "set_lane_tiles"):
         raise SystemExit("the int4 kernel's bf16 tiles are not built here (no AVX-512 BF16)")
+    ms, batches = [int(v) for v in args.ms.split(",")], [int(v) for v in args.batches.split(",")]
+    if any(2 < v < 8 for v in ms + batches):
+        ap.error("rows and batch sizes of 3-7 run neither of the two tiles: choose 1, 2 or 8 and more")
+
+    def switch(rows: int):
+        return ext.set_lane_tiles if rows <= 2 else ext.set_wide_tiles
     torch.set_num_threads(args.threads)
     llm = LLM(str(checkpoints(args.models_dir)["4-bit GPTQ"]), dtype="bfloat16", max_model_len=1024,
               max_num_seqs=8, num_threads=args.threads)
     direct = [m._direct for m in llm.engine.model.modules() if isinstance(m, QuantLinear) and m._direct is not None]
     nbytes = sum(d.packed.numel() + d.scale_zero.numel() * d.scale_zero.element_size() for d in direct)
-    settings = {"8 columns": True, "one pair": False}
+    settings = {"new": True, "old": False}
     print(f"{len(direct)} int4 linears, {nbytes / 2**20:.1f} MiB of codes and scales, bf16, {args.threads} threads, "
           f"{args.rounds} alternating rounds")
-    print("| run | 8 columns a step | one pair a step | ratio, median per round |")
+    print("| run | new tile | old tile | new / old, median per round |")
     print("|---|---|---|---|")
 
     def row(label: str, unit: str, got: dict[str, list[float]], faster_is_higher: bool) -> None:
-        a, b = got["8 columns"], got["one pair"]
+        a, b = got["new"], got["old"]
         ratios = [x / y if faster_is_higher else y / x for x, y in zip(a, b)]
         print(f"| {label} | {statistics.median(a):.2f} {unit} | {statistics.median(b):.2f} {unit} | "
               f"**{statistics.median(ratios):.2f}x** |", flush=True)
 
     try:
         with torch.inference_mode():
-            for m in [int(v) for v in args.ms.split(",")]:
+            for m in ms:
                 xs = {d.packed.shape[1]: torch.randn(m, d.packed.shape[1]).bfloat16() for d in direct}
                 got: dict[str, list[float]] = {name: [] for name in settings}
                 for _ in range(args.rounds):
                     for name, on in settings.items():
-                        ext.set_lane_tiles(on)
+                        switch(m)(on)
                         t = time.perf_counter()
                         for d in direct:
                             d(xs[d.packed.shape[1]])
                         got[name].append((time.perf_counter() - t) * 1e3)
-                row(f"kernel, M = {m} ({nbytes / statistics.median(got['8 columns']) / 1e6:.1f} against "
-                    f"{nbytes / statistics.median(got['one pair']) / 1e6:.1f} GB/s)", "ms", got, False)
+                tile = "8 columns a step" if m <= 2 else "two blocks a tile"
+                row(f"kernel, M = {m}, {tile} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
+                    f"{nbytes / statistics.median(got['old']) / 1e6:.1f} GB/s)", "ms", got, False)
         g = torch.Generator().manual_seed(0)
-        for b in [int(v) for v in args.batches.split(",")]:
+        for b in batches:
             prompts = [torch.randint(3, 32000, (128,), generator=g).tolist() for _ in range(b)]
             _wall(llm, prompts, 2)  # warm-up at this batch size, not counted
             got = {name: [] for name in settings}
             for _ in range(args.rounds):
                 for name, on in settings.items():
-                    ext.set_lane_tiles(on)
+                    switch(b)(on)
                     got[name].append(decode_tok_s(llm, prompts, args.max_tokens))
             row(f"engine decode, batch {b}", "tok/s", got, True)
     finally:
         ext.set_lane_tiles(True)
+        ext.set_wide_tiles(True)
 
 
 if __name__ == "__main__":
