@@ -194,14 +194,25 @@ def bf16_kernel(w: Int4Blocked) -> bool:
 
 
 def _dense_tiles(ext, x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
-    """x [M, K] @ W.T with W dequantized DENSE_TILE_ROWS rows at a time, in x's dtype (the large-M path)."""
+    """x [M, K] @ W.T with W dequantized DENSE_TILE_ROWS rows at a time, in x's dtype (the large-M path). bf16 x
+    where the bf16 kernel runs: each tile dequantized straight into its layout and multiplied by it
+    (`int4_dequantize_pairs`, `Bf16DotLinear`'s kernel); else fp32 tiles (cast to x's dtype) and F.linear."""
+    from quantkit.kernels import bf16_cpu
+
+    pairs = (x.dtype == torch.bfloat16 and w.group_size % 2 == 0 and hasattr(ext, "int4_dequantize_pairs")
+             and bf16_cpu.bf16_dot_available())
     n, out = w.out_features, x.new_empty(x.shape[0], w.out_features)
     for n0 in range(0, n, DENSE_TILE_ROWS):
         n1 = min(n, n0 + DENSE_TILE_ROWS)
-        tile = ext.int4_dequantize(w.packed, w.scale_zero, n, w.group_size, n0, n1).to(x.dtype)
+        if pairs:
+            tile = ext.int4_dequantize_pairs(w.packed, w.scale_zero, n, w.group_size, n0, n1)
+            part = bf16_cpu.extension().bf16_dot_linear(x, tile, n1 - n0, None)
+        else:
+            tile = ext.int4_dequantize(w.packed, w.scale_zero, n, w.group_size, n0, n1).to(x.dtype)
+            part = torch.nn.functional.linear(x, tile)
         if n1 - n0 == n:
-            return torch.nn.functional.linear(x, tile)
-        out[:, n0:n1] = torch.nn.functional.linear(x, tile)
+            return part
+        out[:, n0:n1] = part
     return out
 
 

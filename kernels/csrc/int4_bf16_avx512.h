@@ -362,6 +362,34 @@ void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   }
 }
 
+// Column k of a block's codes (8 bytes at p) -> 16 fp32 lanes, row order
+inline __m512 column_codes(const uint8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i nibble = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(bytes, nibble), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+}
+
+// One block of W4 (codes at w, scales and zeros at sz) dequantized into the bf16 kernel's pair layout (out: [K / 2,
+// 16, 2] bf16 bits, bf16_dot_avx512.h): each value (q - z) * s in fp32, as int4_dequantize computes it, rounded to
+// nearest even as .to(torch.bfloat16) rounds. The large-M path multiplies such tiles with the bf16 kernel.
+template <typename T>
+void dequantize_pairs(const uint8_t* w, const T* sz, int64_t K, int64_t gs, uint16_t* out) {
+  // word 2i <- word i, word 2i + 1 <- word 16 + i (_mm512_set_epi16 lists words 31 down to 0)
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                              21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t g = 0; g < K / gs; ++g) {
+    const T* s = sz + g * 2 * kRows;
+    const __m512 scale = load16(s), zero = load16(s + kRows);
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 2) {
+      const __m512 a = _mm512_mul_ps(_mm512_sub_ps(column_codes(w + k * 8), zero), scale);
+      const __m512 b = _mm512_mul_ps(_mm512_sub_ps(column_codes(w + (k + 1) * 8), zero), scale);
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // words 0-15: column k, 16-31: column k + 1
+      _mm512_storeu_si512(out + k * kRows, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+
 // Whether 8 rows and more run wide_tile over pairs of blocks (the default) or the one-block tile: a switch so that a
 // benchmark can time both in one process (set_wide_tiles).
 inline bool& wide_tiles() {

@@ -242,6 +242,28 @@ void with_scales(const torch::Tensor& sz, Fn fn) {
 
 }  // namespace
 
+// Rows n0..n1-1 of W4 (n0 a multiple of 16) dequantized to bf16 in the bf16 kernel's pair layout, [ceil((n1 - n0) /
+// 16), K / 2, 16, 2] (rows past n1 in the last block: the next rows' values, or zero past N), for
+// quantkit_bf16.bf16_dot_linear with N = n1 - n0.
+torch::Tensor int4_dequantize_pairs(torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs, int64_t n0,
+                                    int64_t n1) {
+  const int64_t k = packed.size(1);
+  check(packed, sz, k, n, gs);
+  TORCH_CHECK(0 <= n0 && n0 < n1 && n1 <= n && n0 % kRows == 0, "rows n0..n1 must lie in [0, N), n0 a multiple of 16");
+  TORCH_CHECK(gs % 2 == 0, "the pair layout takes column pairs: the group size must be even");
+  const int64_t b0 = n0 / kRows, blocks = (n1 - n0 + kRows - 1) / kRows, groups = k / gs;
+  auto out = torch::empty({blocks, k / 2, kRows, 2}, packed.options().dtype(torch::kBFloat16));
+  auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  with_scales(sz, [&](auto* s) {
+    at::parallel_for(0, blocks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c)
+        int4bf16::dequantize_pairs(w + (b0 + c) * k * 8, s + (b0 + c) * groups * 2 * kRows, k, gs, o + c * k * kRows);
+    });
+  });
+  return out;
+}
+
 // x bf16 [M, K] (columns already permuted for act-order) -> [M, N] by vdpbf16ps (int4_bf16_avx512.h): fp32, or
 // with out_bf16 the fp32 sums rounded to bf16 as they are stored (what .to(torch.bfloat16) of the fp32 result gives).
 torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
@@ -330,6 +352,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
+  m.def("int4_dequantize_pairs", &int4_dequantize_pairs,
+        "rows n0..n1 of W4 as bf16 in the bf16 kernel's pair layout [ceil((n1 - n0) / 16), K / 2, 16, 2]");
   m.def("set_wide_tiles", [](bool on) { return std::exchange(int4bf16::wide_tiles(), on); },
         "8 rows of x and more: pairs of blocks a tile (True, the default) or one; returns the previous setting");
   m.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },

@@ -1,10 +1,12 @@
 """What the int4 kernel's newer tiles buy (int4_bf16_avx512.h), each against the tile it replaced, one process,
 alternating rounds: at 1-2 rows of x, 8 columns a step (lane_tile, unpack_eight; switch `set_lane_tiles`) against a
 column pair a step; from 8 rows, two blocks a tile (wide_tile; `set_wide_tiles`) against one. The kernel over a decode
-step's int4 linears, then the engine's decode.
+step's int4 linears, then the engine's decode. Then the large-M path (int4_cpu._dense_tiles, from 160 rows): tiles
+dequantized into the bf16 kernel's layout (int4_dequantize_pairs) against fp32 tiles cast to bf16 for F.linear, with
+the kernel beside them (where the two paths cross: int4_cpu.DENSE_FROM_M_BF16_KERNEL).
 
   python -m quantkit.bench.int4_tiles [--models-dir out/int4-models] [--threads 2] [--ms 1,2,8,16]
-                                      [--batches 1,2,8] [--rounds 9] [--max-tokens 64]
+                                      [--batches 1,2,8] [--dense-ms 64,128,160,512] [--rounds 9] [--max-tokens 64]
 
 Kernel: the 4-bit GPTQ checkpoint's quantized linears (q/k/v and gate/up fused, as the engine runs them), each called
 once per pass with its own weights; the rate at which a pass reads the packed codes and scales. Engine: decode
@@ -15,6 +17,7 @@ sizes of 3-7 run neither tile and are refused. Each row: the medians, and the me
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +36,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ms", default="1,2,8,16")
     ap.add_argument("--batches", default="1,2,8")
+    ap.add_argument("--dense-ms", default="64,128,160,512")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args()
@@ -87,9 +91,37 @@ def main() -> None:
                     switch(b)(on)
                     got[name].append(decode_tok_s(llm, prompts, args.max_tokens))
             row(f"engine decode, batch {b}", "tok/s", got, True)
+        dense(llm, [int(v) for v in args.dense_ms.split(",")], args.rounds)
     finally:
         ext.set_lane_tiles(True)
         ext.set_wide_tiles(True)
+
+
+def dense(llm, ms: list[int], rounds: int) -> None:
+    """The large-M path both ways, and the kernel, over the checkpoint's int4 linears (GMAC/s, medians)."""
+    from quantkit.bench.bf16_dot import onednn_linears
+    from quantkit.kernels.int4_cpu import int4_blocked_linear
+    from quantkit.model.quant_linear import QuantLinear
+
+    ws = [m._cpu for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
+    macs = sum(w.out_features * w.packed.shape[1] for w in ws)
+    print("| M | kernel | dense tiles, bf16 kernel | dense tiles, F.linear | bf16 kernel / F.linear, per round |")
+    print("|---|---|---|---|---|")
+    with torch.inference_mode():
+        for m in ms:
+            xs = {w.packed.shape[1]: torch.randn(m, w.packed.shape[1]).bfloat16() for w in ws}
+            got: dict[str, list[float]] = {"kernel": [], "pairs": [], "F.linear": []}
+            for _ in range(rounds):
+                for name in got:
+                    with onednn_linears() if name == "F.linear" else contextlib.nullcontext():
+                        t = time.perf_counter()
+                        for w in ws:
+                            int4_blocked_linear(xs[w.packed.shape[1]], w, None, dense_from_m=m + 1 if name == "kernel" else 0)
+                        got[name].append(time.perf_counter() - t)
+            rate = {name: m * macs / statistics.median(v) / 1e9 for name, v in got.items()}
+            ratio = statistics.median(b / a for a, b in zip(got["pairs"], got["F.linear"]))
+            print(f"| {m} | {rate['kernel']:.0f} GMAC/s | {rate['pairs']:.0f} | {rate['F.linear']:.0f} | **{ratio:.2f}x** |",
+                  flush=True)
 
 
 if __name__ == "__main__":

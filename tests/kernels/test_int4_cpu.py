@@ -188,6 +188,46 @@ def test_bf16_kernel_switch_between_tiles_keeps_the_result(bf16_kernel, m, switc
     assert not torch.equal(pair, lanes)  # two summation orders: the switch reached the kernel
 
 
+@pytest.mark.parametrize("fp32_scales", [False, True])
+def test_dequantize_pairs_is_the_dequantized_tile_in_the_bf16_kernels_layout(bf16_kernel, fp32_scales):
+    from quantkit.kernels.bf16_cpu import bf16_dot_available, pack_pairs
+
+    if not bf16_dot_available():
+        pytest.skip("the bf16 dot kernel needs AVX-512 BF16")
+    w = repack(checkpoint(104, 256, 64, "gptq_v2", False, True, seed=5))  # act-order: columns already permuted
+    if fp32_scales:
+        w = int4_cpu.Int4Blocked(w.packed, w.scale_zero.float(), w.out_features, w.group_size, w.perm)
+    for n0, n1 in [(0, 104), (0, 48), (48, 104), (96, 104)]:  # the last blocks short of 16 rows
+        got = bf16_kernel.int4_dequantize_pairs(w.packed, w.scale_zero, 104, 64, n0, n1)
+        dense = bf16_kernel.int4_dequantize(w.packed, w.scale_zero, 104, 64, n0, n1).bfloat16()
+        assert torch.equal(got.permute(0, 2, 1, 3).reshape(-1, 256)[: n1 - n0], dense)  # bit for bit
+        if (n1 - n0) % 16 == 0:  # (a short last block holds the next rows' values, or zeros, past n1)
+            assert torch.equal(got, pack_pairs(dense))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        bf16_kernel.int4_dequantize_pairs(w.packed, w.scale_zero, 104, 64, 8, 40)
+
+
+@pytest.mark.slow
+def test_bf16_dense_tiles_run_the_bf16_kernel_past_one_tile(bf16_kernel, monkeypatch):
+    """bf16 x from dense_from_m on: tiles dequantized into the bf16 kernel's layout (int4_dequantize_pairs)."""
+    monkeypatch.setattr(int4_cpu, "DENSE_TILE_ROWS", 48)  # 104 rows: three tiles, the last short
+    p = checkpoint(104, 256, 64, "gptq", True, seed=4)
+    w = repack(p)
+    x = torch.randn(37, 256, generator=torch.Generator().manual_seed(4)).bfloat16()
+    calls = []
+    real = bf16_kernel.int4_dequantize_pairs
+    monkeypatch.setattr(int4_cpu, "extension", lambda: type("Ext", (), {
+        **{name: getattr(bf16_kernel, name) for name in dir(bf16_kernel) if not name.startswith("_")},
+        "int4_dequantize_pairs": staticmethod(lambda *a: calls.append(a[4:]) or real(*a))}))
+    got = int4_blocked_linear(x, w, None, dense_from_m=0)  # (a bias is added after, in x's dtype, on every path)
+    assert calls == [(0, 48), (48, 96), (96, 104)]
+    assert got.dtype == torch.bfloat16 and got.shape == (37, 104)
+    # the dense path's arithmetic: the dequantized weights rounded to bf16, fp32 sums, the output rounded to bf16
+    tile = real(w.packed, w.scale_zero, 104, 64, 0, 104).permute(0, 2, 1, 3).reshape(-1, 256)[:104].float()
+    want = torch.nn.functional.linear(x.float(), tile)
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=1e-5)  # one bf16 step
+
+
 def test_bf16_kernel_rejects_odd_groups(bf16_kernel):
     # one block of 16 rows, K = 6 in two groups of 3: the kernel takes input columns in pairs
     w = int4_cpu.Int4Blocked(torch.zeros(1, 6, 8, dtype=torch.uint8), torch.ones(1, 2, 2, 16, dtype=torch.float16),
