@@ -41,6 +41,8 @@ DENSE_FROM_M = 512
 # the AVX-512 BF16 kernel from M = 192 (behind at 128), on the four shapes measured (docs/BENCHMARKS.md,
 # "4-bit linears in bf16").
 DENSE_FROM_M_BF16 = 48
+# With the AVX-512 BF16 kernel, the dense path dequantizes into the bf16 kernel's layout and runs it: the two cross at
+# 128-160 rows over the benchmark model's linears (python -m quantkit.bench.int4_tiles; docs/BENCHMARKS.md).
 DENSE_FROM_M_BF16_KERNEL = 160
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
