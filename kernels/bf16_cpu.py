@@ -4,7 +4,7 @@
 a bf16 result, on a layout of its own (`pack_pairs`: 16 output rows by 2 input columns per 64-byte line, each
 line one `vdpbf16ps` operand as stored). The engine runs a bf16 model's float linears through it instead of
 oneDNN's prepacked GEMM: it reads the weights of a decode step closer to the memory's pace and matches oneDNN
-on prefill-sized batches (python -m quantkit.bench.cpu_linear --bf16-dot, docs/BENCHMARKS.md).
+on prefill-sized batches (python -m quantkit.bench.bf16_dot, docs/BENCHMARKS.md).
 
 `Bf16Linear`, for CPUs without native bf16 (AVX-512 or AVX2 + FMA):
 

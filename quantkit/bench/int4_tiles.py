@@ -25,8 +25,53 @@ from pathlib import Path
 import torch
 
 
+SETTINGS = {"new": True, "old": False}
+
+
+def print_row(label: str, unit: str, got: dict[str, list[float]], faster_is_higher: bool) -> None:
+    a, b = got["new"], got["old"]
+    ratios = [x / y if faster_is_higher else y / x for x, y in zip(a, b)]
+    print(f"| {label} | {statistics.median(a):.2f} {unit} | {statistics.median(b):.2f} {unit} | "
+          f"**{statistics.median(ratios):.2f}x** |", flush=True)
+
+
+def kernels(direct: list, ms: list[int], rounds: int, switch) -> None:
+    """The linears' direct kernel calls, each M with its tile switched each way."""
+    nbytes = sum(d.packed.numel() + d.scale_zero.numel() * d.scale_zero.element_size() for d in direct)
+    with torch.inference_mode():
+        for m in ms:
+            xs = {d.packed.shape[1]: torch.randn(m, d.packed.shape[1]).bfloat16() for d in direct}
+            got: dict[str, list[float]] = {name: [] for name in SETTINGS}
+            for _ in range(rounds):
+                for name, on in SETTINGS.items():
+                    switch(m)(on)
+                    t = time.perf_counter()
+                    for d in direct:
+                        d(xs[d.packed.shape[1]])
+                    got[name].append((time.perf_counter() - t) * 1e3)
+            tile = "8 columns a step" if m <= 2 else "two blocks a tile"
+            print_row(f"kernel, M = {m}, {tile} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
+                      f"{nbytes / statistics.median(got['old']) / 1e6:.1f} GB/s)", "ms", got, False)
+
+
+def engine(llm, batches: list[int], rounds: int, max_tokens: int, switch) -> None:
+    """The engine's decode at each batch size with its tile switched each way."""
+    from quantkit.bench.int4_engine import _wall, decode_tok_s
+
+    g = torch.Generator().manual_seed(0)
+    for b in batches:
+        prompts = [torch.randint(3, 32000, (128,), generator=g).tolist() for _ in range(b)]
+        _wall(llm, prompts, 2)  # warm-up at this batch size, not counted
+        got: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        for _ in range(rounds):
+            for name, on in SETTINGS.items():
+                switch(b)(on)
+                got[name].append(decode_tok_s(llm, prompts, max_tokens))
+        print_row(f"engine decode, batch {b}", "tok/s", got, True)
+
+
 def main() -> None:
-    from quantkit.bench.int4_engine import _wall, checkpoints, decode_tok_s
+    from quantkit.bench.int4_engine import checkpoints
     from quantkit.engine import LLM
     from quantkit.kernels.int4_cpu import extension
     from quantkit.model.quant_linear import QuantLinear
@@ -49,48 +94,18 @@ def main() -> None:
 
     def switch(rows: int):
         return ext.set_lane_tiles if rows <= 2 else ext.set_wide_tiles
+
     torch.set_num_threads(args.threads)
     llm = LLM(str(checkpoints(args.models_dir)["4-bit GPTQ"]), dtype="bfloat16", max_model_len=1024,
               max_num_seqs=8, num_threads=args.threads)
     direct = [m._direct for m in llm.engine.model.modules() if isinstance(m, QuantLinear) and m._direct is not None]
-    nbytes = sum(d.packed.numel() + d.scale_zero.numel() * d.scale_zero.element_size() for d in direct)
-    settings = {"new": True, "old": False}
-    print(f"{len(direct)} int4 linears, {nbytes / 2**20:.1f} MiB of codes and scales, bf16, {args.threads} threads, "
-          f"{args.rounds} alternating rounds")
+    print(f"{len(direct)} int4 linears, {sum(d.packed.numel() for d in direct) / 2**20:.1f} MiB of codes, bf16, "
+          f"{args.threads} threads, {args.rounds} alternating rounds")
     print("| run | new tile | old tile | new / old, median per round |")
     print("|---|---|---|---|")
-
-    def row(label: str, unit: str, got: dict[str, list[float]], faster_is_higher: bool) -> None:
-        a, b = got["new"], got["old"]
-        ratios = [x / y if faster_is_higher else y / x for x, y in zip(a, b)]
-        print(f"| {label} | {statistics.median(a):.2f} {unit} | {statistics.median(b):.2f} {unit} | "
-              f"**{statistics.median(ratios):.2f}x** |", flush=True)
-
     try:
-        with torch.inference_mode():
-            for m in ms:
-                xs = {d.packed.shape[1]: torch.randn(m, d.packed.shape[1]).bfloat16() for d in direct}
-                got: dict[str, list[float]] = {name: [] for name in settings}
-                for _ in range(args.rounds):
-                    for name, on in settings.items():
-                        switch(m)(on)
-                        t = time.perf_counter()
-                        for d in direct:
-                            d(xs[d.packed.shape[1]])
-                        got[name].append((time.perf_counter() - t) * 1e3)
-                tile = "8 columns a step" if m <= 2 else "two blocks a tile"
-                row(f"kernel, M = {m}, {tile} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
-                    f"{nbytes / statistics.median(got['old']) / 1e6:.1f} GB/s)", "ms", got, False)
-        g = torch.Generator().manual_seed(0)
-        for b in batches:
-            prompts = [torch.randint(3, 32000, (128,), generator=g).tolist() for _ in range(b)]
-            _wall(llm, prompts, 2)  # warm-up at this batch size, not counted
-            got = {name: [] for name in settings}
-            for _ in range(args.rounds):
-                for name, on in settings.items():
-                    switch(b)(on)
-                    got[name].append(decode_tok_s(llm, prompts, args.max_tokens))
-            row(f"engine decode, batch {b}", "tok/s", got, True)
+        kernels(direct, ms, args.rounds, switch)
+        engine(llm, batches, args.rounds, args.max_tokens, switch)
         dense(llm, [int(v) for v in args.dense_ms.split(",")], args.rounds)
     finally:
         ext.set_lane_tiles(True)
