@@ -39,6 +39,10 @@ class PrepackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
         self.out_splits = (self.out_features,)  # with concat: each source linear's share of the output
 
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:  # (every shape: the engine asks each float linear kind the same)
+        return True
+
     @classmethod
     def concat(cls, linears: Sequence[nn.Linear]) -> PrepackedLinear:
         """One prepacked linear computing `linears` (same input size) side by side: its output

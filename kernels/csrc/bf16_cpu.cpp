@@ -1,6 +1,6 @@
 // quantkit's bf16-weight linears. Where the CPU computes bf16 natively (AVX-512 BF16), bf16_dot_linear takes bf16
-// activations too (bf16_dot_avx512.h). Below, the one for CPUs without native bf16: y = x @ W.T with x fp32 [M, K], W bf16 [N, K],
-// y fp32 [M, N]. Each bf16 weight is widened to fp32 exactly (its 16 bits become the top half of an fp32) and
+// activations too (bf16_dot_avx512.h). Below, the one for CPUs without native bf16: y = x @ W.T with x fp32 [M, K],
+// W bf16 [N, K], y fp32 [M, N]. Each bf16 weight is widened to fp32 exactly (its 16 bits become the top half of an fp32) and
 // multiplied in fp32, so the result is fp32 F.linear on the widened weight up to summation order, reading half
 // the bytes of an fp32 weight.
 //

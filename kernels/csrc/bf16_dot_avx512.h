@@ -91,12 +91,18 @@ void wide_tile(const Args& a, int64_t b, int64_t m0, float* o) {
 // the noise (docs/BENCHMARKS.md).
 constexpr int kWideRows = 8, kWideBlocks = 2;
 
-// Blocks b0..b1-1 of the result for rows m0..m1-1 of x.
-inline void blocks(const Args& a, int64_t b0, int64_t b1, int64_t m0, int64_t m1) {
+// a for rows m0..m1-1 of x only
+inline Args row_slice(const Args& a, int64_t m0, int64_t m1) {
   Args rows = a;
   rows.x = a.x + m0 * a.K;
   rows.out_bf16 = a.out_bf16 + m0 * a.N;
   rows.M = m1 - m0;
+  return rows;
+}
+
+// Blocks b0..b1-1 of the result for rows m0..m1-1 of x.
+inline void blocks(const Args& a, int64_t b0, int64_t b1, int64_t m0, int64_t m1) {
+  const Args rows = row_slice(a, m0, m1);
   int64_t b = b0;
   if (rows.M >= 2 * kWideRows) {  // whole tiles of kWideRows rows by kWideBlocks blocks, the rest below
     const int64_t mw = rows.M / kWideRows * kWideRows;
@@ -111,10 +117,7 @@ inline void blocks(const Args& a, int64_t b0, int64_t b1, int64_t m0, int64_t m1
         }
       }
     if (mw < rows.M) {  // the last rows against the blocks done above
-      Args rest = rows;
-      rest.x = rows.x + mw * a.K;
-      rest.out_bf16 = rows.out_bf16 + mw * a.N;
-      rest.M = rows.M - mw;
+      const Args rest = row_slice(rows, mw, rows.M);
       for (int64_t c = b0; c < b; ++c)
         int4bf16::for_tiles(rest, c, [&](auto mt, int64_t r0, float* o) { tile<decltype(mt)::value>(rest, c, r0, o); });
     }

@@ -235,7 +235,8 @@ inline void unpack_eight(const uint8_t* p, __m512bh (&w)[4]) {
 // x[k + 2L], x[k + 2L + 1] in every 32-bit lane of 128-bit lane L (the operand unpack_eight's lanes meet)
 inline __m512bh quad(const uint16_t* x) {
   const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  return (__m512bh)_mm512_permutexvar_epi32(idx, _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
+  const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  return (__m512bh)_mm512_permutexvar_epi32(idx, _mm512_castsi128_si512(pairs));
 }
 
 // v[c], lane 4L + q, a part of row 4c + q -> lane r the sum of row r's four parts
@@ -251,9 +252,9 @@ inline __m512 lanes_to_rows(const __m512 (&v)[4]) {
 
 // Rows m0..m0+MT-1 of x against block b, 8 columns a step (unpack_eight; the group size a multiple of 8). For 1 or 2
 // rows, where the one-pair tile spends most of its time unpacking: over a batch-1 decode step's int4 linears it read
-// the codes at 27 GB/s, this tile at 35 (1.30x; 2 rows 1.11-1.25x). From 4 rows the unpacking is shared enough:
-// two 2-row passes of this tile ran 4 rows 0.90x of the one-pair tile (docs/BENCHMARKS.md). The scales and zero points are
-// applied in the operands' lane order, the zero point's xsum a quarter in each of a row's four lanes.
+// the codes at 27 GB/s, this tile at 35 (1.30x; 2 rows 1.11-1.25x). From 4 rows the unpacking is shared enough: two
+// 2-row passes of this tile ran 4 rows 0.90x of the one-pair tile (docs/BENCHMARKS.md). The scales and zero points
+// are applied in the operands' lane order, the zero point's xsum a quarter in each of a row's four lanes.
 template <int MT, typename T>
 void lane_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   constexpr int U = MT == 1 ? 2 : 1;  // 8 chains at one row
@@ -262,7 +263,8 @@ void lane_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   const uint16_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
   __m512i rows_of[4];  // lane 4L + q -> row 4c + q
-  for (int c = 0; c < 4; ++c) rows_of[c] = _mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+  const __m512i within = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+  for (int c = 0; c < 4; ++c) rows_of[c] = _mm512_add_epi32(_mm512_set1_epi32(4 * c), within);
   __m512 out[4][MT];
   for (int c = 0; c < 4; ++c)
     for (int m = 0; m < MT; ++m) out[c][m] = _mm512_setzero_ps();
@@ -322,8 +324,8 @@ void block(const Args<T>& a, int64_t b) {
 
 // Rows m0..m0+7 of x against blocks b and b + 1 at once: each broadcast pair of x serves both blocks, so the 8-row
 // tile issues half the broadcasts per vdpbf16ps of the one-block tile (the bf16 kernel's wide tile does the same,
-// bf16_dot_avx512.h): 1.07-1.15x the one-block tile at 8-64 rows (docs/BENCHMARKS.md). 16 accumulators; each group's sums are scaled into o[2][8][16] in memory, since a second set
-// of 16 registers for them would spill.
+// bf16_dot_avx512.h): 1.07-1.15x the one-block tile at 8-64 rows (docs/BENCHMARKS.md). 16 accumulators; each
+// group's sums are scaled into o[2][8][16] in memory, since a second set of 16 registers for them would spill.
 template <typename T>
 void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   constexpr int MT = 8, NB = 2;

@@ -167,7 +167,7 @@ def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
         return 0
 
     def concat(linears):
-        return kind.concat(linears) if all(_fits(kind, m) for m in linears) else None
+        return kind.concat(linears) if all(kind.supports(m) for m in linears) else None
 
     fused = fuse_float_projections(model, concat)
     embed = model.model.embed_tokens.weight
@@ -176,14 +176,9 @@ def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
     for name, m in targets:
         parent, _, attr = name.rpartition(".")
         setattr(get_submodule(model, parent) if parent else model, attr,
-                kind(m) if _fits(kind, m) else PrepackedLinear(m) if prepack_supported(dtype) else m)
+                kind(m) if kind.supports(m) else PrepackedLinear(m) if prepack_supported(dtype) else m)
     log.info("linears: %d in %s, %d of them fused q/k/v or gate/up", len(targets) + fused, what, fused)
     return len(targets) + fused
-
-
-def _fits(kind: type, linear: torch.nn.Linear) -> bool:
-    supports = getattr(kind, "supports", None)
-    return supports is None or supports(linear)
 
 
 def fuse_float_projections(model: torch.nn.Module, concat) -> int:
