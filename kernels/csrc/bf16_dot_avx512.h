@@ -50,11 +50,11 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
   const uint16_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
   const __m512 bias = a.bias != nullptr ? _mm512_loadu_ps(a.bias + b * kRows) : _mm512_setzero_ps();
-  int4bf16::group_dots<MT>(
+  int4bf16::group_dots<MT, 2>(
       x, 0, a.K,
-      [&](int64_t k) {
+      [&](int64_t k, __m512bh (&c)[1]) {
         _mm_prefetch(reinterpret_cast<const char*>(w + k * kRows + kPrefetch), _MM_HINT_T0);
-        return (__m512bh)_mm512_loadu_si512(w + k * kRows);
+        c[0] = (__m512bh)_mm512_loadu_si512(w + k * kRows);
       },
       [](int64_t) {}, [&](int m, __m512 d) { _mm512_storeu_ps(o + m * kRows, _mm512_add_ps(d, bias)); });
 }

@@ -125,29 +125,80 @@ inline void prefetch_next_block(const uint8_t* w, int64_t K, int64_t k) {
 template <int MT>
 constexpr int chains() { return MT >= 8 ? 2 : (MT >= 4 ? 4 : 8); }
 
+// Whether the tiles of 3 rows and more unpack 8 columns a step where the group size allows (the default) or a pair: a switch so that a
+// benchmark can time both in one process (set_eight_columns).
+inline bool& eight_columns() {
+  static bool on = true;
+  return on;
+}
+
+// A block's codes for 8 columns (64 bytes at p = block + k * 8, k a multiple of 8) split into their nibbles, a byte
+// each: lo holds byte i's low nibble (row i % 8, column k + i / 8), hi its high one (row 8 + i % 8). pair_of then
+// makes each column pair's vdpbf16ps operand, as unpack_pair does, in one byte permute of the two: 3 vector ops for
+// 8 columns and one for each pair, where unpack_pair takes 6 for each pair.
+struct Nibbles {
+  __m512i lo, hi;
+};
+inline Nibbles nibbles(const uint8_t* p) {
+  const __m512i v = _mm512_loadu_si512(p), mask = _mm512_set1_epi8(15);
+  return {_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16(v, 4), mask)};
+}
+
+// The byte permutes of pair_of: for column pair c (columns k + 2c, k + 2c + 1), 16-bit lane 2i + t (row i, column
+// k + 2c + t) takes its low byte from lo (rows 0-7) or hi (rows 8-15, index + 64) and keeps the high byte 0x43.
+struct PairIndex {
+  __m512i of[4];
+  PairIndex() {
+    alignas(64) uint8_t bytes[64];
+    for (int c = 0; c < 4; ++c) {
+      for (int i = 0; i < kRows; ++i)
+        for (int t = 0; t < 2; ++t) {
+          const int lane = 2 * i + t, column = 2 * c + t;
+          bytes[2 * lane] = static_cast<uint8_t>(i < 8 ? column * 8 + i : 64 + column * 8 + i - 8);
+          bytes[2 * lane + 1] = 0x43;
+        }
+      of[c] = _mm512_load_si512(bytes);
+    }
+  }
+};
+
+// Column pair c of the 8 columns in n -> lane pair i: (128 + code(i, k + 2c), 128 + code(i, k + 2c + 1)), the
+// operand unpack_pair(p + 16 * c) gives.
+inline __m512bh pair_of(const Nibbles& n, const __m512i& index) {
+  // bytes from lo and hi where the mask is set (the low bytes), the index's own 0x43 where it is not
+  return (__m512bh)_mm512_mask2_permutex2var_epi8(n.lo, index, static_cast<__mmask64>(0x5555555555555555ULL), n.hi);
+}
+
 // finish(m, d) for each of MT rows of x, d = the sum over the column pairs (k, k + 1) of k0..k1-1 of
-// x[m][k..k+1] . codes(k), where codes(k) gives the 16 rows' bf16 weight pairs of columns k, k + 1; prefetch(k)
-// runs once per 2U columns from k (a tile of 4 or more rows fetches the next block's weights: see
-// prefetch_next_block). (finish takes one row's sum at a time: an array of MT sums beside the accumulators and
-// the tile's outputs spilled registers at MT = 8, 8% slower.)
-template <int MT, typename Codes, typename Prefetch, typename Finish>
+// x[m][k..k+1] . codes(k), where codes(k, c) fills c[C / 2] with the 16 rows' bf16 weight pairs of columns k..k+C-1
+// (C = 2: one pair, unpack_pair; C = 8: four, nibbles and pair_of; k1 - k0 a multiple of C); prefetch(k) runs once
+// per 2U columns from k (a tile of 4 or more rows fetches the next block's weights: see prefetch_next_block). The
+// sums run in the same order for either C. (finish takes one row's sum at a time: an array of MT sums beside the
+// accumulators and the tile's outputs spilled registers at MT = 8, 8% slower.)
+template <int MT, int C, typename Codes, typename Prefetch, typename Finish>
 inline void group_dots(const uint16_t* const* x, int64_t k0, int64_t k1, Codes codes, Prefetch prefetch,
                        Finish finish) {
   constexpr int U = chains<MT>();
+  static_assert((2 * U) % C == 0, "a step of the unrolled loop takes whole sets of C columns");
   __m512 acc[U][MT];
   for (int u = 0; u < U; ++u)
     for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_setzero_ps();
+  auto dots = [&](int u, int64_t k, const __m512bh& c) {  // columns k, k + 1 into chain u
+    for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbf16_ps(acc[u][m], pair(x[m] + k), c);
+  };
   int64_t k = k0;
   for (; k + 2 * U <= k1; k += 2 * U) {
     if constexpr (MT >= 4) prefetch(k);
-    for (int u = 0; u < U; ++u) {
-      const __m512bh c = codes(k + 2 * u);
-      for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbf16_ps(acc[u][m], pair(x[m] + k + 2 * u), c);
+    for (int h = 0; h < 2 * U / C; ++h) {
+      __m512bh c[C / 2];
+      codes(k + C * h, c);
+      for (int i = 0; i < C / 2; ++i) dots(h * C / 2 + i, k + C * h + 2 * i, c[i]);
     }
   }
-  for (; k < k1; k += 2) {
-    const __m512bh c = codes(k);
-    for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbf16_ps(acc[0][m], pair(x[m] + k), c);
+  for (; k < k1; k += C) {
+    __m512bh c[C / 2];
+    codes(k, c);
+    for (int i = 0; i < C / 2; ++i) dots(0, k + 2 * i, c[i]);
   }
   for (int m = 0; m < MT; ++m) {
     __m512 d = acc[0][m];
@@ -156,25 +207,37 @@ inline void group_dots(const uint16_t* const* x, int64_t k0, int64_t k1, Codes c
   }
 }
 
-// Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
+// Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8). Where the group size is a
+// multiple of 8 and a step of group_dots takes 8 columns or more (3-7 rows), the codes are unpacked 8 columns at once.
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+  static const PairIndex pairs;
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const uint16_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
   __m512 out[MT];
   for (int m = 0; m < MT; ++m) out[m] = _mm512_setzero_ps();
+  const bool eights = a.gs % 8 == 0 && eight_columns();
   for (int64_t g = 0; g < a.G; ++g) {
     const T* s = sz + g * 2 * kRows;
     const __m512 scale = load16(s), zero = _mm512_add_ps(load16(s + kRows), _mm512_set1_ps(128.f));
-    group_dots<MT>(
-        x, g * a.gs, (g + 1) * a.gs, [&](int64_t k) { return unpack_pair(w + k * 8); },
-        [&](int64_t k) { prefetch_next_block(w, a.K, k); },
-        [&](int m, __m512 d) {
-          const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]);
-          out[m] = _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zero, d), scale, out[m]);
-        });
+    auto prefetch = [&](int64_t k) { prefetch_next_block(w, a.K, k); };
+    auto finish = [&](int m, __m512 d) {
+      const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + m) * a.G + g]);
+      out[m] = _mm512_fmadd_ps(_mm512_fnmadd_ps(xs, zero, d), scale, out[m]);
+    };
+    const int64_t k0 = g * a.gs, k1 = (g + 1) * a.gs;
+    if constexpr (2 * chains<MT>() % 8 == 0) {
+      if (eights) {
+        group_dots<MT, 8>(x, k0, k1, [&](int64_t k, __m512bh (&c)[4]) {
+          const Nibbles n = nibbles(w + k * 8);
+          for (int i = 0; i < 4; ++i) c[i] = pair_of(n, pairs.of[i]);
+        }, prefetch, finish);
+        continue;
+      }
+    }
+    group_dots<MT, 2>(x, k0, k1, [&](int64_t k, __m512bh (&c)[1]) { c[0] = unpack_pair(w + k * 8); }, prefetch, finish);
   }
   for (int m = 0; m < MT; ++m) _mm512_storeu_ps(o + m * kRows, out[m]);
 }
@@ -326,9 +389,11 @@ void block(const Args<T>& a, int64_t b) {
 // tile issues half the broadcasts per vdpbf16ps of the one-block tile (the bf16 kernel's wide tile does the same,
 // bf16_dot_avx512.h): 1.07-1.15x the one-block tile at 8-64 rows (docs/BENCHMARKS.md). 16 accumulators; each
 // group's sums are scaled into o[2][8][16] in memory, since a second set of 16 registers for them would spill.
+// Groups of a multiple of 8 columns unpack 8 columns a step (nibbles, pair_of), others a pair (unpack_pair).
 template <typename T>
 void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   constexpr int MT = 8, NB = 2;
+  static const PairIndex pairs;
   const uint8_t* w[NB];
   const T* sz[NB];
   for (int j = 0; j < NB; ++j) {
@@ -338,18 +403,38 @@ void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   const uint16_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
   for (int i = 0; i < NB * MT; ++i) _mm512_storeu_ps(o + i * kRows, _mm512_setzero_ps());
+  __m512 acc[NB][MT];
+  auto dots = [&](int64_t k, const __m512bh (&wv)[NB]) {  // columns k, k + 1 of both blocks, all 8 rows
+    for (int m = 0; m < MT; ++m) {
+      const __m512bh xv = pair(x[m] + k);
+      for (int j = 0; j < NB; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], xv, wv[j]);
+    }
+  };
+  const bool eights = a.gs % 8 == 0 && eight_columns();
   for (int64_t g = 0; g < a.G; ++g) {
-    __m512 acc[NB][MT];
     for (int j = 0; j < NB; ++j)
       for (int m = 0; m < MT; ++m) acc[j][m] = _mm512_setzero_ps();
-    for (int64_t k = g * a.gs; k < (g + 1) * a.gs; k += 2) {
-      if ((k & 7) == 0)  // the next two blocks' line for these columns (one 64-byte line holds 8 columns)
-        for (int j = 0; j < NB; ++j) prefetch_next_block(w[j] + a.K * 8, a.K, k);
-      __m512bh wv[NB];
-      for (int j = 0; j < NB; ++j) wv[j] = unpack_pair(w[j] + k * 8);
-      for (int m = 0; m < MT; ++m) {
-        const __m512bh xv = pair(x[m] + k);
-        for (int j = 0; j < NB; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], xv, wv[j]);
+    const int64_t k1 = (g + 1) * a.gs;
+    if (eights) {
+      for (int64_t k = g * a.gs; k < k1; k += 8) {
+        Nibbles n[NB];
+        for (int j = 0; j < NB; ++j) {  // and the next two blocks' line for these columns
+          prefetch_next_block(w[j] + a.K * 8, a.K, k);
+          n[j] = nibbles(w[j] + k * 8);
+        }
+        for (int c = 0; c < 4; ++c) {
+          __m512bh wv[NB];
+          for (int j = 0; j < NB; ++j) wv[j] = pair_of(n[j], pairs.of[c]);
+          dots(k + 2 * c, wv);
+        }
+      }
+    } else {
+      for (int64_t k = g * a.gs; k < k1; k += 2) {
+        if ((k & 7) == 0)  // the next two blocks' line for these columns (one 64-byte line holds 8 columns)
+          for (int j = 0; j < NB; ++j) prefetch_next_block(w[j] + a.K * 8, a.K, k);
+        __m512bh wv[NB];
+        for (int j = 0; j < NB; ++j) wv[j] = unpack_pair(w[j] + k * 8);
+        dots(k, wv);
       }
     }
     for (int j = 0; j < NB; ++j) {

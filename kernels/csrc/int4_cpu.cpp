@@ -303,10 +303,10 @@ torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
               "packed, scales and wsum must be contiguous");
   if (c.m == 0) return c.out;
   const int64_t groups = c.k / gs;
-  std::vector<uint8_t> hi(c.m * c.k), lo(c.m * c.k);
+  std::vector<uint32_t> xd(c.m * c.k / 2);  // [K / 4, M, 2]
   std::vector<float> sx(c.m * groups);
-  int8w::digits(c.xp, c.m, c.k, gs, hi.data(), lo.data(), sx.data());
-  const int8w::Args args{hi.data(), lo.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+  int8w::digits(c.xp, c.m, c.k, gs, xd.data(), sx.data());
+  const int8w::Args args{xd.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
                          wsum.data_ptr<int32_t>(), c.of, c.ob, c.m, c.k, n, groups, gs};
   over_blocks(packed.size(0), [&](int64_t b) { int8w::block(args, b); });
   return c.out;
@@ -356,6 +356,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows n0..n1 of W4 as bf16 in the bf16 kernel's pair layout [ceil((n1 - n0) / 16), K / 2, 16, 2]");
   m.def("set_wide_tiles", [](bool on) { return std::exchange(int4bf16::wide_tiles(), on); },
         "8 rows of x and more: pairs of blocks a tile (True, the default) or one; returns the previous setting");
+  m.def("set_eight_columns", [](bool on) { return std::exchange(int4bf16::eight_columns(), on); },
+        "the 8-row tile: 8 columns a step where the group size allows (True, the default) or a pair; returns the "
+        "previous setting");
   m.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",

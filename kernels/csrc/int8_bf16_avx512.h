@@ -9,7 +9,10 @@
 //   scales  fp32  [NB, G, 16]          per group and row (padded rows: 0)
 //   wsum    int32 [NB, G, 16]          per group and row: the sum of its codes
 // x is written per row and group as 16-bit fixed point, xq = round(x * 32767 / amax) (amax = max |x| over the
-// group, scale sx = amax / 32767), and xq + 32768 as two unsigned bytes (hi, lo). One vpdpbusd multiplies a
+// group, scale sx = amax / 32767), and xq + 32768 as two unsigned bytes (hi, lo), stored by column quad with all
+// rows side by side ([K / 4, M, 2] 32-bit words: row m's hi quad, then its lo quad), so a tile reaches every row's
+// digits from one pointer. (With two pointers a row, 16 for an 8-row tile, the compiler reloaded them from the
+// stack every step: the tile ran at half the rate, docs/BENCHMARKS.md.) One vpdpbusd multiplies a
 // byte of 4 columns' activations by the 16 rows' int8 codes, so two of them (hi and lo) give, exactly in int32,
 //   sum_k q * xq = 256 * sum_k q * hi + sum_k q * lo - 32768 * wsum,
 // with no conversion of the weights (a bf16 kernel would widen each int8 code to bf16 first: two conversions
@@ -37,8 +40,7 @@ constexpr int kRows = 16;
 constexpr int64_t kMaxGroup = 128;
 
 struct Args {
-  const uint8_t* xhi;    // [M, K]: the high byte of xq + 32768
-  const uint8_t* xlo;    // [M, K]: its low byte
+  const uint32_t* xd;    // [K / 4, M, 2]: per column quad and row, the high bytes of xq + 32768, then its low bytes
   const float* sx;       // [M, G]
   const int8_t* w;       // [NB, K / 4, 16, 4]
   const float* s;        // [NB, G, 16]
@@ -48,16 +50,17 @@ struct Args {
   int64_t M, K, N, G, gs;
 };
 
-// x bf16 [M, K] -> the digits of xq + 32768 (hi, lo [M, K]) and sx [M, G], per row and group of gs columns
-// (gs a multiple of 16 or not: the tail runs scalar). xq = round(x * 32767 / amax), ties to even, in
-// [-32767, 32767]; a group of zeros: sx 0, xq 0.
-inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint8_t* hi, uint8_t* lo, float* sx) {
+// x bf16 [M, K] -> the digits of xq + 32768 (xd [K / 4, M, 2], as Args::xd) and sx [M, G], per row and group of gs
+// columns (gs a multiple of 4; a multiple of 16 or not: the tail runs scalar). xq = round(x * 32767 / amax), ties
+// to even, in [-32767, 32767]; a group of zeros: sx 0, xq 0.
+inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint32_t* xd, float* sx) {
   const int64_t G = K / gs;
   const __m512i lim = _mm512_set1_epi32(32767), half = _mm512_set1_epi32(32768), byte = _mm512_set1_epi32(255);
+  auto quad = [&](int64_t m, int64_t c) { return xd + (c / 4 * M + m) * 2; };  // row m's words for columns c..c+3
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
-      const int64_t at = m * K + g * gs;
-      const uint16_t* p = x + at;
+      const int64_t at = g * gs;
+      const uint16_t* p = x + m * K + at;
       const float amax = int4bf16::abs_max(p, gs);
       const float inv = amax > 0.f ? 32767.f / amax : 0.f;
       const __m512 vinv = _mm512_set1_ps(inv);
@@ -66,23 +69,22 @@ inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint8_t*
         __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p + c), vinv));  // rounds to nearest even
         r = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(r, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
                              half);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + at + c), _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + at + c), _mm512_cvtepi32_epi8(_mm512_and_si512(r, byte)));
+        const __m128i hi = _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)), lo = _mm512_cvtepi32_epi8(_mm512_and_si512(r, byte));
+        const __m128i q01 = _mm_unpacklo_epi32(hi, lo), q23 = _mm_unpackhi_epi32(hi, lo);  // (hi, lo) of quads 0, 1 | 2, 3
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c)), q01);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c + 4)), _mm_unpackhi_epi64(q01, q01));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c + 8)), q23);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c + 12)), _mm_unpackhi_epi64(q23, q23));
       }
       for (; c < gs; ++c) {
         const float r = std::min(32767.f, std::max(-32767.f, std::nearbyint(int4bf16::widen1(p[c]) * inv)));
-        const int32_t u = static_cast<int32_t>(r) + 32768;
-        hi[at + c] = static_cast<uint8_t>(u >> 8);
-        lo[at + c] = static_cast<uint8_t>(u & 255);
+        const uint32_t u = static_cast<uint32_t>(static_cast<int32_t>(r) + 32768), shift = 8 * ((at + c) % 4);
+        uint32_t* w = quad(m, at + c);
+        w[0] = (w[0] & ~(255u << shift)) | (u >> 8) << shift;
+        w[1] = (w[1] & ~(255u << shift)) | (u & 255) << shift;
       }
       sx[m * G + g] = amax / 32767.f;
     }
-}
-
-inline __m512i four(const uint8_t* p) {  // (p[0], .., p[3]) in every lane
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
 }
 
 // Rows m0..m0+MT-1 of x against block b: o[MT][16] receives the block's outputs (MT <= 8).
@@ -93,12 +95,7 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
   const int8_t* w = a.w + b * a.K * kRows;
   const float* s = a.s + b * a.G * kRows;
   const int32_t* ws = a.wsum + b * a.G * kRows;
-  const uint8_t* hi[MT];
-  const uint8_t* lo[MT];
-  for (int m = 0; m < MT; ++m) {
-    hi[m] = a.xhi + (m0 + m) * a.K;
-    lo[m] = a.xlo + (m0 + m) * a.K;
-  }
+  const int64_t stride = 2 * a.M;  // words from one column quad's digits to the next
   __m512 out[MT];
   for (int m = 0; m < MT; ++m) out[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -109,9 +106,10 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
     int64_t k = g * a.gs;
     auto step = [&](int u, int64_t kk) {
       const __m512i codes = _mm512_loadu_si512(w + kk * kRows);
+      const uint32_t* d = a.xd + kk / 4 * stride + 2 * m0;
       for (int m = 0; m < MT; ++m) {
-        ah[u][m] = _mm512_dpbusd_epi32(ah[u][m], four(hi[m] + kk), codes);
-        al[u][m] = _mm512_dpbusd_epi32(al[u][m], four(lo[m] + kk), codes);
+        ah[u][m] = _mm512_dpbusd_epi32(ah[u][m], _mm512_set1_epi32(d[2 * m]), codes);
+        al[u][m] = _mm512_dpbusd_epi32(al[u][m], _mm512_set1_epi32(d[2 * m + 1]), codes);
       }
     };
     for (; k + 4 * U <= k1; k += 4 * U) {

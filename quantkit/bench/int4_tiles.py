@@ -1,17 +1,20 @@
 """What the int4 kernel's newer tiles buy (int4_bf16_avx512.h), each against the tile it replaced, one process,
 alternating rounds: at 1-2 rows of x, 8 columns a step (lane_tile, unpack_eight; switch `set_lane_tiles`) against a
-column pair a step; from 8 rows, two blocks a tile (wide_tile; `set_wide_tiles`) against one. The kernel over a decode
-step's int4 linears, then the engine's decode. Then the large-M path (int4_cpu._dense_tiles, from 160 rows): tiles
-dequantized into the bf16 kernel's layout (int4_dequantize_pairs) against fp32 tiles cast to bf16 for F.linear, with
-the kernel beside them (where the two paths cross: int4_cpu.DENSE_FROM_M_BF16_KERNEL).
+column pair a step; from 8 rows, two blocks a tile (wide_tile; `set_wide_tiles`) against one. With `--switch
+eight-columns`, instead, the tiles of 3 rows and more unpacking 8 columns a step (nibbles, pair_of; switch
+`set_eight_columns`) against a pair a step. The kernel over a decode step's int4 linears, then the engine's decode.
+Then the large-M path (int4_cpu._dense_tiles, from 160 rows): tiles dequantized into the bf16 kernel's layout
+(int4_dequantize_pairs) against fp32 tiles cast to bf16 for F.linear, with the kernel beside them (where the two
+paths cross: int4_cpu.DENSE_FROM_M_BF16_KERNEL).
 
   python -m quantkit.bench.int4_tiles [--models-dir out/int4-models] [--threads 2] [--ms 1,2,8,16]
                                       [--batches 1,2,8] [--dense-ms 64,128,160,512] [--rounds 9] [--max-tokens 64]
+                                      [--switch tiles|eight-columns]
 
 Kernel: the 4-bit GPTQ checkpoint's quantized linears (q/k/v and gate/up fused, as the engine runs them), each called
 once per pass with its own weights; the rate at which a pass reads the packed codes and scales. Engine: decode
-tokens/s as quantkit.bench.int4_engine measures it, the same engine with the switch set each way. Rows of x or batch
-sizes of 3-7 run neither tile and are refused. Each row: the medians, and the median of each round's ratio (new / old).
+tokens/s as quantkit.bench.int4_engine measures it, the same engine with the switch set each way. With `--switch
+tiles`, rows of x or batch sizes of 3-7 run neither tile and are refused; with `eight-columns`, 1-2 rows are. Each row: the medians, and the median of each round's ratio (new / old).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def print_row(label: str, unit: str, got: dict[str, list[float]], faster_is_high
           f"**{statistics.median(ratios):.2f}x** |", flush=True)
 
 
-def kernels(direct: list, ms: list[int], rounds: int, switch) -> None:
+def kernels(direct: list, ms: list[int], rounds: int, switch, tile) -> None:
     """The linears' direct kernel calls, each M with its tile switched each way."""
     nbytes = sum(d.packed.numel() + d.scale_zero.numel() * d.scale_zero.element_size() for d in direct)
     with torch.inference_mode():
@@ -49,8 +52,7 @@ def kernels(direct: list, ms: list[int], rounds: int, switch) -> None:
                     for d in direct:
                         d(xs[d.packed.shape[1]])
                     got[name].append((time.perf_counter() - t) * 1e3)
-            tile = "8 columns a step" if m <= 2 else "two blocks a tile"
-            print_row(f"kernel, M = {m}, {tile} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
+            print_row(f"kernel, M = {m}, {tile(m)} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
                       f"{nbytes / statistics.median(got['old']) / 1e6:.1f} GB/s)", "ms", got, False)
 
 
@@ -84,15 +86,25 @@ def main() -> None:
     ap.add_argument("--dense-ms", default="64,128,160,512")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--switch", choices=("tiles", "eight-columns"), default="tiles")
     args = ap.parse_args()
     ext = extension()
     if ext is None or not hasattr(ext, "set_lane_tiles"):
         raise SystemExit("the int4 kernel's bf16 tiles are not built here (no AVX-512 BF16)")
     ms, batches = [int(v) for v in args.ms.split(",")], [int(v) for v in args.batches.split(",")]
-    if any(2 < v < 8 for v in ms + batches):
+    if args.switch == "tiles" and any(2 < v < 8 for v in ms + batches):
         ap.error("rows and batch sizes of 3-7 run neither of the two tiles: choose 1, 2 or 8 and more")
+    if args.switch == "eight-columns" and any(v <= 2 for v in ms + batches):
+        ap.error("1-2 rows run lane_tile, which the eight-columns switch does not reach: choose 3 rows and more")
+
+    def tile(rows: int) -> str:
+        if args.switch == "eight-columns":
+            return "8 columns a step (nibbles, pair_of)"
+        return "8 columns a step" if rows <= 2 else "two blocks a tile"
 
     def switch(rows: int):
+        if args.switch == "eight-columns":
+            return ext.set_eight_columns
         return ext.set_lane_tiles if rows <= 2 else ext.set_wide_tiles
 
     torch.set_num_threads(args.threads)
@@ -104,12 +116,13 @@ def main() -> None:
     print("| run | new tile | old tile | new / old, median per round |")
     print("|---|---|---|---|")
     try:
-        kernels(direct, ms, args.rounds, switch)
+        kernels(direct, ms, args.rounds, switch, tile)
         engine(llm, batches, args.rounds, args.max_tokens, switch)
         dense(llm, [int(v) for v in args.dense_ms.split(",")], args.rounds)
     finally:
         ext.set_lane_tiles(True)
         ext.set_wide_tiles(True)
+        ext.set_eight_columns(True)
 
 
 def dense(llm, ms: list[int], rounds: int) -> None:

@@ -157,9 +157,9 @@ def test_bf16_kernel_matches_the_reference(bf16_kernel, m, n, k, layout, sym, gr
     torch.testing.assert_close(out.float(), int4_blocked_reference(xb.float(), w, p.bias).float(), rtol=8e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_bf16_kernel_takes_even_groups_not_a_multiple_of_eight(bf16_kernel, m):
-    """Groups of 6 and 10 columns: 1-2 rows fall back from 8 columns a step to a pair a step."""
+    """Groups of 6 and 10 columns: every tile falls back from 8 columns a step to a pair a step."""
     for group_size in (6, 10):
         p = checkpoint(48, 120, group_size, "gptq_v2", False, False, seed=group_size)
         w = repack(p)
@@ -186,6 +186,23 @@ def test_bf16_kernel_switch_between_tiles_keeps_the_result(bf16_kernel, m, switc
     torch.testing.assert_close(pair, want, **TOL)
     torch.testing.assert_close(lanes, want, **TOL)
     assert not torch.equal(pair, lanes)  # two summation orders: the switch reached the kernel
+
+@pytest.mark.parametrize("m", [3, 4, 7, 8, 19])
+def test_bf16_kernel_eight_columns_a_step_is_the_pair_steps_bit_for_bit(bf16_kernel, m):
+    """From 3 rows the tiles unpack 8 columns a step (nibbles, pair_of) where the group size is a multiple of 8;
+    set_eight_columns(False) unpacks a pair a step. The operands and the order of the sums are the same, so the two
+    agree bit for bit, and both match the reference (272 rows: 17 blocks, one left unpaired by the wide tile)."""
+    p = checkpoint(272, 512, 128, "gptq", True, False, seed=m)
+    w = repack(p)
+    xb = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).bfloat16()
+    assert bf16_kernel.set_eight_columns(False) is True  # the default is on
+    try:
+        pairs = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
+    finally:
+        assert bf16_kernel.set_eight_columns(True) is False
+    eights = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
+    torch.testing.assert_close(eights, int4_blocked_reference(xb.float(), w, None), **TOL)
+    assert torch.equal(eights, pairs)
 
 
 @pytest.mark.parametrize("fp32_scales", [False, True])
