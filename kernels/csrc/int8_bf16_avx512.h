@@ -11,8 +11,8 @@
 // x is written per row and group as 16-bit fixed point, xq = round(x * 32767 / amax) (amax = max |x| over the
 // group, scale sx = amax / 32767), and xq + 32768 as two unsigned bytes (hi, lo), stored by column quad with all
 // rows side by side ([K / 4, M, 2] 32-bit words: row m's hi quad, then its lo quad), so a tile reaches every row's
-// digits from one pointer. (With two pointers a row, 16 for an 8-row tile, the compiler reloaded them from the
-// stack every step: the tile ran at half the rate, docs/BENCHMARKS.md.) One vpdpbusd multiplies a
+// digits from one pointer. (With two arrays, 16 row pointers for an 8-row tile, the compiler reloaded them from the
+// stack every step; the head ran 1.10x faster at M = 8 with this layout, docs/BENCHMARKS.md.) One vpdpbusd multiplies a
 // byte of 4 columns' activations by the 16 rows' int8 codes, so two of them (hi and lo) give, exactly in int32,
 //   sum_k q * xq = 256 * sum_k q * hi + sum_k q * lo - 32768 * wsum,
 // with no conversion of the weights (a bf16 kernel would widen each int8 code to bf16 first: two conversions
