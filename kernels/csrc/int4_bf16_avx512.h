@@ -5,7 +5,8 @@
 // One vdpbf16ps multiplies 16 output rows by two input columns: lane i accumulates
 //   x[k] * w[i, k] + x[k + 1] * w[i, k + 1]
 // from 32 bf16 values, so the codes of a block for columns k, k + 1 (16 packed bytes) become 32 bf16
-// lanes by one byte shuffle, a widening, a mask and a shift. A code c (0..15) is taken as the bf16
+// lanes by one byte shuffle, a widening, a mask and a shift (unpack_pair; from 3 rows, 8 columns at once: a mask and
+// a shift, then one byte permute an operand, nibbles and pair_of). A code c (0..15) is taken as the bf16
 // 128 + c (bits 0x4300 | c, exact), so no conversion is needed: the extra 128 * x sums to
 // 128 * xsum over a group and is removed with the zero point (z + 128). Products of bf16 values are
 // exact in fp32 and the sums are fp32, so the result differs from the fp32 kernel's only by the
@@ -162,6 +163,11 @@ struct PairIndex {
   }
 };
 
+inline const PairIndex& pair_index() {  // one table for every tile
+  static const PairIndex index;
+  return index;
+}
+
 // Column pair c of the 8 columns in n -> lane pair i: (128 + code(i, k + 2c), 128 + code(i, k + 2c + 1)), the
 // operand unpack_pair(p + 16 * c) gives.
 inline __m512bh pair_of(const Nibbles& n, const __m512i& index) {
@@ -211,7 +217,7 @@ inline void group_dots(const uint16_t* const* x, int64_t k0, int64_t k1, Codes c
 // multiple of 8 and a step of group_dots takes 8 columns or more (3-7 rows), the codes are unpacked 8 columns at once.
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  static const PairIndex pairs;
+  const PairIndex& pairs = pair_index();
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const uint16_t* x[MT];
@@ -393,7 +399,7 @@ void block(const Args<T>& a, int64_t b) {
 template <typename T>
 void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   constexpr int MT = 8, NB = 2;
-  static const PairIndex pairs;
+  const PairIndex& pairs = pair_index();
   const uint8_t* w[NB];
   const T* sz[NB];
   for (int j = 0; j < NB; ++j) {
