@@ -126,8 +126,8 @@ inline void prefetch_next_block(const uint8_t* w, int64_t K, int64_t k) {
 template <int MT>
 constexpr int chains() { return MT >= 8 ? 2 : (MT >= 4 ? 4 : 8); }
 
-// Whether the tiles of 3 rows and more unpack 8 columns a step where the group size allows (the default) or a pair: a switch so that a
-// benchmark can time both in one process (set_eight_columns).
+// Whether the tiles of 3 rows and more unpack 8 columns a step where the group size allows (the default) or a pair:
+// a switch so that a benchmark can time both in one process (set_eight_columns).
 inline bool& eight_columns() {
   static bool on = true;
   return on;

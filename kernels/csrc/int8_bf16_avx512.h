@@ -69,8 +69,10 @@ inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint32_t
         __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p + c), vinv));  // rounds to nearest even
         r = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(r, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
                              half);
-        const __m128i hi = _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8)), lo = _mm512_cvtepi32_epi8(_mm512_and_si512(r, byte));
-        const __m128i q01 = _mm_unpacklo_epi32(hi, lo), q23 = _mm_unpackhi_epi32(hi, lo);  // (hi, lo) of quads 0, 1 | 2, 3
+        const __m128i hi = _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8));
+        const __m128i lo = _mm512_cvtepi32_epi8(_mm512_and_si512(r, byte));
+        // (hi, lo) of quads 0 and 1, then of quads 2 and 3
+        const __m128i q01 = _mm_unpacklo_epi32(hi, lo), q23 = _mm_unpackhi_epi32(hi, lo);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c)), q01);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c + 4)), _mm_unpackhi_epi64(q01, q01));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c + 8)), q23);

@@ -14,7 +14,8 @@ paths cross: int4_cpu.DENSE_FROM_M_BF16_KERNEL).
 Kernel: the 4-bit GPTQ checkpoint's quantized linears (q/k/v and gate/up fused, as the engine runs them), each called
 once per pass with its own weights; the rate at which a pass reads the packed codes and scales. Engine: decode
 tokens/s as quantkit.bench.int4_engine measures it, the same engine with the switch set each way. With `--switch
-tiles`, rows of x or batch sizes of 3-7 run neither tile and are refused; with `eight-columns`, 1-2 rows are. Each row: the medians, and the median of each round's ratio (new / old).
+tiles`, rows of x or batch sizes of 3-7 run neither tile and are refused; with `eight-columns`, 1-2 rows are. Each
+row: the medians, and the median of each round's ratio (new / old).
 """
 
 from __future__ import annotations
