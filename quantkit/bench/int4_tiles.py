@@ -39,7 +39,7 @@ def print_row(label: str, unit: str, got: dict[str, list[float]], faster_is_high
           f"**{statistics.median(ratios):.2f}x** |", flush=True)
 
 
-def kernels(direct: list, ms: list[int], rounds: int, switch, tile) -> None:
+def kernels(direct: list, ms: list[int], rounds: int, tile) -> None:
     """The linears' direct kernel calls, each M with its tile switched each way."""
     nbytes = sum(d.packed.numel() + d.scale_zero.numel() * d.scale_zero.element_size() for d in direct)
     with torch.inference_mode():
@@ -48,16 +48,16 @@ def kernels(direct: list, ms: list[int], rounds: int, switch, tile) -> None:
             got: dict[str, list[float]] = {name: [] for name in SETTINGS}
             for _ in range(rounds):
                 for name, on in SETTINGS.items():
-                    switch(m)(on)
+                    tile(m)[1](on)
                     t = time.perf_counter()
                     for d in direct:
                         d(xs[d.packed.shape[1]])
                     got[name].append((time.perf_counter() - t) * 1e3)
-            print_row(f"kernel, M = {m}, {tile(m)} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
+            print_row(f"kernel, M = {m}, {tile(m)[0]} ({nbytes / statistics.median(got['new']) / 1e6:.1f} against "
                       f"{nbytes / statistics.median(got['old']) / 1e6:.1f} GB/s)", "ms", got, False)
 
 
-def engine(llm, batches: list[int], rounds: int, max_tokens: int, switch) -> None:
+def engine(llm, batches: list[int], rounds: int, max_tokens: int, tile) -> None:
     """The engine's decode at each batch size with its tile switched each way."""
     from quantkit.bench.int4_engine import _wall, decode_tok_s
 
@@ -68,7 +68,7 @@ def engine(llm, batches: list[int], rounds: int, max_tokens: int, switch) -> Non
         got: dict[str, list[float]] = {name: [] for name in SETTINGS}
         for _ in range(rounds):
             for name, on in SETTINGS.items():
-                switch(b)(on)
+                tile(b)[1](on)
                 got[name].append(decode_tok_s(llm, prompts, max_tokens))
         print_row(f"engine decode, batch {b}", "tok/s", got, True)
 
@@ -98,15 +98,11 @@ def main() -> None:
     if args.switch == "eight-columns" and any(v <= 2 for v in ms + batches):
         ap.error("1-2 rows run lane_tile, which the eight-columns switch does not reach: choose 3 rows and more")
 
-    def tile(rows: int) -> str:
+    def tile(rows: int):
+        """(what the new tile is, the switch that turns it on and off) at this many rows of x"""
         if args.switch == "eight-columns":
-            return "8 columns a step (nibbles, pair_of)"
-        return "8 columns a step" if rows <= 2 else "two blocks a tile"
-
-    def switch(rows: int):
-        if args.switch == "eight-columns":
-            return ext.set_eight_columns
-        return ext.set_lane_tiles if rows <= 2 else ext.set_wide_tiles
+            return "8 columns a step (nibbles, pair_of)", ext.set_eight_columns
+        return ("8 columns a step", ext.set_lane_tiles) if rows <= 2 else ("two blocks a tile", ext.set_wide_tiles)
 
     torch.set_num_threads(args.threads)
     llm = LLM(str(checkpoints(args.models_dir)["4-bit GPTQ"]), dtype="bfloat16", max_model_len=1024,
@@ -117,8 +113,8 @@ def main() -> None:
     print("| run | new tile | old tile | new / old, median per round |")
     print("|---|---|---|---|")
     try:
-        kernels(direct, ms, args.rounds, switch, tile)
-        engine(llm, batches, args.rounds, args.max_tokens, switch)
+        kernels(direct, ms, args.rounds, tile)
+        engine(llm, batches, args.rounds, args.max_tokens, tile)
         dense(llm, [int(v) for v in args.dense_ms.split(",")], args.rounds)
     finally:
         ext.set_lane_tiles(True)
