@@ -6,11 +6,13 @@
 //   rows      the work item's query rows: q [n, D] pre-scaled, acc [n, D], running max m [n], sum l [n]
 //   kb, vb    the block's first key / value row of this kv head; rows token_stride elements apart
 //   visible   row r sees the block's first visible[r] keys (all block_size when null)
-//   s         scratch of block_size floats per row
 //
-// Few rows (a decode: one query per query head of the kv head): each row keeps its query (D / 16
-// vectors) in registers while the block's keys pass, the 16 (or fewer) scores of a block are
-// exponentiated as one vector, and the row's accumulator stays in registers while the values pass.
+// Few rows (a decode: one query per query head of the kv head), up to 16 keys a step (fold_keys): each
+// row keeps its query in registers while the keys pass; each key's dot product stays a vector of partial
+// sums, and the 16 keys' vectors are summed together in one shuffle tree into a vector of 16 scores (no
+// horizontal sum per key); on a bf16 cache with AVX-512 BF16 the dot products take the bf16 query by
+// vdpbf16ps. The scores are exponentiated as one vector, and the row's accumulator stays in registers
+// while the values pass.
 // Many rows (a prefill tile, the shared-prefix pass; from widen_from_rows()): the block is widened once
 // and folded into R rows at a time (fold_rows_widened; on a bf16 cache with AVX-512 BF16, in bf16 pairs
 // by vdpbf16ps: fold_rows_widened_bf16).
@@ -24,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace avx512 {
 
@@ -31,92 +34,118 @@ using vec512::exp16;
 using vec512::first;
 using vec512::load16;
 
-// The online-softmax step of one row over a block's `valid` scores s (exponentiated in place):
-// returns alpha, the old accumulator's rescale (0 on the first block, where m = -inf); sets m and l.
-inline float exp_scores(float* s, int64_t valid, float& m, float& l) {
-  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t = 0; t < valid; t += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, first(valid - t), s + t));
-  const float m_new = std::max(m, _mm512_reduce_max_ps(mx));
-  const float alpha = std::exp(m - m_new);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < valid; t += 16) {
-    const __mmask16 k = first(valid - t);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), _mm512_set1_ps(m_new)));
-    _mm512_mask_storeu_ps(s + t, k, e);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
-  }
-  l = l * alpha + _mm512_reduce_add_ps(sum);
+// One row's online-softmax step over 16 scores s (a widened block's, or fold_keys'), of which the first `valid` (1 to 16)
+// count: returns e = exp(s - m_new) (0 past valid) and sets alpha (the old accumulator's rescale, 0 on
+// the first block, where m = -inf), then m and l.
+inline __m512 softmax_step(__m512 s, int64_t valid, float& m, float& l, float& alpha) {
+  const __mmask16 k = first(valid);
+  s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, s);
+  const float m_new = std::max(m, _mm512_reduce_max_ps(s));
+  alpha = std::exp(m - m_new);
+  const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+  l = l * alpha + _mm512_reduce_add_ps(e);
   m = m_new;
-  return alpha;
+  return e;
 }
 
-// One row over `valid` keys of the block; NV = D / 16.
+// Few rows: the scores of a row over up to 16 keys come out as one vector. Each key's dot product is a
+// vector of 16 partial sums (Dot below); instead of summing each across its lanes (a horizontal sum, 4
+// shuffles and 4 adds, per key and row), the 16 keys' vectors are summed together in a tree of 2 shuffles
+// and an add per pair (lanes4, lanes16): 45 operations for 16 scores against 128.
+
+// a, b, c, d: key vectors -> 128-bit lane j holds the j-th key's 4 partial sums.
+inline __m512 lanes4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));  // lanes A A B B
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));  // lanes C C D D
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// u[g] = lanes4 of keys 4g .. 4g + 3 -> lane t = key t's score.
+inline __m512 lanes16(const __m512 (&u)[4]) {
+  const auto pairs = [](__m512 a, __m512 b) {  // per 128-bit lane: a's two sums, then b's
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  const __m512 lo = pairs(u[0], u[1]), hi = pairs(u[2], u[3]);
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));  // lane 4k + j: key k + 4j
+  return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), sums);
+}
+
+// A row's dot product with one key as a vector to be summed across its lanes, and the factor that makes
+// the sum a scaled score. Dot<NV, T>: the pre-scaled fp32 query (D / 16 vectors) against the key widened
+// to fp32, one fused multiply-add per 16 dims.
 template <int NV, typename T>
-inline void fold_row(float* q, float* acc, float& m, float& l, const T* kb, const T* vb, int64_t token_stride,
-                     int64_t valid, float* s) {
-  __m512 qv[NV];
-  for (int c = 0; c < NV; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  for (int64_t t = 0; t < valid; ++t) {  // s[t] = q . k_t
-    const T* k = kb + t * token_stride;
-    __m512 dot = _mm512_mul_ps(qv[0], load16(k));
-    for (int c = 1; c < NV; ++c) dot = _mm512_fmadd_ps(qv[c], load16(k + 16 * c), dot);
-    s[t] = _mm512_reduce_add_ps(dot);
+struct Dot {
+  __m512 q[NV];
+  static constexpr float scale = 1.f;
+  explicit Dot(const float* qr) {
+    for (int c = 0; c < NV; ++c) q[c] = _mm512_loadu_ps(qr + 16 * c);
   }
-  const __m512 a = _mm512_set1_ps(exp_scores(s, valid, m, l));
-  __m512 av[NV];
-  for (int c = 0; c < NV; ++c) av[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), a);
+  __m512 operator()(const T* k) const {
+    __m512 d = _mm512_mul_ps(q[0], load16(k));
+    for (int c = 1; c < NV; ++c) d = _mm512_fmadd_ps(q[c], load16(k + 16 * c), d);
+    return d;
+  }
+};
+
+#if defined(__AVX512BF16__)
+// On a bf16 cache: the unscaled bf16 query against the key as it is stored, by vdpbf16ps (32 dims an
+// instruction, the products exact in fp32), the score scaled after the sum (as the widened bf16 step does).
+template <int NV>
+struct Bf16Dot {
+  __m512bh q[NV / 2];
+  float scale;
+  Bf16Dot(const c10::BFloat16* qr, float sc) : scale(sc) {
+    for (int c = 0; c < NV / 2; ++c) q[c] = (__m512bh)_mm512_loadu_si512(qr + 32 * c);
+  }
+  __m512 operator()(const c10::BFloat16* k) const {
+    __m512 d = _mm512_setzero_ps();
+    for (int c = 0; c < NV / 2; ++c) d = _mm512_dpbf16_ps(d, q[c], (__m512bh)_mm512_loadu_si512(k + 32 * c));
+    return d;
+  }
+};
+#endif
+
+// One online-softmax step of R rows (R = 1, or 2 rows that see the same keys: a decode's query heads of
+// one kv head, each key and value loaded once for both) over the block's first `valid` keys (1 to 16):
+// dot[r] the row's query, acc at stride D, m and l. The same arithmetic per row whatever R, so the
+// same bits.
+template <int NV, int R, typename DotT, typename T>
+inline void fold_keys(const DotT (&dot)[R], float* acc, float* m, float* l, const T* kb, const T* vb,
+                      int64_t token_stride, int64_t valid) {
+  constexpr int D = 16 * NV;
+  __m512 u[R][4];
+  for (int g = 0; g < 4; ++g) {  // keys 4g .. 4g + 3; keys past valid count 0 (softmax_step masks them)
+    __m512 kd[R][4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t t = 4 * g + j;
+      for (int r = 0; r < R; ++r) kd[r][j] = t < valid ? dot[r](kb + t * token_stride) : _mm512_setzero_ps();
+    }
+    for (int r = 0; r < R; ++r) u[r][g] = lanes4(kd[r][0], kd[r][1], kd[r][2], kd[r][3]);
+  }
+  alignas(64) float p[R][16];
+  __m512 a[R];
+  for (int r = 0; r < R; ++r) {
+    float alpha;
+    const __m512 s = _mm512_mul_ps(lanes16(u[r]), _mm512_set1_ps(dot[r].scale));
+    _mm512_store_ps(p[r], softmax_step(s, valid, m[r], l[r], alpha));
+    a[r] = _mm512_set1_ps(alpha);
+  }
+  __m512 av[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) av[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * c), a[r]);
   for (int64_t t = 0; t < valid; ++t) {  // acc += p_t v_t
     const T* v = vb + t * token_stride;
-    const __m512 p = _mm512_set1_ps(s[t]);
-    for (int c = 0; c < NV; ++c) av[c] = _mm512_fmadd_ps(p, load16(v + 16 * c), av[c]);
-  }
-  for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + 16 * c, av[c]);
-}
-
-// Two rows that see the same `valid` keys (a decode's query heads of one kv head): fold_row for each, with
-// every key and value loaded (and widened from a 16-bit cache) once for both. The same arithmetic per row as
-// fold_row, so the same bits. NV <= 4 (D <= 64: both rows' queries and accumulators stay in registers);
-// s0, s1: scratch of `valid` floats each.
-template <int NV, typename T>
-inline void fold_row_pair(float* q0, float* acc0, float& m0, float& l0, float* q1, float* acc1, float& m1, float& l1,
-                          const T* kb, const T* vb, int64_t token_stride, int64_t valid, float* s0, float* s1) {
-  static_assert(NV <= 4, "two rows of D > 64 do not fit the registers");
-  __m512 qa[NV], qb[NV];
-  for (int c = 0; c < NV; ++c) {
-    qa[c] = _mm512_loadu_ps(q0 + 16 * c);
-    qb[c] = _mm512_loadu_ps(q1 + 16 * c);
-  }
-  for (int64_t t = 0; t < valid; ++t) {
-    const T* k = kb + t * token_stride;
-    __m512 kc = load16(k);
-    __m512 d0 = _mm512_mul_ps(qa[0], kc), d1 = _mm512_mul_ps(qb[0], kc);
-    for (int c = 1; c < NV; ++c) {
-      kc = load16(k + 16 * c);
-      d0 = _mm512_fmadd_ps(qa[c], kc, d0);
-      d1 = _mm512_fmadd_ps(qb[c], kc, d1);
-    }
-    s0[t] = _mm512_reduce_add_ps(d0);
-    s1[t] = _mm512_reduce_add_ps(d1);
-  }
-  const __m512 a0 = _mm512_set1_ps(exp_scores(s0, valid, m0, l0)), a1 = _mm512_set1_ps(exp_scores(s1, valid, m1, l1));
-  __m512 av0[NV], av1[NV];
-  for (int c = 0; c < NV; ++c) {
-    av0[c] = _mm512_mul_ps(_mm512_loadu_ps(acc0 + 16 * c), a0);
-    av1[c] = _mm512_mul_ps(_mm512_loadu_ps(acc1 + 16 * c), a1);
-  }
-  for (int64_t t = 0; t < valid; ++t) {
-    const T* v = vb + t * token_stride;
-    const __m512 p0 = _mm512_set1_ps(s0[t]), p1 = _mm512_set1_ps(s1[t]);
     for (int c = 0; c < NV; ++c) {
       const __m512 vc = load16(v + 16 * c);
-      av0[c] = _mm512_fmadd_ps(p0, vc, av0[c]);
-      av1[c] = _mm512_fmadd_ps(p1, vc, av1[c]);
+      for (int r = 0; r < R; ++r) av[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][t]), vc, av[r][c]);
     }
   }
-  for (int c = 0; c < NV; ++c) {
-    _mm512_storeu_ps(acc0 + 16 * c, av0[c]);
-    _mm512_storeu_ps(acc1 + 16 * c, av1[c]);
-  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * D + 16 * c, av[r][c]);
 }
 
 // Whether the per-row step folds two rows that see the same keys together (fold_row_pair). A setting, like
@@ -141,20 +170,6 @@ constexpr int64_t WIDE_BLOCK = 16;
 inline int64_t& widen_from_rows() {
   static int64_t rows = 8;
   return rows;
-}
-
-// One row's online-softmax step over a widened block's 16 scores s, of which the first `valid` (1 to 16)
-// count: returns e = exp(s - m_new) (0 past valid) and sets alpha (the old accumulator's rescale, 0 on
-// the first block, where m = -inf), then m and l.
-inline __m512 softmax_step(__m512 s, int64_t valid, float& m, float& l, float& alpha) {
-  const __mmask16 k = first(valid);
-  s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, s);
-  const float m_new = std::max(m, _mm512_reduce_max_ps(s));
-  alpha = std::exp(m - m_new);
-  const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-  l = l * alpha + _mm512_reduce_add_ps(e);
-  m = m_new;
-  return e;
 }
 
 template <int NV, typename T>
@@ -345,13 +360,30 @@ inline void fold_rows_widened_bf16(int64_t n, const c10::BFloat16* qb, float sca
 }
 #endif
 
+// fold_keys for row r alone, or with row r + 1 (pair; D <= 64, where both rows' queries and accumulators
+// fit the registers): make_dot(std::integral_constant<int, NV>, row) -> that row's Dot.
+template <int NV, typename MakeDot, typename T>
+inline void fold_dims(MakeDot make_dot, bool pair, int64_t r, float* acc, float* m, float* l, const T* kb, const T* vb,
+                      int64_t token_stride, int64_t valid) {
+  const std::integral_constant<int, NV> nv;
+  using DotT = decltype(make_dot(nv, r));
+  float* ar = acc + r * 16 * NV;
+  if constexpr (NV <= 4) {
+    if (pair) {
+      const DotT dots[2] = {make_dot(nv, r), make_dot(nv, r + 1)};
+      return fold_keys<NV, 2>(dots, ar, m + r, l + r, kb, vb, token_stride, valid);
+    }
+  }
+  const DotT dots[1] = {make_dot(nv, r)};
+  fold_keys<NV, 1>(dots, ar, m + r, l + r, kb, vb, token_stride, valid);
+}
+
 // Folds one block into n rows: q [n, D] pre-scaled fp32 (qb: the same rows unscaled in the cache's dtype
 // when that is bf16, else null; scale: the factor between them), acc, m, l; the block's keys kb and
 // values vb, rows token_stride elements apart; row r sees the first visible[r] keys (all when null).
 template <typename T>
 inline void fold_rows(int64_t n, int64_t d, float* q, const T* qb, float scale, float* acc, float* m, float* l,
-                      const T* kb, const T* vb, int64_t token_stride, int64_t block_size, const int64_t* visible,
-                      float* s) {
+                      const T* kb, const T* vb, int64_t token_stride, int64_t block_size, const int64_t* visible) {
   if (block_size == WIDE_BLOCK && n >= widen_from_rows()) {
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -370,27 +402,34 @@ inline void fold_rows(int64_t n, int64_t d, float* q, const T* qb, float scale, 
       default: return fold_rows_widened<8>(n, q, acc, m, l, kb, vb, token_stride, visible);
     }
   }
-  constexpr int64_t PAIR_KEYS = 64;  // the second row's scratch, on the stack
-  float s1[PAIR_KEYS];
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
-    if (valid <= 0) continue;
-    float *qr = q + r * d, *ar = acc + r * d;
-    const bool pair = pair_rows() && r + 1 < n && (d == 32 || d == 64) && valid <= PAIR_KEYS &&
-                      (visible ? std::min(block_size, visible[r + 1]) : block_size) == valid;
-    if (pair) {  // rows r and r + 1 read each key once
-      if (d == 32)
-        fold_row_pair<2>(qr, ar, m[r], l[r], qr + d, ar + d, m[r + 1], l[r + 1], kb, vb, token_stride, valid, s, s1);
-      else
-        fold_row_pair<4>(qr, ar, m[r], l[r], qr + d, ar + d, m[r + 1], l[r + 1], kb, vb, token_stride, valid, s, s1);
-      ++r;
-      continue;
-    }
-    switch (d) {
-      case 32: fold_row<2>(qr, ar, m[r], l[r], kb, vb, token_stride, valid, s); break;
-      case 64: fold_row<4>(qr, ar, m[r], l[r], kb, vb, token_stride, valid, s); break;
-      case 96: fold_row<6>(qr, ar, m[r], l[r], kb, vb, token_stride, valid, s); break;
-      default: fold_row<8>(qr, ar, m[r], l[r], kb, vb, token_stride, valid, s); break;
+  for (int64_t t0 = 0; t0 < block_size; t0 += WIDE_BLOCK) {  // up to 16 keys a step
+    const auto seen = [&](int64_t r) {
+      return std::clamp<int64_t>((visible ? std::min(block_size, visible[r]) : block_size) - t0, 0, WIDE_BLOCK);
+    };
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t valid = seen(r);
+      if (valid <= 0) continue;
+      const bool pair = pair_rows() && r + 1 < n && d <= 64 && seen(r + 1) == valid;
+      const int64_t at = t0 * token_stride;
+      const auto fold = [&](auto make_dot) {  // make_dot(row) -> the row's Dot
+        switch (d) {
+          case 32: return fold_dims<2>(make_dot, pair, r, acc, m, l, kb + at, vb + at, token_stride, valid);
+          case 64: return fold_dims<4>(make_dot, pair, r, acc, m, l, kb + at, vb + at, token_stride, valid);
+          case 96: return fold_dims<6>(make_dot, pair, r, acc, m, l, kb + at, vb + at, token_stride, valid);
+          default: return fold_dims<8>(make_dot, pair, r, acc, m, l, kb + at, vb + at, token_stride, valid);
+        }
+      };
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (qb != nullptr) {
+          fold([&](auto nv, int64_t row) { return Bf16Dot<decltype(nv)::value>(qb + row * d, scale); });
+          r += pair;
+          continue;
+        }
+      }
+#endif
+      fold([&](auto nv, int64_t row) { return Dot<decltype(nv)::value, T>(q + row * d); });
+      r += pair;
     }
   }
 }

@@ -87,7 +87,7 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
   if constexpr (!std::is_same_v<T, double>)  // fp32, bf16, fp16 caches
     if (avx512::supports(d))
       return avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
-                               rows.m.data(), rows.l.data(), kb, vb, token_stride, block_size, visible, s);
+                               rows.m.data(), rows.l.data(), kb, vb, token_stride, block_size, visible);
 #endif
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
@@ -227,14 +227,13 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
       const T* src = q + (static_cast<int64_t>(tok[r / group]) * heads + h * group + r % group) * d;
       rows.set_query(r, src, scale);
     }
-    std::vector<float> s(block_size);
     const auto base_of = [&](int64_t b) { return static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d; };
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t base = base_of(b);
       for (int64_t f = b == 0 ? 1 : b + prefetch_blocks(); f <= b + prefetch_blocks() && f < n_blocks; ++f)
         prefetch_block(kc + base_of(f), vc + base_of(f), token_stride, block_size, d);
       avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
-                        rows.m.data(), rows.l.data(), kc + base, vc + base, token_stride, block_size, nullptr, s.data());
+                        rows.m.data(), rows.l.data(), kc + base, vc + base, token_stride, block_size, nullptr);
     }
     for (int64_t r = 0; r < rows_n; ++r) {
       const int64_t idx = static_cast<int64_t>(tok[r / group]) * heads + h * group + r % group;

@@ -62,6 +62,15 @@ def test_both_avx512_paths_match_reference(attn, avx512_step, d, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_blocks_of_32_keys_fold_16_keys_at_a_time(attn, dtype, d):
+    """The few-rows step takes up to 16 keys at once: a block of 32 is two steps of the online softmax, with
+    the cut at every place a sequence can end (before, at and after it; in the first half and the second)."""
+    seq_lens = [1, 15, 16, 17, 31, 32, 33, 70]
+    run_case(attn, seq_lens, [1] * len(seq_lens), 8, 4, d, 32, dtype=dtype, seed=17)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_folded_in_pairs_give_the_bits_of_rows_folded_alone(attn, dtype):
     """GQA decodes (groups of 3 rows: a pair and one alone) and a prefill chunk with the per-row step's
     pairs on and off: the same arithmetic per row, so the same bits."""
