@@ -1,0 +1,76 @@
+"""A C++ kernel extension as a git revision of this checkout built it, loaded beside the working tree's.
+
+A kernel change is measured against the code before it in one process: this machine's speed drifts by up to 1.5x
+within minutes, so two runs in turn compare the machine more than the code. `extension_at(rev, name, sources)`
+copies kernels/csrc as it was at `rev` (headers included) out of git, compiles it with the flags the working tree's
+build uses (quantkit.kernels.cpu_ext) under a module name of its own, and returns the module. Builds are cached
+per revision, like the working tree's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from quantkit.kernels.cpu_ext import CFLAGS, CSRC, LDFLAGS, build_dir, toolchain_missing
+
+REPO = CSRC.parent.parent  # kernels/csrc -> the checkout
+
+
+class RevisionError(RuntimeError):
+    """Why a revision's extension cannot be had (one line)."""
+
+
+def _git(*args: str) -> bytes:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=False, timeout=60)
+    except FileNotFoundError as exc:
+        raise RevisionError("git is not installed") from exc
+    if done.returncode != 0:
+        reason = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RevisionError(reason[-1] if reason else f"git {' '.join(args)} failed")
+    return done.stdout
+
+
+def commit_of(rev: str) -> str:
+    """The full commit hash `rev` names in this checkout; RevisionError where it names none."""
+    try:
+        return _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
+    except RevisionError as exc:
+        raise RevisionError(f"{rev!r} names no commit of {REPO} ({exc})") from None
+
+
+def sources_at(commit: str) -> Path:
+    """kernels/csrc as it was at `commit`, written once under the build folder; returns that folder."""
+    out = build_dir() / f"csrc-{commit[:12]}"
+    if (out / ".complete").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = CSRC.relative_to(REPO).as_posix()
+    for path in _git("ls-tree", "--name-only", f"{commit}:{prefix}").decode().split():
+        (out / path).write_bytes(_git("show", f"{commit}:{prefix}/{path}"))
+    (out / ".complete").write_text(commit)
+    return out
+
+
+def extension_at(rev: str, name: str, sources: tuple[str, ...]):
+    """Extension `name` (sources: file names under kernels/csrc) as built from revision `rev`."""
+    missing = toolchain_missing()
+    if missing is not None:
+        raise RevisionError(missing)
+    commit = commit_of(rev)
+    src = sources_at(commit)
+    absent = [s for s in sources if not (src / s).is_file()]
+    if absent:
+        raise RevisionError(f"{rev} has no {', '.join(absent)} in kernels/csrc")
+    from torch.utils.cpp_extension import load
+
+    module = f"{name}_{commit[:12]}"
+    out = build_dir() / module
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(name=module, sources=[str(src / s) for s in sources], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                    build_directory=str(out), verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise RevisionError(f"{name} at {rev} did not build: {lines[-1] if lines else type(exc).__name__}") from None
