@@ -7,7 +7,8 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 
 T = TypeVar("T")
 _console = Console(stderr=True)
@@ -23,6 +24,18 @@ def progress_bar(description: str, total: int | None, enabled: bool = True) -> I
                   TimeRemainingColumn(), console=_console) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n=1: progress.advance(task, n)
+
+
+@contextmanager
+def elapsed(description: str, enabled: bool = True) -> Iterator[None]:
+    """A step of unknown length (a compile): its description and the time it has taken so far, on stderr."""
+    if not enabled:
+        yield
+        return
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
+                  console=_console) as progress:
+        progress.add_task(description, total=None)
+        yield
 
 
 def track(items: Iterable[T], description: str, total: int | None = None, enabled: bool = True) -> Iterator[T]:
