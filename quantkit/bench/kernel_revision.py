@@ -4,7 +4,7 @@ A kernel change is measured against the code before it in one process: this mach
 within minutes, so two runs in turn compare the machine more than the code. `extension_at(rev, name, sources)`
 copies kernels/csrc as it was at `rev` (headers included) out of git, compiles it with the flags the working tree's
 build uses (quantkit.kernels.cpu_ext) under a module name of its own, and returns the module. Builds are cached
-per revision, like the working tree's.
+by the sources' git tree, so revisions that share their kernel sources share one build.
 """
 
 from __future__ import annotations
@@ -40,16 +40,20 @@ def commit_of(rev: str) -> str:
         raise RevisionError(f"{rev!r} names no commit of {REPO} ({exc})") from None
 
 
-def sources_at(commit: str) -> Path:
-    """kernels/csrc as it was at `commit`, written once under the build folder; returns that folder."""
-    out = build_dir() / f"csrc-{commit[:12]}"
+def csrc_tree(commit: str) -> str:
+    """The git tree id of kernels/csrc at `commit`: revisions with the same kernel sources share one build."""
+    return _git("rev-parse", f"{commit}:{CSRC.relative_to(REPO).as_posix()}").decode().strip()
+
+
+def sources_at(tree: str) -> Path:
+    """The kernel sources of csrc tree `tree`, written once under the build folder; returns that folder."""
+    out = build_dir() / f"csrc-{tree[:12]}"
     if (out / ".complete").is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    prefix = CSRC.relative_to(REPO).as_posix()
-    for path in _git("ls-tree", "--name-only", f"{commit}:{prefix}").decode().split():
-        (out / path).write_bytes(_git("show", f"{commit}:{prefix}/{path}"))
-    (out / ".complete").write_text(commit)
+    for path in _git("ls-tree", "--name-only", tree).decode().split():
+        (out / path).write_bytes(_git("cat-file", "blob", f"{tree}:{path}"))
+    (out / ".complete").write_text(tree)
     return out
 
 
@@ -58,14 +62,14 @@ def extension_at(rev: str, name: str, sources: tuple[str, ...]):
     missing = toolchain_missing()
     if missing is not None:
         raise RevisionError(missing)
-    commit = commit_of(rev)
-    src = sources_at(commit)
+    tree = csrc_tree(commit_of(rev))
+    src = sources_at(tree)
     absent = [s for s in sources if not (src / s).is_file()]
     if absent:
         raise RevisionError(f"{rev} has no {', '.join(absent)} in kernels/csrc")
     from torch.utils.cpp_extension import load
 
-    module = f"{name}_{commit[:12]}"
+    module = f"{name}_{tree[:12]}"
     out = build_dir() / module
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -21,7 +21,8 @@ def test_a_name_that_is_no_commit_is_refused_in_one_line():
 def test_the_sources_are_git_s_at_that_revision(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTKIT_EXT_DIR", str(tmp_path))
     commit = kr.commit_of("HEAD")
-    src = kr.sources_at(commit)
-    assert src.parent == tmp_path and (src / ".complete").read_text() == commit
+    tree = kr.csrc_tree(commit)
+    src = kr.sources_at(tree)
+    assert src.parent == tmp_path and (src / ".complete").read_text() == tree
     assert (src / "paged_attention_cpu.cpp").read_bytes() == kr._git("show", f"{commit}:kernels/csrc/paged_attention_cpu.cpp")
     assert {p.name for p in src.iterdir()} >= {"paged_attention_cpu.cpp", "attention_avx512.h", "vec_avx512.h"}
