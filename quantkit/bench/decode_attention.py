@@ -92,7 +92,7 @@ def main() -> None:
 
 def against(mod, rev: str, batches: list[int], keys: int, rounds: int, threads: int) -> None:
     """This tree's decode attention (mod) against revision `rev`'s build of it, one process, alternating."""
-    from quantkit.bench.kernel_revision import RevisionError, extension_at
+    from quantkit.bench.kernel_revision import RevisionError, extension_at, timed_rounds
     from quantkit.kernels.paged_attention_cpu import EXTENSION, SOURCES
 
     try:
@@ -100,7 +100,6 @@ def against(mod, rev: str, batches: list[int], keys: int, rounds: int, threads: 
     except RevisionError as exc:
         raise SystemExit(f"--against {rev}: {exc}") from None
     none_i32, none_f32 = torch.empty(0, dtype=torch.int32), torch.empty(0)
-    evict = torch.empty(64 << 20, dtype=torch.uint8)
     print(f"{threads} threads, {keys} cached tokens a sequence, {LAYERS} layers a step; this tree against {rev}")
     for batch in batches:
         caches, tables, lens, starts, q = step_inputs(batch, keys)
@@ -110,13 +109,7 @@ def against(mod, rev: str, batches: list[int], keys: int, rounds: int, threads: 
                                       none_f32) for k, v in caches]
 
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(step(mod), step(old)))
-        ms = {"this tree": [], rev: []}
-        for _ in range(rounds):
-            for name, m in (("this tree", mod), (rev, old)):
-                evict.add_(1)
-                t = time.perf_counter()
-                step(m)
-                ms[name].append((time.perf_counter() - t) * 1e3)
+        ms = timed_rounds({"this tree": lambda: step(mod), rev: lambda: step(old)}, rounds)
         ratio = statistics.median(o / n for o, n in zip(ms[rev], ms["this tree"]))
         print(f"batch {batch:>3}: this tree {statistics.median(ms['this tree']):.3f} ms, {rev} "
               f"{statistics.median(ms[rev]):.3f} ms, {rev} / this tree per round {ratio:.2f}x; outputs differ by at "

@@ -4,13 +4,19 @@ A kernel change is measured against the code before it in one process: this mach
 within minutes, so two runs in turn compare the machine more than the code. `extension_at(rev, name, sources)`
 copies kernels/csrc as it was at `rev` (headers included) out of git, compiles it with the flags the working tree's
 build uses (quantkit.kernels.cpu_ext) under a module name of its own, and returns the module. Builds are cached
-by the sources' git tree, so revisions that share their kernel sources share one build.
+by the sources' git tree, so revisions that share their kernel sources share one build. `timed_rounds` times
+the two builds' passes in turn, each reading its data from memory. Users: decode_attention --against,
+linears_against.
 """
 
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from quantkit.kernels.cpu_ext import CFLAGS, CSRC, LDFLAGS, build_dir, toolchain_missing
 
@@ -78,3 +84,17 @@ def extension_at(rev: str, name: str, sources: tuple[str, ...]):
     except (RuntimeError, OSError, ImportError) as exc:
         lines = str(exc).strip().splitlines()
         raise RevisionError(f"{name} at {rev} did not build: {lines[-1] if lines else type(exc).__name__}") from None
+
+
+def timed_rounds(passes: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """ms of each pass (name -> callable), alternating, each after 64 MiB of other writes (as an engine step's
+    other work evicts the cache between two calls of a kernel), so that a pass reads its data from memory."""
+    evict = torch.empty(64 << 20, dtype=torch.uint8)
+    got: dict[str, list[float]] = {name: [] for name in passes}
+    for _ in range(rounds):
+        for name, run in passes.items():
+            evict.add_(1)
+            t = time.perf_counter()
+            run()
+            got[name].append((time.perf_counter() - t) * 1e3)
+    return got
