@@ -34,9 +34,9 @@ using vec512::exp16;
 using vec512::first;
 using vec512::load16;
 
-// One row's online-softmax step over 16 scores s (a widened block's, or fold_keys'), of which the first `valid` (1 to 16)
-// count: returns e = exp(s - m_new) (0 past valid) and sets alpha (the old accumulator's rescale, 0 on
-// the first block, where m = -inf), then m and l.
+// One row's online-softmax step over 16 scores s (a widened block's, or fold_keys'), of which the first
+// `valid` (1 to 16) count: returns e = exp(s - m_new) (0 past valid) and sets alpha (the old accumulator's
+// rescale, 0 on the first block, where m = -inf), then m and l.
 inline __m512 softmax_step(__m512 s, int64_t valid, float& m, float& l, float& alpha) {
   const __mmask16 k = first(valid);
   s = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, s);
@@ -66,7 +66,8 @@ inline __m512 lanes4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // u[g] = lanes4 of keys 4g .. 4g + 3 -> lane t = key t's score.
 inline __m512 lanes16(const __m512 (&u)[4]) {
   const auto pairs = [](__m512 a, __m512 b) {  // per 128-bit lane: a's two sums, then b's
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
   };
   const __m512 lo = pairs(u[0], u[1]), hi = pairs(u[2], u[3]);
   const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -148,7 +149,7 @@ inline void fold_keys(const DotT (&dot)[R], float* acc, float* m, float* l, cons
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * D + 16 * c, av[r][c]);
 }
 
-// Whether the per-row step folds two rows that see the same keys together (fold_row_pair). A setting, like
+// Whether the per-row step folds two rows that see the same keys together (fold_keys with R = 2). A setting, like
 // widen_from_rows, so that a test can check both give the same bits and the benchmarks can time both.
 inline bool& pair_rows() {
   static bool on = true;

@@ -56,7 +56,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     with torch.inference_mode():
         for m in (int(v) for v in args.ms.split(",")):
-            xs = {k: torch.randn(m, k).bfloat16() for k in {d.packed.shape[1] for d in new} | {4 * h.packed.shape[1] for h in heads}}
+            sizes = {d.packed.shape[1] for d in new} | {h.in_features for h in heads}
+            xs = {k: torch.randn(m, k).bfloat16() for k in sizes}
 
             def int4_pass(calls):
                 return lambda: [d(xs[d.packed.shape[1]]) for d in calls]

@@ -24,5 +24,6 @@ def test_the_sources_are_git_s_at_that_revision(tmp_path, monkeypatch):
     tree = kr.csrc_tree(commit)
     src = kr.sources_at(tree)
     assert src.parent == tmp_path and (src / ".complete").read_text() == tree
-    assert (src / "paged_attention_cpu.cpp").read_bytes() == kr._git("show", f"{commit}:kernels/csrc/paged_attention_cpu.cpp")
+    at_commit = kr._git("show", f"{commit}:kernels/csrc/paged_attention_cpu.cpp")
+    assert (src / "paged_attention_cpu.cpp").read_bytes() == at_commit
     assert {p.name for p in src.iterdir()} >= {"paged_attention_cpu.cpp", "attention_avx512.h", "vec_avx512.h"}
