@@ -68,6 +68,28 @@ def is_built(name: str, sources: tuple[str, ...]) -> bool:
     return so.stat().st_mtime >= newest
 
 
+class BuildError(RuntimeError):
+    """Why an extension did not build (the compiler's last line)."""
+
+
+def compile_extension(name: str, sources: list[Path], out: Path, extra_cflags: tuple[str, ...] = (),
+                      announce: str | None = None):
+    """Module `name` built from `sources` into `out` with this project's flags (torch's builder: a no-op when built);
+    with `announce`, that line and the elapsed time show on stderr while it runs. Raises BuildError (one line)."""
+    from torch.utils.cpp_extension import load
+
+    from quantkit.progress import elapsed
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with elapsed(announce or "", enabled=announce is not None):
+            return load(name=name, sources=[str(s) for s in sources], extra_cflags=CFLAGS + list(extra_cflags),
+                        extra_ldflags=LDFLAGS, build_directory=str(out), verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:  # a compile or link error
+        lines = str(exc).strip().splitlines()
+        raise BuildError(lines[-1] if lines else type(exc).__name__) from None
+
+
 @functools.cache
 def load_cpu_extension(name: str, sources: tuple[str, ...]):
     """The compiled module `name` built from `sources` (file names under kernels/csrc), or None."""
@@ -75,18 +97,11 @@ def load_cpu_extension(name: str, sources: tuple[str, ...]):
     if missing is not None:
         _failures[name] = missing
         return None
-    from torch.utils.cpp_extension import load
-
-    out = extension_dir(name)
-    out.mkdir(parents=True, exist_ok=True)
-    from quantkit.progress import elapsed
-
     try:  # a first start on a machine waits for the compile: say so, with the time it takes
-        with elapsed(f"Compiling {name} for this CPU (once per checkout)", enabled=not is_built(name, sources)):
-            return load(name=name, sources=[str(CSRC / s) for s in sources], extra_cflags=CFLAGS + [headers_flag()],
-                        extra_ldflags=LDFLAGS, build_directory=str(out), verbose=False)
-    except (RuntimeError, OSError, ImportError) as exc:  # a compile or link error: keep the torch path
-        _failures[name] = f"build failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}"
+        announce = None if is_built(name, sources) else f"Compiling {name} for this CPU (once per checkout)"
+        return compile_extension(name, [CSRC / s for s in sources], extension_dir(name), (headers_flag(),), announce)
+    except BuildError as exc:  # keep the torch path
+        _failures[name] = f"build failed: {exc}"
         return None
 
 

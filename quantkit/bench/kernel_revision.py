@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.kernels.cpu_ext import CFLAGS, CSRC, LDFLAGS, build_dir, toolchain_missing
+from quantkit.kernels.cpu_ext import CSRC, BuildError, build_dir, compile_extension, toolchain_missing
 
 REPO = CSRC.parent.parent  # kernels/csrc -> the checkout
 
@@ -73,17 +73,14 @@ def extension_at(rev: str, name: str, sources: tuple[str, ...]):
     absent = [s for s in sources if not (src / s).is_file()]
     if absent:
         raise RevisionError(f"{rev} has no {', '.join(absent)} in kernels/csrc")
-    from torch.utils.cpp_extension import load
-
     module = f"{name}_{tree[:12]}"
     out = build_dir() / module
-    out.mkdir(parents=True, exist_ok=True)
+    built = (out / f"{module}.so").is_file()  # (a tree's sources never change: once built, always current)
     try:
-        return load(name=module, sources=[str(src / s) for s in sources], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
-                    build_directory=str(out), verbose=False)
-    except (RuntimeError, OSError, ImportError) as exc:
-        lines = str(exc).strip().splitlines()
-        raise RevisionError(f"{name} at {rev} did not build: {lines[-1] if lines else type(exc).__name__}") from None
+        return compile_extension(module, [src / s for s in sources], out,
+                                 announce=None if built else f"Compiling {name} as {rev} had it")
+    except BuildError as exc:
+        raise RevisionError(f"{name} at {rev} did not build: {exc}") from None
 
 
 def timed_rounds(passes: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
