@@ -92,7 +92,7 @@ def main() -> None:
 
 def against(mod, rev: str, batches: list[int], keys: int, rounds: int, threads: int) -> None:
     """This tree's decode attention (mod) against revision `rev`'s build of it, one process, alternating."""
-    from quantkit.bench.kernel_revision import RevisionError, extension_at, timed_rounds
+    from quantkit.bench.kernel_revision import RevisionError, compare, extension_at
     from quantkit.kernels.paged_attention_cpu import EXTENSION, SOURCES
 
     try:
@@ -108,12 +108,9 @@ def against(mod, rev: str, batches: list[int], keys: int, rounds: int, threads: 
             return [m.paged_attention(q, k, v, tables, lens, starts, HEAD_DIM ** -0.5, none_i32, none_f32, none_f32,
                                       none_f32) for k, v in caches]
 
-        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(step(mod), step(old)))
-        ms = timed_rounds({"this tree": lambda: step(mod), rev: lambda: step(old)}, rounds)
-        ratio = statistics.median(o / n for o, n in zip(ms[rev], ms["this tree"]))
-        print(f"batch {batch:>3}: this tree {statistics.median(ms['this tree']):.3f} ms, {rev} "
-              f"{statistics.median(ms[rev]):.3f} ms, {rev} / this tree per round {ratio:.2f}x; outputs differ by at "
-              f"most {diff:.2e}", flush=True)
+        c = compare(lambda: step(mod), lambda: step(old), rounds)
+        print(f"batch {batch:>3}: this tree {c.ours_ms:.3f} ms, {rev} {c.theirs_ms:.3f} ms, {rev} / this tree per "
+              f"round {c.ratio:.2f}x; outputs differ by at most {c.max_diff:.2e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ linears_against.
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -95,3 +97,20 @@ def timed_rounds(passes: dict[str, Callable[[], object]], rounds: int) -> dict[s
             run()
             got[name].append((time.perf_counter() - t) * 1e3)
     return got
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ours_ms: float  # median ms of a pass with this tree's build
+    theirs_ms: float  # the same with the revision's
+    ratio: float  # the median of each round's theirs / ours (> 1: this tree is faster)
+    max_diff: float  # the largest difference between the two builds' outputs
+
+
+def compare(ours: Callable[[], Sequence[torch.Tensor]], theirs: Callable[[], Sequence[torch.Tensor]],
+            rounds: int) -> Comparison:
+    """Both passes' outputs side by side, then both timed by timed_rounds."""
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours(), theirs()))
+    got = timed_rounds({"ours": ours, "theirs": theirs}, rounds)
+    return Comparison(statistics.median(got["ours"]), statistics.median(got["theirs"]),
+                      statistics.median(t / o for o, t in zip(got["ours"], got["theirs"])), diff)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import torch
 
 def main() -> None:
     from quantkit.bench.int4_engine import checkpoints
-    from quantkit.bench.kernel_revision import RevisionError, extension_at, timed_rounds
+    from quantkit.bench.kernel_revision import RevisionError, compare, extension_at
     from quantkit.engine import LLM
     from quantkit.kernels import int4_cpu
     from quantkit.kernels.int8_cpu import Int8Linear
@@ -54,9 +53,9 @@ def main() -> None:
           f"alternating rounds; this tree against {args.rev}")
     print(f"| M | linears | this tree | {args.rev} | {args.rev} / this tree, per round | outputs differ by at most |")
     print("|---|---|---|---|---|---|")
+    sizes = {d.packed.shape[1] for d in new} | {h.in_features for h in heads}
     with torch.inference_mode():
         for m in (int(v) for v in args.ms.split(",")):
-            sizes = {d.packed.shape[1] for d in new} | {h.in_features for h in heads}
             xs = {k: torch.randn(m, k).bfloat16() for k in sizes}
 
             def int4_pass(calls):
@@ -70,11 +69,9 @@ def main() -> None:
             if heads:
                 runs["int8 lm_head"] = (head_pass(heads[0]._op), head_pass(old.int8_linear_bf16))
             for what, (ours, theirs) in runs.items():
-                diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours(), theirs()))
-                got = timed_rounds({"this tree": ours, args.rev: theirs}, args.rounds)
-                ratio = statistics.median(o / n for o, n in zip(got[args.rev], got["this tree"]))
-                print(f"| {m} | {what} | {statistics.median(got['this tree']):.2f} ms | "
-                      f"{statistics.median(got[args.rev]):.2f} ms | **{ratio:.2f}x** | {diff:.2e} |", flush=True)
+                c = compare(ours, theirs, args.rounds)
+                print(f"| {m} | {what} | {c.ours_ms:.2f} ms | {c.theirs_ms:.2f} ms | **{c.ratio:.2f}x** | "
+                      f"{c.max_diff:.2e} |", flush=True)
 
 
 if __name__ == "__main__":
