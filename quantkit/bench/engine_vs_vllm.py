@@ -1,20 +1,22 @@
 """quantkit's engine against vLLM's CPU build, same model, prompts and threads, alternating rounds.
 
+  quantkit bench engine [MODEL] [--against-vllm VENV] [--threads 2] [--rounds 3] [--workloads a,b,c] [--gptq]
   python -m quantkit.bench.engine --against-vllm VENV [--threads 2] [--rounds 3] [--dtype auto] [--gptq]
 
 Workloads (token-id prompts, greedy, EOS ignored):
   (a) 64 prompts x 128 tokens in, 128 out
   (b) 32 prompts sharing a 512-token prefix + 32 own tokens, 32 out
   (c) one request, 128 in, 128 out
-Model: a random Llama (hidden 1024, intermediate 2816, 8 layers, 16 heads, 8 KV heads, vocab 32000);
-with --gptq, its 4-bit RTN checkpoint in the GPTQ v1 layout (symmetric, group 128), which vLLM reads.
-vLLM runs in a subprocess of VENV's python (quantkit/bench/vllm_worker.py) with
+Model: MODEL, or the embedded benchmark model: a random Llama (hidden 1024, intermediate 2816, 8 layers, 16 heads,
+8 KV heads, vocab 32000); with --gptq, also its 4-bit RTN checkpoint in the GPTQ v1 layout (symmetric, group 128),
+which vLLM reads. vLLM runs in a subprocess of VENV's python (quantkit/bench/vllm_worker.py) with
 VLLM_CPU_OMP_THREADS_BIND covering the same number of cores. Per round and workload: ours, then vLLM.
 TTFT is the wall time of the same prompts with max_tokens=1 (one definition for both systems).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -28,6 +30,8 @@ import torch
 SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048)
 MAX_MODEL_LEN = 1024
+WORKLOADS = ("a", "b", "c")
+DTYPES = ("auto", "bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class Workload:
     name: str
     prompts: list[list[int]]
     max_tokens: int
+
+    @property
+    def tokens_needed(self) -> int:
+        """The longest sequence it makes: its longest prompt and all its new tokens."""
+        return max(len(p) for p in self.prompts) + self.max_tokens
 
 
 def workloads(vocab: int = 32000) -> list[Workload]:
@@ -47,6 +56,66 @@ def workloads(vocab: int = 32000) -> list[Workload]:
     return [Workload("a", [ids(128) for _ in range(64)], 128),
             Workload("b", [prefix + ids(32) for _ in range(32)], 32),
             Workload("c", [ids(128)], 128)]
+
+
+@dataclass(frozen=True)
+class EngineBenchConfig:
+    """One run of the comparison, validated where it is built (the CLI edge): `model` None is the embedded benchmark
+    model, built in a temporary folder (`gptq`: also its 4-bit checkpoint; `gptq_only`: only that)."""
+
+    model: Path | None = None
+    vllm_venv: Path | None = None
+    threads: int = 2
+    rounds: int = 3
+    workloads: tuple[str, ...] = WORKLOADS
+    dtype: str = "auto"
+    gptq: bool = False
+    gptq_only: bool = False
+    vllm_log: Path = Path("out/vllm-bench.log")
+
+    def __post_init__(self) -> None:
+        from quantkit.errors import QuantkitError
+
+        if not self.workloads or any(w not in WORKLOADS for w in self.workloads) \
+                or len(set(self.workloads)) != len(self.workloads):
+            raise QuantkitError(f"--workloads: {','.join(self.workloads) or '(none)'}: a comma-separated list of "
+                                f"distinct names from {', '.join(WORKLOADS)}")
+        if self.threads < 1 or self.rounds < 1:
+            raise QuantkitError("--threads and --rounds must be at least 1")
+        if self.dtype not in DTYPES:
+            raise QuantkitError(f"--dtype: {self.dtype}: one of {', '.join(DTYPES)}")
+        if self.model is not None and (self.gptq or self.gptq_only):
+            raise QuantkitError("--gptq and --gptq-only make the embedded model's 4-bit checkpoint; with MODEL, "
+                                "pass a 4-bit checkpoint as MODEL instead")
+        if self.vllm_venv is not None and not (self.vllm_venv / "bin" / "python").is_file():
+            raise QuantkitError(f"--against-vllm: {self.vllm_venv}: no bin/python in it (a venv with vLLM's CPU build)")
+        if self.model is not None:
+            if not (self.model / "config.json").is_file():
+                raise QuantkitError(f"{self.model}: not a checkpoint folder (no config.json)")
+            workloads_for(self.model, self.workloads)  # each must fit the model's context
+
+
+def model_limits(model: Path) -> tuple[int, int]:
+    """(vocab size, the context this comparison gives both engines) of the checkpoint at `model`."""
+    from quantkit.model.checkpoint import read_config
+
+    config = read_config(model)
+    config = config.get("text_config", config)
+    return int(config["vocab_size"]), min(MAX_MODEL_LEN, int(config.get("max_position_embeddings", MAX_MODEL_LEN)))
+
+
+def workloads_for(model: Path, names: tuple[str, ...]) -> tuple[list[Workload], int]:
+    """The named workloads with token ids of `model`'s vocabulary, and the context length they run at. Raises a
+    one-line QuantkitError where a workload does not fit the model's context."""
+    from quantkit.errors import QuantkitError
+
+    vocab, max_len = model_limits(model)
+    chosen = [w for w in workloads(vocab) if w.name in names]
+    for w in chosen:
+        if w.tokens_needed > max_len:
+            raise QuantkitError(f"workload ({w.name}) makes sequences of {w.tokens_needed} tokens; {model} holds "
+                                f"{max_len} (--workloads without {w.name})")
+    return chosen, max_len
 
 
 def make_dense(out: Path) -> Path:
@@ -81,20 +150,78 @@ def make_gptq(dense: Path, out: Path, lm_head: bool = False) -> Path:
 
 
 @dataclass
-class Tally:
-    tok_s: list[float] = field(default_factory=list)
-    ttft: list[float] = field(default_factory=list)
+class WorkloadResult:
+    """One workload's rounds: output tokens/s, TTFT (seconds) and output tokens of each system, in round order."""
 
-    def line(self) -> str:
-        return f"{statistics.median(self.tok_s):8.1f} tok/s  TTFT {statistics.median(self.ttft) * 1e3:8.1f} ms"
+    workload: str
+    tok_s: dict[str, list[float]] = field(default_factory=dict)
+    ttft_s: dict[str, list[float]] = field(default_factory=dict)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    def median_tok_s(self, system: str) -> float:
+        return statistics.median(self.tok_s[system])
+
+    def median_ttft_s(self, system: str) -> float:
+        return statistics.median(self.ttft_s[system])
+
+    def ratios(self) -> tuple[float, float] | None:
+        """(tok/s, TTFT) of quantkit over vLLM, ratios of the medians; None without vLLM."""
+        if "vLLM" not in self.tok_s:
+            return None
+        return (self.median_tok_s("quantkit") / self.median_tok_s("vLLM"),
+                self.median_ttft_s("quantkit") / self.median_ttft_s("vLLM"))
+
+
+@dataclass
+class Comparison:
+    """What one model's comparison measured."""
+
+    label: str
+    model: str
+    dtype: str
+    threads: int
+    rounds: int
+    load_average: tuple[float, float]
+    startup_s: dict[str, float]
+    quantkit_weights: str
+    results: list[WorkloadResult]
+    vllm_kernels: list[str] = field(default_factory=list)
+    vllm_error: str | None = None
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        for r, d in zip(self.results, out["results"]):
+            d["median_tok_s"] = {s: r.median_tok_s(s) for s in r.tok_s}
+            d["median_ttft_s"] = {s: r.median_ttft_s(s) for s in r.ttft_s}
+            ratios = r.ratios()
+            d["tok_s_ratio"], d["ttft_ratio"] = ratios if ratios else (None, None)
+        return out
+
+    def lines(self) -> list[str]:
+        """The plain-text report (`python -m quantkit.bench.engine --against-vllm`)."""
+        lo, hi = self.load_average
+        out = [f"\n== {self.label}, {self.dtype}, {self.threads} threads, median of {self.rounds} alternating rounds; "
+               f"load average {lo:.1f}-{hi:.1f}; start-up: "
+               + ", ".join(f"{n} {s:.1f} s" for n, s in self.startup_s.items()),
+               f"quantkit {self.quantkit_weights}"]
+        if self.vllm_error:
+            out.append(f"vLLM did not run this model in {self.dtype}: {self.vllm_error}")
+        for r in self.results:
+            line = " | ".join(f"{n} {r.median_tok_s(n):8.1f} tok/s  TTFT {r.median_ttft_s(n) * 1e3:8.1f} ms"
+                              for n in r.tok_s)
+            if (ratios := r.ratios()) is not None:
+                line += f" | tok/s ratio {ratios[0]:.2f}x, TTFT ratio {ratios[1]:.2f}x"
+            out.append(f"({r.workload}) {line}")
+        out += [f"vLLM: {line}" for line in self.vllm_kernels]
+        return out
 
 
 class Ours:
-    def __init__(self, model: Path, dtype: str, threads: int):
+    def __init__(self, model: Path, dtype: str, threads: int, max_model_len: int = MAX_MODEL_LEN):
         from quantkit.engine import LLM
 
         t = time.perf_counter()
-        self.llm = LLM(str(model), dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=threads)
+        self.llm = LLM(str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64, num_threads=threads)
         self.startup = time.perf_counter() - t
 
     def run(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
@@ -108,26 +235,43 @@ class Ours:
 class VLLM:
     """vLLM in a subprocess of its own venv, fed one JSON job per line."""
 
-    def __init__(self, venv: Path, model: Path, dtype: str, threads: int, log: Path):
+    def __init__(self, venv: Path, model: Path, dtype: str, threads: int, log: Path,
+                 max_model_len: int = MAX_MODEL_LEN):
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2",
                    HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64))
+        model = model.resolve()  # the worker runs in the model's parent folder
+        args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64))
         self.log = log.resolve()
         log.parent.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
+        self.log_file = log.open("w")  # vLLM's stderr, and its stdout's lines other than the worker's answers
         self.proc = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_worker.py")),
-                                      args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"),
+                                      args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
                                      env=env, text=True, cwd=model.parent)  # not the repo root: its
         # kernels/ folder would shadow a `kernels` package vLLM imports
-        if "ready" not in self._answer():
-            raise RuntimeError(f"vLLM did not start; see {log}")
+        try:
+            if "ready" not in self._answer():
+                raise RuntimeError(f"vLLM did not start; see {log}")
+        except RuntimeError:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+            self.log_file.close()
+            raise
         self.startup = time.perf_counter() - t
 
     def _answer(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith("{"):
                 return json.loads(line)
-        raise RuntimeError(f"vLLM exited; see {self.log}")
+            self.log_file.write(line)  # vLLM logs to stdout: its kernel choices are among these lines
+            self.log_file.flush()
+        self.proc.wait(timeout=60)
+        raise RuntimeError(f"vLLM exited ({self.last_error()}); see {self.log}")
+
+    def last_error(self) -> str:
+        """The last line vLLM wrote to its log (an exception's), without its rank prefix."""
+        lines = [line.removeprefix("[rank0]:").strip() for line in self.log.read_text(errors="replace").splitlines()]
+        return next((line for line in reversed(lines) if line), "no output")
 
     def run(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
         self.proc.stdin.write(json.dumps(dict(prompts=prompts, max_tokens=max_tokens)) + "\n")
@@ -136,67 +280,119 @@ class VLLM:
         return a["seconds"], a["tokens"]
 
     def kernels(self) -> list[str]:
-        """vLLM's log lines that name the linear kernels it picked."""
-        return sorted({line.strip()[-160:] for line in self.log.read_text().splitlines() if "Kernel" in line})
+        """What vLLM's log says of the kernels it picked ("Using CPUWNA16LinearKernel for mixed-precision linear")."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return sorted({line[line.index("Using "):].strip() for line in lines if "Using " in line and "Kernel" in line})
 
     def close(self) -> None:
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.flush()
-        self.proc.wait(timeout=60)
+        """Ask the worker to quit; kill it where it has died mid-job or does not exit within a minute."""
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+        self.log_file.close()
 
 
-def measure(system, w: Workload, tally: Tally) -> None:
+def measure(system, w: Workload, result: WorkloadResult, name: str) -> None:
     seconds, tokens = system.run(w.prompts, w.max_tokens)
-    tally.tok_s.append(tokens / seconds)
-    tally.ttft.append(system.run(w.prompts, 1)[0])
+    result.tokens.setdefault(name, []).append(tokens)
+    result.tok_s.setdefault(name, []).append(tokens / seconds)
+    result.ttft_s.setdefault(name, []).append(system.run(w.prompts, 1)[0])
 
 
-def compare(model: Path, label: str, args) -> None:
+def compare(model: Path, label: str, cfg: EngineBenchConfig, advance=lambda n=1: None) -> Comparison:
+    """`model` on quantkit's engine and, with `cfg.vllm_venv`, on vLLM, alternating rounds; `advance()` after each
+    measured workload of each system."""
     from quantkit.devices import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
 
-    dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
-    ours = Ours(model, dtype, args.threads)
+    dtype = auto_cpu_dtype()[0] if cfg.dtype == "auto" else cfg.dtype
+    wls, max_len = workloads_for(model, cfg.workloads)
+    ours = Ours(model, dtype, cfg.threads, max_len)
     systems = {"quantkit": ours}
-    try:
-        systems["vLLM"] = VLLM(Path(args.against_vllm).resolve(), model, dtype, args.threads, Path(args.vllm_log))
-    except RuntimeError as e:
-        print(f"vLLM did not run this model in {dtype}: {e}")
+    vllm_error, vllm_startup = None, None
+    if cfg.vllm_venv is not None:
+        try:
+            systems["vLLM"] = VLLM(cfg.vllm_venv.resolve(), model, dtype, cfg.threads, cfg.vllm_log, max_len)
+            vllm_startup = systems["vLLM"].startup
+        except RuntimeError as e:
+            vllm_error = str(e)
+    results = {w.name: WorkloadResult(w.name) for w in wls}
     loads = [os.getloadavg()[0]]
-    wls = [w for w in workloads() if w.name in args.workloads.split(",")]
-    for w in wls:  # warm-up, not counted
-        for system in systems.values():
-            system.run(w.prompts[:2], 2)
-    tallies = {(w.name, s): Tally() for w in wls for s in systems}
-    for _ in range(args.rounds):
-        for w in wls:
-            for name, system in systems.items():
-                measure(system, w, tallies[w.name, name])
-        loads.append(os.getloadavg()[0])
-    print(f"\n== {label}, {dtype}, {args.threads} threads, median of {args.rounds} alternating rounds; "
-          f"load average {min(loads):.1f}-{max(loads):.1f}; start-up: "
-          + ", ".join(f"{n} {s.startup:.1f} s" for n, s in systems.items()))
-    print(f"quantkit {WeightMemory.of(ours.llm.engine.model).describe()}")
-    for w in wls:
-        line = " | ".join(f"{n} {tallies[w.name, n].line()}" for n in systems)
+
+    def attempt(name: str, job) -> None:
+        """job() on system `name`; vLLM failing mid-run (a model its CPU build cannot run) leaves it out."""
+        nonlocal vllm_error
+        if name not in systems:
+            return
+        try:
+            job(systems[name])
+        except RuntimeError as e:
+            if name != "vLLM":
+                raise
+            vllm_error = str(e)
+            systems.pop("vLLM").close()
+            for r in results.values():
+                for per_system in (r.tok_s, r.ttft_s, r.tokens):
+                    per_system.pop("vLLM", None)
+
+    names = ["quantkit"] + (["vLLM"] if cfg.vllm_venv is not None else [])  # what the progress bar counts
+    try:
+        for w in wls:  # warm-up, not counted
+            for name in names:
+                attempt(name, lambda s: s.run(w.prompts[:2], 2))
+        for _ in range(cfg.rounds):
+            for w in wls:
+                for name in names:
+                    attempt(name, lambda s: measure(s, w, results[w.name], name))
+                    advance()
+            loads.append(os.getloadavg()[0])
+        kernels = systems["vLLM"].kernels() if "vLLM" in systems else []
+    finally:
         if "vLLM" in systems:
-            o, v = tallies[w.name, "quantkit"], tallies[w.name, "vLLM"]
-            line += (f" | tok/s ratio {statistics.median(o.tok_s) / statistics.median(v.tok_s):.2f}x, "
-                     f"TTFT ratio {statistics.median(o.ttft) / statistics.median(v.ttft):.2f}x")
-        print(f"({w.name}) {line}", flush=True)
-    if "vLLM" in systems:
-        for line in systems["vLLM"].kernels():
-            print(f"vLLM: {line}")
-        systems["vLLM"].close()
+            systems["vLLM"].close()
+    startup = {"quantkit": ours.startup} | ({"vLLM": vllm_startup} if vllm_startup is not None else {})
+    return Comparison(label, str(model), dtype, cfg.threads, cfg.rounds, (min(loads), max(loads)),
+                      startup, WeightMemory.of(ours.llm.engine.model).describe(),
+                      list(results.values()), kernels, vllm_error)
+
+
+def comparisons(cfg: EngineBenchConfig, advance=lambda n=1: None) -> list[Comparison]:
+    """cfg's model, or the embedded benchmark model (and its 4-bit checkpoint with --gptq), compared."""
+    import tempfile
+
+    torch.set_num_threads(cfg.threads)
+    if cfg.model is not None:
+        return [compare(cfg.model, cfg.model.name, cfg, advance)]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dense = make_dense(Path(tmp))
+        if not cfg.gptq_only:
+            out.append(compare(dense, "random Llama (hidden 1024, 8 layers), float", cfg, advance))
+        if cfg.gptq or cfg.gptq_only:
+            out.append(compare(make_gptq(dense, Path(tmp)), "same model, 4-bit RTN in the GPTQ v1 layout (group 128)",
+                               cfg, advance))
+    return out
+
+
+def measurements(cfg: EngineBenchConfig) -> int:
+    """How many times `comparisons(cfg)` calls advance: a progress bar's total."""
+    models = 1 if cfg.model is not None else int(not cfg.gptq_only) + int(cfg.gptq or cfg.gptq_only)
+    return models * cfg.rounds * len(cfg.workloads) * (2 if cfg.vllm_venv is not None else 1)
 
 
 def run(args) -> None:
-    import tempfile
+    """`python -m quantkit.bench.engine --against-vllm VENV ...`: the embedded model, a plain-text report."""
+    from quantkit.errors import QuantkitError
 
-    torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        dense = make_dense(Path(tmp))
-        if not args.gptq_only:
-            compare(dense, "random Llama (hidden 1024, 8 layers), float", args)
-        if args.gptq or args.gptq_only:
-            compare(make_gptq(dense, Path(tmp)), "same model, 4-bit RTN in the GPTQ v1 layout (group 128)", args)
+    try:
+        cfg = EngineBenchConfig(vllm_venv=Path(args.against_vllm), threads=args.threads, rounds=args.rounds,
+                                workloads=tuple(args.workloads.split(",")), dtype=args.dtype, gptq=args.gptq,
+                                gptq_only=args.gptq_only, vllm_log=Path(args.vllm_log))
+    except QuantkitError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for c in comparisons(cfg):
+        print("\n".join(c.lines()), flush=True)

@@ -1,4 +1,5 @@
-"""`quantkit bench ...`: benchmarks as commands. `quantkit bench serve` measures an OpenAI-compatible server."""
+"""`quantkit bench ...`: benchmarks as commands. `quantkit bench serve` measures an OpenAI-compatible server;
+`quantkit bench engine` runs the engine on three fixed workloads, beside vLLM's CPU build when given its venv."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import typer
 from quantkit.commands.common import console, one_line_errors
 from quantkit.errors import QuantkitError
 
-bench_app = typer.Typer(name="bench", help="Benchmarks: `serve` measures a running OpenAI-compatible server.",
+bench_app = typer.Typer(name="bench", help=("Benchmarks: `serve` measures a running OpenAI-compatible server, "
+                                           "`engine` the engine beside vLLM's CPU build."),
                         no_args_is_help=True, add_completion=False)
 
 
@@ -57,6 +59,73 @@ def bench_serve(
     if output is not None:
         write_json(output, rep)
         console.print(f"wrote {output}", highlight=False)
+
+
+@bench_app.command("engine")
+@one_line_errors
+def bench_engine(
+    model: str | None = typer.Argument(None, help="A checkpoint (float, GPTQ or AWQ): folder or hub id. Default: the "
+                                                  "embedded benchmark model, a random Llama of hidden 1024, 8 layers."),
+    against_vllm: Path | None = typer.Option(None, "--against-vllm", metavar="VENV",
+                                             help="A venv with vLLM's CPU build: run it beside, on the same prompts."),
+    threads: int = typer.Option(2, "--threads", help="CPU threads for both engines."),
+    rounds: int = typer.Option(3, "--rounds", help="Alternating rounds; the median counts."),
+    workloads: str = typer.Option("a,b,c", "--workloads",
+                                  help="a: 64 prompts x 128 in, 128 out; b: 32 prompts on a shared 512-token prefix "
+                                       "+ 32 own, 32 out; c: one request, 128 in, 128 out."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (quantkit's pick for this CPU), bfloat16 or float32."),
+    gptq: bool = typer.Option(False, "--gptq", help="Embedded model: also its 4-bit GPTQ checkpoint (RTN, group 128)."),
+    gptq_only: bool = typer.Option(False, "--gptq-only", help="Embedded model: only its 4-bit GPTQ checkpoint."),
+    vllm_log: Path = typer.Option(Path("out/vllm-bench.log"), "--vllm-log", help="Where vLLM's stderr goes."),
+    output: Path | None = typer.Option(None, "--output", help="Write the report here as JSON."),
+) -> None:
+    """Output tokens/s and TTFT of the engine on three workloads (token-id prompts, greedy, EOS ignored), beside
+    vLLM's CPU build with --against-vllm: same model, prompts and threads, alternating rounds."""
+    from quantkit.bench.engine_vs_vllm import EngineBenchConfig, comparisons, measurements
+    from quantkit.model.checkpoint import resolve_model_path
+    from quantkit.progress import no_transformers_bars, progress_bar
+
+    cfg = EngineBenchConfig(model=None if model is None else resolve_model_path(model), vllm_venv=against_vllm, threads=threads, rounds=rounds,
+                            workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()), dtype=dtype,
+                            gptq=gptq, gptq_only=gptq_only, vllm_log=vllm_log)
+    with progress_bar("Measuring", measurements(cfg)) as advance, no_transformers_bars():
+        reports = comparisons(cfg, advance)
+    for c in reports:
+        console.print(engine_table(c))
+        if c.vllm_error:
+            console.print(f"[yellow]vLLM did not run {c.label}[/]: {c.vllm_error}", highlight=False)
+        for line in c.vllm_kernels:
+            console.print(f"vLLM: {line}", highlight=False)
+    if output is not None:
+        write_json(output, {"comparisons": [c.as_dict() for c in reports]})
+        console.print(f"wrote {output}", highlight=False)
+
+
+def engine_table(c):
+    """A rich table of one model's comparison: per workload, each system's median tok/s and TTFT, and the ratios."""
+    from rich.table import Table
+
+    lo, hi = c.load_average
+    t = Table(title=f"{c.label}: {c.dtype}, {c.threads} threads, median of {c.rounds} rounds "
+                    f"(load average {lo:.1f}-{hi:.1f}); start-up "
+                    + ", ".join(f"{n} {s:.1f} s" for n, s in c.startup_s.items()),
+              caption=f"quantkit {c.quantkit_weights}")
+    systems = list(c.results[0].tok_s) if c.results else ["quantkit"]
+    t.add_column("workload")
+    for name in systems:
+        t.add_column(f"{name} tok/s", justify="right")
+        t.add_column(f"{name} TTFT", justify="right")
+    if "vLLM" in systems:
+        t.add_column("tok/s ratio", justify="right")
+        t.add_column("TTFT ratio", justify="right")
+    for r in c.results:
+        row = [f"({r.workload})"]
+        for name in systems:
+            row += [f"{r.median_tok_s(name):.1f}", f"{r.median_ttft_s(name) * 1e3:.1f} ms"]
+        if (ratios := r.ratios()) is not None:
+            row += [f"{ratios[0]:.2f}x", f"{ratios[1]:.2f}x"]
+        t.add_row(*row)
+    return t
 
 
 def write_json(path: Path, obj: dict) -> None:

