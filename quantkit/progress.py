@@ -14,16 +14,32 @@ T = TypeVar("T")
 _console = Console(stderr=True)
 
 
+class Bar:
+    """What `progress_bar` yields: `bar(n=1)` advances it, `bar.describe(text)` names the part under way (a step of
+    its own inside the bar, such as a model loading). A Bar() of its own does nothing: the default where a caller
+    shows no progress."""
+
+    def __init__(self, progress: Progress | None = None, task=None):
+        self._progress, self._task = progress, task
+
+    def __call__(self, n: int = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, n)
+
+    def describe(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+
+
 @contextmanager
-def progress_bar(description: str, total: int | None, enabled: bool = True) -> Iterator:
-    """Yields `advance(n=1)`; the bar is transient-free so the finished step stays visible."""
+def progress_bar(description: str, total: int | None, enabled: bool = True) -> Iterator[Bar]:
+    """Yields a Bar (call it to advance); the bar is transient-free so the finished step stays visible."""
     if not enabled:
-        yield lambda n=1: None
+        yield Bar()
         return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=_console) as progress:
-        task = progress.add_task(description, total=total)
-        yield lambda n=1: progress.advance(task, n)
+        yield Bar(progress, progress.add_task(description, total=total))
 
 
 @contextmanager

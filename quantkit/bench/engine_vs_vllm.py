@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from quantkit.progress import Bar
+
 SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048)
 MAX_MODEL_LEN = 1024
@@ -303,18 +305,21 @@ def measure(system, w: Workload, result: WorkloadResult, name: str) -> None:
     result.ttft_s.setdefault(name, []).append(system.run(w.prompts, 1)[0])
 
 
-def compare(model: Path, label: str, cfg: EngineBenchConfig, advance=lambda n=1: None) -> Comparison:
-    """`model` on quantkit's engine and, with `cfg.vllm_venv`, on vLLM, alternating rounds; `advance()` after each
-    measured workload of each system."""
+def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = None) -> Comparison:
+    """`model` on quantkit's engine and, with `cfg.vllm_venv`, on vLLM, alternating rounds; `bar` advances after each
+    measured workload of each system and names the part under way."""
     from quantkit.devices import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
 
+    bar = bar or Bar()
     dtype = auto_cpu_dtype()[0] if cfg.dtype == "auto" else cfg.dtype
     wls, max_len = workloads_for(model, cfg.workloads)
+    bar.describe(f"{label}: loading in quantkit")
     ours = Ours(model, dtype, cfg.threads, max_len)
     systems = {"quantkit": ours}
     vllm_error, vllm_startup = None, None
     if cfg.vllm_venv is not None:
+        bar.describe(f"{label}: starting vLLM")
         try:
             systems["vLLM"] = VLLM(cfg.vllm_venv.resolve(), model, dtype, cfg.threads, cfg.vllm_log, max_len)
             vllm_startup = systems["vLLM"].startup
@@ -341,14 +346,16 @@ def compare(model: Path, label: str, cfg: EngineBenchConfig, advance=lambda n=1:
 
     names = ["quantkit"] + (["vLLM"] if cfg.vllm_venv is not None else [])  # what the progress bar counts
     try:
+        bar.describe(f"{label}: warm-up")
         for w in wls:  # warm-up, not counted
             for name in names:
                 attempt(name, lambda s: s.run(w.prompts[:2], 2))
-        for _ in range(cfg.rounds):
+        for i in range(cfg.rounds):
             for w in wls:
                 for name in names:
+                    bar.describe(f"{label}: round {i + 1} of {cfg.rounds}, ({w.name}) on {name}")
                     attempt(name, lambda s: measure(s, w, results[w.name], name))
-                    advance()
+                    bar()
             loads.append(os.getloadavg()[0])
         kernels = systems["vLLM"].kernels() if "vLLM" in systems else []
     finally:
@@ -360,26 +367,29 @@ def compare(model: Path, label: str, cfg: EngineBenchConfig, advance=lambda n=1:
                       list(results.values()), kernels, vllm_error)
 
 
-def comparisons(cfg: EngineBenchConfig, advance=lambda n=1: None) -> list[Comparison]:
+def comparisons(cfg: EngineBenchConfig, bar: Bar | None = None) -> list[Comparison]:
     """cfg's model, or the embedded benchmark model (and its 4-bit checkpoint with --gptq), compared."""
     import tempfile
 
+    bar = bar or Bar()
     torch.set_num_threads(cfg.threads)
     if cfg.model is not None:
-        return [compare(cfg.model, cfg.model.name, cfg, advance)]
+        return [compare(cfg.model, cfg.model.name, cfg, bar)]
     out = []
     with tempfile.TemporaryDirectory() as tmp:
+        bar.describe("making the benchmark model")
         dense = make_dense(Path(tmp))
         if not cfg.gptq_only:
-            out.append(compare(dense, "random Llama (hidden 1024, 8 layers), float", cfg, advance))
+            out.append(compare(dense, "random Llama (hidden 1024, 8 layers), float", cfg, bar))
         if cfg.gptq or cfg.gptq_only:
+            bar.describe("quantizing it to 4 bits")
             out.append(compare(make_gptq(dense, Path(tmp)), "same model, 4-bit RTN in the GPTQ v1 layout (group 128)",
-                               cfg, advance))
+                               cfg, bar))
     return out
 
 
 def measurements(cfg: EngineBenchConfig) -> int:
-    """How many times `comparisons(cfg)` calls advance: a progress bar's total."""
+    """How many times `comparisons(cfg)` advances its bar: the bar's total."""
     models = 1 if cfg.model is not None else int(not cfg.gptq_only) + int(cfg.gptq or cfg.gptq_only)
     return models * cfg.rounds * len(cfg.workloads) * (2 if cfg.vllm_venv is not None else 1)
 

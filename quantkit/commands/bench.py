@@ -88,8 +88,8 @@ def bench_engine(
     cfg = EngineBenchConfig(model=None if model is None else resolve_model_path(model), vllm_venv=against_vllm,
                             threads=threads, rounds=rounds, dtype=dtype, gptq=gptq, gptq_only=gptq_only,
                             workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()), vllm_log=vllm_log)
-    with progress_bar("Measuring", measurements(cfg)) as advance, no_transformers_bars():
-        reports = comparisons(cfg, advance)
+    with progress_bar("Measuring", measurements(cfg)) as bar, no_transformers_bars():
+        reports = comparisons(cfg, bar)
     for c in reports:
         console.print(engine_table(c))
         if c.vllm_error:
