@@ -9,7 +9,7 @@ Workloads (token-id prompts, greedy, EOS ignored):
   (c) one request, 128 in, 128 out
 Model: MODEL, or the embedded benchmark model: a random Llama (hidden 1024, intermediate 2816, 8 layers, 16 heads,
 8 KV heads, vocab 32000); with --gptq, also its 4-bit RTN checkpoint in the GPTQ v1 layout (symmetric, group 128),
-which vLLM reads. vLLM runs in a subprocess of VENV's python (quantkit/bench/vllm_worker.py) with
+which vLLM reads. vLLM runs in a subprocess of VENV's python (quantkit/bench/vllm_process.py) with
 VLLM_CPU_OMP_THREADS_BIND covering the same number of cores. Per round and workload: ours, then vLLM.
 TTFT is the wall time of the same prompts with max_tokens=1 (one definition for both systems).
 """
@@ -17,10 +17,8 @@ TTFT is the wall time of the same prompts with max_tokens=1 (one definition for 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,70 +232,6 @@ class Ours:
         return time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
-class VLLM:
-    """vLLM in a subprocess of its own venv, fed one JSON job per line."""
-
-    def __init__(self, venv: Path, model: Path, dtype: str, threads: int, log: Path,
-                 max_model_len: int = MAX_MODEL_LEN):
-        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2",
-                   HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        model = model.resolve()  # the worker runs in the model's parent folder
-        args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64))
-        self.log = log.resolve()
-        log.parent.mkdir(parents=True, exist_ok=True)
-        t = time.perf_counter()
-        self.log_file = log.open("w")  # vLLM's stderr, and its stdout's lines other than the worker's answers
-        self.proc = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_worker.py")),
-                                      args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
-                                     env=env, text=True, cwd=model.parent)  # not the repo root: its
-        # kernels/ folder would shadow a `kernels` package vLLM imports
-        try:
-            if "ready" not in self._answer():
-                raise RuntimeError(f"vLLM did not start; see {log}")
-        except RuntimeError:
-            self.proc.kill()
-            self.proc.wait(timeout=60)
-            self.log_file.close()
-            raise
-        self.startup = time.perf_counter() - t
-
-    def _answer(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-            self.log_file.write(line)  # vLLM logs to stdout: its kernel choices are among these lines
-            self.log_file.flush()
-        self.proc.wait(timeout=60)
-        raise RuntimeError(f"vLLM exited ({self.last_error()}); see {self.log}")
-
-    def last_error(self) -> str:
-        """The last line vLLM wrote to its log (an exception's), without its rank prefix."""
-        lines = [line.removeprefix("[rank0]:").strip() for line in self.log.read_text(errors="replace").splitlines()]
-        return next((line for line in reversed(lines) if line), "no output")
-
-    def run(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
-        self.proc.stdin.write(json.dumps(dict(prompts=prompts, max_tokens=max_tokens)) + "\n")
-        self.proc.stdin.flush()
-        a = self._answer()
-        return a["seconds"], a["tokens"]
-
-    def kernels(self) -> list[str]:
-        """What vLLM's log says of the kernels it picked ("Using CPUWNA16LinearKernel for mixed-precision linear")."""
-        lines = self.log.read_text(errors="replace").splitlines()
-        return sorted({line[line.index("Using "):].strip() for line in lines if "Using " in line and "Kernel" in line})
-
-    def close(self) -> None:
-        """Ask the worker to quit; kill it where it has died mid-job or does not exit within a minute."""
-        try:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=60)
-        self.log_file.close()
-
-
 def measure(system, w: Workload, result: WorkloadResult, name: str) -> None:
     seconds, tokens = system.run(w.prompts, w.max_tokens)
     result.tokens.setdefault(name, []).append(tokens)
@@ -308,6 +242,7 @@ def measure(system, w: Workload, result: WorkloadResult, name: str) -> None:
 def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = None) -> Comparison:
     """`model` on quantkit's engine and, with `cfg.vllm_venv`, on vLLM, alternating rounds; `bar` advances after each
     measured workload of each system and names the part under way."""
+    from quantkit.bench.vllm_process import VLLM
     from quantkit.devices import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
 

