@@ -239,6 +239,47 @@ def measure(system, w: Workload, result: WorkloadResult, name: str) -> None:
     result.ttft_s.setdefault(name, []).append(system.run(w.prompts, 1)[0])
 
 
+@dataclass
+class Contest:
+    """The systems of one comparison and their results so far; vLLM leaves it where it fails mid-run (a model its CPU
+    build cannot run), taking its figures and leaving its error."""
+
+    systems: dict
+    results: dict[str, WorkloadResult]
+    vllm_error: str | None = None
+
+    def attempt(self, name: str, job) -> None:
+        """job(system) on system `name`, if it is still in."""
+        if name not in self.systems:
+            return
+        try:
+            job(self.systems[name])
+        except RuntimeError as e:
+            if name != "vLLM":
+                raise
+            self.vllm_error = str(e)
+            self.systems.pop("vLLM").close()
+            for r in self.results.values():
+                for per_system in (r.tok_s, r.ttft_s, r.tokens):
+                    per_system.pop("vLLM", None)
+
+    def rounds(self, wls: list[Workload], names: list[str], rounds: int, label: str, bar: Bar) -> list[float]:
+        """A warm-up, then `rounds` alternating rounds; the load average at the start and after each round."""
+        loads = [os.getloadavg()[0]]
+        bar.describe(f"{label}: warm-up")
+        for w in wls:  # not counted
+            for name in names:
+                self.attempt(name, lambda s: s.run(w.prompts[:2], 2))
+        for i in range(rounds):
+            for w in wls:
+                for name in names:
+                    bar.describe(f"{label}: round {i + 1} of {rounds}, ({w.name}) on {name}")
+                    self.attempt(name, lambda s: measure(s, w, self.results[w.name], name))
+                    bar()
+            loads.append(os.getloadavg()[0])
+        return loads
+
+
 def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = None) -> Comparison:
     """`model` on quantkit's engine and, with `cfg.vllm_venv`, on vLLM, alternating rounds; `bar` advances after each
     measured workload of each system and names the part under way."""
@@ -251,55 +292,25 @@ def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = N
     wls, max_len = workloads_for(model, cfg.workloads)
     bar.describe(f"{label}: loading in quantkit")
     ours = Ours(model, dtype, cfg.threads, max_len)
-    systems = {"quantkit": ours}
-    vllm_error, vllm_startup = None, None
+    contest = Contest({"quantkit": ours}, {w.name: WorkloadResult(w.name) for w in wls})
+    startup = {"quantkit": ours.startup}
     if cfg.vllm_venv is not None:
         bar.describe(f"{label}: starting vLLM")
         try:
-            systems["vLLM"] = VLLM(cfg.vllm_venv.resolve(), model, dtype, cfg.threads, cfg.vllm_log, max_len)
-            vllm_startup = systems["vLLM"].startup
+            contest.systems["vLLM"] = VLLM(cfg.vllm_venv.resolve(), model, dtype, cfg.threads, cfg.vllm_log, max_len)
+            startup["vLLM"] = contest.systems["vLLM"].startup
         except RuntimeError as e:
-            vllm_error = str(e)
-    results = {w.name: WorkloadResult(w.name) for w in wls}
-    loads = [os.getloadavg()[0]]
-
-    def attempt(name: str, job) -> None:
-        """job() on system `name`; vLLM failing mid-run (a model its CPU build cannot run) leaves it out."""
-        nonlocal vllm_error
-        if name not in systems:
-            return
-        try:
-            job(systems[name])
-        except RuntimeError as e:
-            if name != "vLLM":
-                raise
-            vllm_error = str(e)
-            systems.pop("vLLM").close()
-            for r in results.values():
-                for per_system in (r.tok_s, r.ttft_s, r.tokens):
-                    per_system.pop("vLLM", None)
-
+            contest.vllm_error = str(e)
     names = ["quantkit"] + (["vLLM"] if cfg.vllm_venv is not None else [])  # what the progress bar counts
     try:
-        bar.describe(f"{label}: warm-up")
-        for w in wls:  # warm-up, not counted
-            for name in names:
-                attempt(name, lambda s: s.run(w.prompts[:2], 2))
-        for i in range(cfg.rounds):
-            for w in wls:
-                for name in names:
-                    bar.describe(f"{label}: round {i + 1} of {cfg.rounds}, ({w.name}) on {name}")
-                    attempt(name, lambda s: measure(s, w, results[w.name], name))
-                    bar()
-            loads.append(os.getloadavg()[0])
-        kernels = systems["vLLM"].kernels() if "vLLM" in systems else []
+        loads = contest.rounds(wls, names, cfg.rounds, label, bar)
+        kernels = contest.systems["vLLM"].kernels() if "vLLM" in contest.systems else []
     finally:
-        if "vLLM" in systems:
-            systems["vLLM"].close()
-    startup = {"quantkit": ours.startup} | ({"vLLM": vllm_startup} if vllm_startup is not None else {})
+        if "vLLM" in contest.systems:
+            contest.systems["vLLM"].close()
     return Comparison(label, str(model), dtype, cfg.threads, cfg.rounds, (min(loads), max(loads)),
                       startup, WeightMemory.of(ours.llm.engine.model).describe(),
-                      list(results.values()), kernels, vllm_error)
+                      list(contest.results.values()), kernels, contest.vllm_error)
 
 
 def comparisons(cfg: EngineBenchConfig, bar: Bar | None = None) -> list[Comparison]:
