@@ -3,7 +3,10 @@ q/k norms), built from the HF config and an ArchSpec.
 
 Module names mirror transformers' (model.layers.N.self_attn.q_proj, ...) so checkpoints load by
 name. Every forward works on a flat batch: x [T, hidden], all scheduled tokens of all requests
-together, with attention going through the paged cache.
+together, with attention going through the paged cache. On CPU, once loaded (`Decoder.bind`), a step runs
+the layers through `bound_layers_forward`: the same ops, each layer's parts fetched once instead of
+through nn.Module's __call__ and attribute lookups at every layer (0.3-1.0 ms a step on the 8-layer
+benchmark model, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -166,6 +169,55 @@ class DecoderLayer(nn.Module):
         return self.mlp(h, ops), residual
 
 
+@dataclass(frozen=True, slots=True)
+class BoundLayer:
+    """A decoder layer's parts as `Decoder.forward` calls them on its bound path: fetched once (by `Decoder.bind`),
+    not through nn.Module's __call__ and __getattr__ at every layer of every step. The path is the layer's
+    forward with a rope table and fused projections (DecoderLayer -> Attention -> MLP), flattened."""
+
+    input_norm: torch.Tensor
+    input_eps: float
+    qkv: nn.Module
+    o: nn.Module
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: nn.Module
+    down: nn.Module
+    scale: float
+
+    @classmethod
+    def of(cls, layer: DecoderLayer) -> BoundLayer | None:
+        """None where the layer's forward takes another way: q/k/v or gate/up not fused, or per-head q/k norms."""
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.qkv_proj is None or mlp.gate_up_proj is None or attn.s.qk_norm:
+            return None
+        return cls(layer.input_layernorm.weight, layer.input_layernorm.eps, attn.qkv_proj, attn.o_proj,
+                   layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, mlp.gate_up_proj,
+                   mlp.down_proj, attn.scale)
+
+
+def bound_layers_forward(layers: list[BoundLayer], s: DecoderShape, x: torch.Tensor, rope: StepRope,
+                         kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                         ops) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layers on x [T, hidden] (rope.table set): (the last MLP output, the residual stream), the same ops in the
+    same order as DecoderLayer.forward's rope-table branch, so the results are bit-equal."""
+    t, heads, kv_heads = x.shape[0], s.num_heads, s.num_kv_heads
+    width = heads * s.head_dim
+    positions, table, slots = rope.positions, rope.table, meta.slot_mapping
+    residual = None
+    for layer, (key_cache, value_cache) in zip(layers, kv_caches):
+        if residual is None:
+            h, residual = ops.rms_norm(x, layer.input_norm, layer.input_eps), x
+        else:
+            h, residual = ops.add_rms_norm(x, residual, layer.input_norm, layer.input_eps)
+        q = ops.rope_and_cache(layer.qkv.forward(h), positions, table, key_cache, value_cache, slots, heads, kv_heads)
+        a = layer.o.forward(attend(q, key_cache, value_cache, meta, layer.scale).reshape(t, width))
+        h, residual = ops.add_rms_norm(a, residual, layer.post_norm, layer.post_eps)
+        gate, up = layer.gate_up.forward(h).chunk(2, dim=-1)
+        x = layer.down.forward(ops.silu_and_mul(gate, up))
+    return x, residual
+
+
 class Backbone(nn.Module):
     def __init__(self, s: DecoderShape):
         super().__init__()
@@ -186,6 +238,15 @@ class Decoder(nn.Module):
                              persistent=False)
         self.rope_limit: int | None = None  # use_rope_table: positions a rope table may cover (None: no table)
         self.rope_table: torch.Tensor | None = None  # cos | sin by position, grown as sequences grow
+        self.bound_layers: list[BoundLayer] | None = None  # set by bind()
+
+    def bind(self) -> bool:
+        """Fetch each layer's parts once for the bound path (`BoundLayer`), which steps with a rope table then take:
+        after loading and fusing, and again after replacing any layer's modules. Returns whether every layer can
+        (else the forward keeps going through the modules)."""
+        layers = [BoundLayer.of(layer) for layer in self.model.layers]
+        self.bound_layers = layers if all(b is not None for b in layers) else None
+        return self.bound_layers is not None
 
     def use_rope_table(self, positions: int) -> None:
         """From now on hold cos | sin by position (up to `positions`) for the fused rotary + cache write, on CPU
@@ -212,9 +273,12 @@ class Decoder(nn.Module):
         x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)
         rope = StepRope(self.inv_freq, positions, x.dtype, self._rope_rows(max(meta.seq_lens, default=0), x.dtype))
         ops = ops_for(x)
-        residual = None
-        for layer, kv in zip(self.model.layers, kv_caches):
-            x, residual = layer(x, residual, rope, kv, meta, ops)
+        if self.bound_layers is not None and rope.table is not None:
+            x, residual = bound_layers_forward(self.bound_layers, self.shape, x, rope, kv_caches, meta, ops)
+        else:
+            residual = None
+            for layer, kv in zip(self.model.layers, kv_caches):
+                x, residual = layer(x, residual, rope, kv, meta, ops)
         norm = self.model.norm
         x, _ = ops.add_rms_norm(x[logits_rows], residual[logits_rows], norm.weight, norm.eps)
         return self.lm_head(x).float()

@@ -84,6 +84,7 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
         elif not tied:
             hold_lm_head_bf16(model, head_dtype, dtype)
         prepack_float_linears(model, dtype)
+    model.bind()  # the modules are final: each layer's parts fetched once for the forward
     log.info(WeightMemory.of(model).describe())
     return model, info
 

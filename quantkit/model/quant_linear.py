@@ -105,6 +105,10 @@ class QuantLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        direct = self._direct
+        if direct is not None and x.dim() == 2 and x.shape[0] < direct.max_m and x.dtype == torch.bfloat16 \
+                and not x.is_cuda:  # the engine's decode rows [T, K]: straight to the kernel (it makes x contiguous)
+            return direct(x)
         if x.is_cuda and self.backend != "torch" and self.bits == 4:
             from quantkit.kernels import w4a16_matmul
 
