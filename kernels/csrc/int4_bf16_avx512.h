@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace int4bf16 {
 
@@ -391,13 +392,20 @@ void block(const Args<T>& a, int64_t b) {
   });
 }
 
+// What a wide tile does with the two blocks' vdpbf16ps operands: unpack them (the only tile of 8 rows on the pair),
+// unpack them and keep them (the first of several), or read back the kept ones (the others). Kept, a pair's operands
+// take K / 2 * 2 vectors (K * 64 bytes: 176 KiB at K = 2816), read at one load each where unpacking takes 10 vector
+// ops per 8 columns of the two blocks; the operands and the order of the sums are the same, so are the results.
+enum class Operands { unpack, keep, reuse };
+
 // Rows m0..m0+7 of x against blocks b and b + 1 at once: each broadcast pair of x serves both blocks, so the 8-row
 // tile issues half the broadcasts per vdpbf16ps of the one-block tile (the bf16 kernel's wide tile does the same,
 // bf16_dot_avx512.h): 1.07-1.15x the one-block tile at 8-64 rows (docs/BENCHMARKS.md). 16 accumulators; each
 // group's sums are scaled into o[2][8][16] in memory, since a second set of 16 registers for them would spill.
 // Groups of a multiple of 8 columns unpack 8 columns a step (nibbles, pair_of), others a pair (unpack_pair).
-template <typename T>
-void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+// kept[(k / 2) * 2 + j]: block j's operand for columns k, k + 1 (Op keep writes it, reuse reads it).
+template <Operands Op, typename T>
+void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o, __m512i* kept) {
   constexpr int MT = 8, NB = 2;
   const PairIndex& pairs = pair_index();
   const uint8_t* w[NB];
@@ -421,7 +429,13 @@ void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     for (int j = 0; j < NB; ++j)
       for (int m = 0; m < MT; ++m) acc[j][m] = _mm512_setzero_ps();
     const int64_t k1 = (g + 1) * a.gs;
-    if (eights) {
+    if constexpr (Op == Operands::reuse) {
+      for (int64_t k = g * a.gs; k < k1; k += 2) {
+        __m512bh wv[NB];
+        for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(kept + k + j);
+        dots(k, wv);
+      }
+    } else if (eights) {
       for (int64_t k = g * a.gs; k < k1; k += 8) {
         Nibbles n[NB];
         for (int j = 0; j < NB; ++j) {  // and the next two blocks' line for these columns
@@ -430,7 +444,10 @@ void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
         }
         for (int c = 0; c < 4; ++c) {
           __m512bh wv[NB];
-          for (int j = 0; j < NB; ++j) wv[j] = pair_of(n[j], pairs.of[c]);
+          for (int j = 0; j < NB; ++j) {
+            wv[j] = pair_of(n[j], pairs.of[c]);
+            if constexpr (Op == Operands::keep) _mm512_storeu_si512(kept + k + 2 * c + j, (__m512i)wv[j]);
+          }
           dots(k + 2 * c, wv);
         }
       }
@@ -439,7 +456,10 @@ void wide_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
         if ((k & 7) == 0)  // the next two blocks' line for these columns (one 64-byte line holds 8 columns)
           for (int j = 0; j < NB; ++j) prefetch_next_block(w[j] + a.K * 8, a.K, k);
         __m512bh wv[NB];
-        for (int j = 0; j < NB; ++j) wv[j] = unpack_pair(w[j] + k * 8);
+        for (int j = 0; j < NB; ++j) {
+          wv[j] = unpack_pair(w[j] + k * 8);
+          if constexpr (Op == Operands::keep) _mm512_storeu_si512(kept + k + j, (__m512i)wv[j]);
+        }
         dots(k, wv);
       }
     }
@@ -490,8 +510,15 @@ inline bool& wide_tiles() {
   return on;
 }
 
-// Blocks b0..b1-1 for every row of x: pairs of blocks in wide tiles of 8 rows, the rows past the last 8 and a last
-// unpaired block by block().
+// This thread's room for a block pair's kept operands (wide_tile, Operands::keep): K vectors, grown as needed.
+inline __m512i* kept_operands(int64_t K) {
+  thread_local std::vector<__m512i> room;
+  if (static_cast<int64_t>(room.size()) < K) room.resize(K);
+  return room.data();
+}
+
+// Blocks b0..b1-1 for every row of x: pairs of blocks in wide tiles of 8 rows (from 16 rows the first tile on a pair
+// keeps its unpacked operands for the others), the rows past the last 8 and a last unpaired block by block().
 template <typename T>
 void blocks(const Args<T>& a, int64_t b0, int64_t b1) {
   int64_t b = b0;
@@ -504,9 +531,15 @@ void blocks(const Args<T>& a, int64_t b0, int64_t b1) {
     rest.out_bf16 = a.out_bf16 != nullptr ? a.out_bf16 + m8 * a.N : nullptr;
     rest.M = a.M - m8;
     float o[2 * 8 * kRows];
+    __m512i* kept = m8 > 8 ? kept_operands(a.K) : nullptr;  // several 8-row tiles on each pair: unpack once
     for (; b + 2 <= b1; b += 2) {
       for (int64_t m0 = 0; m0 < m8; m0 += 8) {
-        wide_tile(a, b, m0, o);
+        if (kept == nullptr)
+          wide_tile<Operands::unpack>(a, b, m0, o, nullptr);
+        else if (m0 == 0)
+          wide_tile<Operands::keep>(a, b, m0, o, kept);
+        else
+          wide_tile<Operands::reuse>(a, b, m0, o, kept);
         for (int j = 0; j < 2; ++j) {
           const int64_t n0 = (b + j) * kRows;
           if (n0 < a.N) store_rows(a.out, a.out_bf16, a.N, n0, std::min<int64_t>(kRows, a.N - n0), m0, 8, o + j * 8 * kRows);

@@ -205,6 +205,20 @@ def test_bf16_kernel_eight_columns_a_step_is_the_pair_steps_bit_for_bit(bf16_ker
     assert torch.equal(eights, pairs)
 
 
+@pytest.mark.parametrize("group_size", [128, 20])  # 8 columns a step, and a pair a step
+def test_bf16_kernel_rows_past_the_first_eight_reuse_the_unpacked_operands_bit_for_bit(bf16_kernel, group_size):
+    """From 16 rows the first wide tile on a block pair keeps its unpacked operands and the other tiles read them
+    back: each row's sums are those of the same rows run alone (8 rows: unpacked by their own tile), bit for bit."""
+    p = checkpoint(272, 640, group_size, "gptq", True, False, seed=group_size)
+    w = repack(p)
+    xb = torch.randn(27, 640, generator=torch.Generator().manual_seed(group_size)).bfloat16()
+    together = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, group_size)
+    for m0 in (0, 8, 16):
+        alone = bf16_kernel.int4_linear_bf16(xb[m0:m0 + 8], w.packed, w.scale_zero, 272, group_size)
+        assert torch.equal(together[m0:m0 + 8], alone)
+    torch.testing.assert_close(together, int4_blocked_reference(xb.float(), w, None), **TOL)
+
+
 @pytest.mark.parametrize("fp32_scales", [False, True])
 def test_dequantize_pairs_is_the_dequantized_tile_in_the_bf16_kernels_layout(bf16_kernel, fp32_scales):
     from quantkit.kernels.bf16_cpu import bf16_dot_available, pack_pairs
