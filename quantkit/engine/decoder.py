@@ -5,7 +5,7 @@ Module names mirror transformers' (model.layers.N.self_attn.q_proj, ...) so chec
 name. Every forward works on a flat batch: x [T, hidden], all scheduled tokens of all requests
 together, with attention going through the paged cache. On CPU, once loaded (`Decoder.bind`), a step runs
 the layers through `bound_layers_forward`: the same ops, each layer's parts fetched once instead of
-through nn.Module's __call__ and attribute lookups at every layer (0.3-1.0 ms a step on the 8-layer
+through nn.Module's __call__ and attribute lookups at every layer (0.3-1.1 ms a step on the 8-layer
 benchmark model, docs/BENCHMARKS.md).
 """
 
