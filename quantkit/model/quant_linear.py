@@ -106,9 +106,11 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         direct = self._direct
-        if direct is not None and x.dim() == 2 and x.shape[0] < direct.max_m and x.dtype == torch.bfloat16 \
-                and not x.is_cuda:  # the engine's decode rows [T, K]: straight to the kernel (it makes x contiguous)
-            return direct(x)
+        if direct is not None and x.dtype == torch.bfloat16 and not x.is_cuda:
+            flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+            if flat.shape[0] < direct.max_m:  # decode-sized: straight to the kernel (which makes x contiguous)
+                out = direct(flat)
+                return out if flat is x else out.view(*x.shape[:-1], self.out_features)
         if x.is_cuda and self.backend != "torch" and self.bits == 4:
             from quantkit.kernels import w4a16_matmul
 
@@ -120,11 +122,6 @@ class QuantLinear(nn.Module):
         return self._cpu_forward(x)
 
     def _cpu_forward(self, x: torch.Tensor) -> torch.Tensor:
-        direct = self._direct
-        if direct is not None and x.dtype == torch.bfloat16:
-            x2 = x.reshape(-1, x.shape[-1])
-            if x2.shape[0] < direct.max_m:  # a decode step: nothing between this module and the kernel
-                return direct(x2.contiguous()).view(*x.shape[:-1], self.out_features)
         from quantkit.kernels.cpu_int import Int4Weight, int4_kernel_max_m, int4_linear, int8_linear
         from quantkit.kernels.int4_cpu import Int4Blocked, int4_blocked_linear
 
