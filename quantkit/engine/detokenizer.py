@@ -4,7 +4,9 @@ Each step decodes a short window of ids twice (up to the last emitted token, and
 new one) and emits the difference, in the manner of vLLM's offsets. A window whose text ends in
 U+FFFD is an incomplete UTF-8 sequence (a byte-fallback token): nothing is emitted until the
 character completes. Starting the window inside the prompt keeps SentencePiece's leading-space
-rule from eating the first output space.
+rule from eating the first output space. An id past the tokenizer's vocabulary (a model whose embedding is
+padded beyond it, or a random test model) decodes to no text anywhere in a window, so it never enters one:
+otherwise the window could not advance past it, and every later decode would cover all the output since.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
+        self.known_ids = len(tokenizer)  # ids from here on are not the tokenizer's
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
@@ -32,6 +35,8 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append one token; return the new complete text (possibly empty)."""
+        if token_id >= self.known_ids:  # no text of its own, none added to its neighbours'
+            return ""
         self.ids.append(token_id)
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         full = self._decode(self.ids[self.prefix_offset:])

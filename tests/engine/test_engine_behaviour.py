@@ -83,6 +83,22 @@ def test_detokenizer_never_splits_a_multibyte_character(stories_dir):
     assert deltas.count("") > 0  # it waited for characters to complete
 
 
+def test_detokenizer_passes_over_ids_the_tokenizer_lacks(stories_dir):
+    """Ids past the tokenizer's vocabulary (a padded embedding) decode to nothing: the same text as without them, and
+    the window keeps only the ids that have text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(stories_dir))
+    prompt = tok("Say", add_special_tokens=True).input_ids
+    ids = tok(" once upon a time", add_special_tokens=False).input_ids
+    mixed = [t for i in ids for t in (i, len(tok) + 7, 31999)]
+    plain, padded = IncrementalDetokenizer(tok, prompt), IncrementalDetokenizer(tok, prompt)
+    want = "".join(plain.add(i) for i in ids)
+    deltas = [padded.add(i) for i in mixed]
+    assert "".join(deltas) == want and want.strip() == "once upon a time"
+    assert padded.ids == plain.ids and all(i < len(tok) for i in padded.ids)
+
+
 def test_find_stop_reports_the_earliest_completed_stop():
     assert find_stop("abc STOP def", 4, ["STOP"]) is None  # completed before the last 4 chars
     assert find_stop("abc STO", 3, ["STOP"]) is None
