@@ -9,25 +9,14 @@ import torch
 
 from quantkit.engine import LLM, SamplingParams
 from quantkit.engine.decoder import DecoderLayer
+from tests_support.int4_checkpoints import quantize_tiny
 
 PROMPTS = [[1, 5, 9, 200, 31], [1] + list(range(3, 40)), [1, 7], [1] + list(range(50, 70))]
 
 
 @pytest.fixture(scope="module")
 def rtn_gptq_dir(tiny_llama, tmp_path_factory):
-    from quantkit.calibration.synthetic import make_corpus
-    from quantkit.config import CalibConfig, QuantizeConfig
-    from quantkit.quant.pipeline import quantize_model
-
-    tmp = tmp_path_factory.mktemp("rtn-gptq")
-    calib = tmp / "calib.txt"
-    calib.write_text("\n\n".join(make_corpus(16, seed=1)))
-    out = tmp / "ckpt"
-    out.mkdir()
-    cfg = QuantizeConfig(model=str(tiny_llama), out=out, method="rtn", format="gptq", bits=4, group_size=64,
-                         calib=CalibConfig(source=str(calib), nsamples=4, seqlen=32), device="cpu")
-    quantize_model(cfg, out_dir=out, show_progress=False)
-    return out
+    return quantize_tiny(tiny_llama, tmp_path_factory, "rtn", "gptq", 64)
 
 
 def outputs(llm: LLM) -> list:

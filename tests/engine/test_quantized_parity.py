@@ -8,24 +8,9 @@ import pytest
 import torch
 
 from quantkit.engine import LLM, SamplingParams
+from tests_support.int4_checkpoints import quantize_tiny
 
 MAX_TOKENS = 16
-
-
-def quantize_tiny(model, tmp_path_factory, method: str, fmt: str, group_size: int):
-    from quantkit.calibration.synthetic import make_corpus
-    from quantkit.config import CalibConfig, QuantizeConfig
-    from quantkit.quant.pipeline import quantize_model
-
-    tmp = tmp_path_factory.mktemp(f"{method}-{fmt}")
-    calib = tmp / "calib.txt"
-    calib.write_text("\n\n".join(make_corpus(64, seed=1)))
-    out = tmp / "ckpt"
-    out.mkdir()
-    cfg = QuantizeConfig(model=str(model), out=out, method=method, format=fmt, bits=4, group_size=group_size,
-                         calib=CalibConfig(source=str(calib), nsamples=8, seqlen=64), device="cpu")
-    quantize_model(cfg, out_dir=out, show_progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")
