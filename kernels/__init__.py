@@ -1,46 +1,37 @@
-"""W4A16 dequant-matmul: one API over the Triton kernels (GPU, or CPU under TRITON_INTERPRET=1)
-and the pure-torch reference."""
+"""quantkit.kernels: W4A16 dequant-matmul, one API over the Triton kernels and the pure-torch reference
+(`w4a16_dispatch`), and the CPU kernels in their own modules.
+
+This folder is quantkit.kernels. A Python started in the repository root (`python -m ...`, `python -c ...`) also
+finds it as a top-level `kernels`, the name of Hugging Face's PyPI package that transformers imports when it is
+installed (transformers 5.25 requires it). Imported under that name, this file hands the import over to that
+package where it is installed (`_hand_over`), so transformers gets what it asked for; where it is not, the name
+stays this folder, as transformers before 5.25 expected.
+"""
 
 from __future__ import annotations
 
-import torch
-
-from quantkit.kernels.reference import w4a16_matmul_reference
-from quantkit.kernels.triton_w4a16 import triton_available
-
-BACKENDS = ("auto", "torch", "triton")
+import sys
 
 
-def w4a16_matmul(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    *,
-    layout: str,
-    group_size: int = 128,
-    g_idx: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """x [M, K] @ W.T (+ bias) -> [M, N], dtype of x; qweight/qzeros/scales exactly as stored on disk.
+def _hand_over() -> bool:
+    """Load the `kernels` found on sys.path past this repository into sys.modules["kernels"] (the import statement
+    returns that entry); False where there is none."""
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
 
-    layout: "gptq" (v1, zeros stored minus one), "gptq_v2", or "awq" (GEMM layout).
-    backend: "triton", "torch" (the reference), or "auto" (Triton on CUDA, torch elsewhere).
-    The Triton backend also takes CPU tensors: it then runs the kernels in Triton's interpreter
-    (slow; for tests and checks).
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    if backend == "auto":
-        backend = "triton" if x.is_cuda and triton_available() else "torch"
-    if backend == "torch":
-        return w4a16_matmul_reference(x, qweight, qzeros, scales, layout=layout, group_size=group_size,
-                                      g_idx=g_idx, bias=bias)
-    from quantkit.kernels.triton_w4a16 import w4a16_matmul_triton
-
-    return w4a16_matmul_triton(x, qweight, qzeros, scales, layout=layout, group_size=group_size,
-                               g_idx=g_idx, bias=bias)
+    root = Path(__file__).resolve().parent.parent
+    elsewhere = [p for p in sys.path if Path(p or ".").resolve() != root]
+    spec = importlib.machinery.PathFinder.find_spec("kernels", elsewhere)
+    if spec is None or spec.loader is None:
+        return False
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kernels"] = module
+    spec.loader.exec_module(module)
+    return True
 
 
-__all__ = ["w4a16_matmul", "w4a16_matmul_reference", "BACKENDS"]
+if __name__ != "kernels" or not _hand_over():
+    from quantkit.kernels.w4a16_dispatch import BACKENDS, w4a16_matmul, w4a16_matmul_reference  # noqa: F401
+
+    __all__ = ["w4a16_matmul", "w4a16_matmul_reference", "BACKENDS"]
