@@ -43,7 +43,7 @@ def step_inputs(n_seqs: int, prefix: int, own: int, chunk: int, dtype: torch.dty
     q = torch.randn(n_seqs * chunk, HEADS, HEAD_DIM, generator=g).to(dtype)
     tables = torch.tensor(block_ids, dtype=torch.int32)
     starts = torch.tensor([i * chunk for i in range(n_seqs + 1)], dtype=torch.int32)
-    plan = plan_shared_prefix(seq_lens, chunks, block_ids, BLOCK)
+    plan = plan_shared_prefix(seq_lens, chunks, tables, BLOCK)
     return (q, kc, vc, tables, torch.tensor(seq_lens, dtype=torch.int32), starts, HEAD_DIM ** -0.5), plan
 
 

@@ -80,20 +80,23 @@ def use_cpu_kernel(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def build_metadata(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int,
-                   device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionMetadata:
+                   device: torch.device, dtype: torch.dtype = torch.float32,
+                   table: torch.Tensor | None = None) -> AttentionMetadata:
     """Flat-batch metadata from each sequence's cache length, chunk length and block ids; `dtype` is
-    the cache's."""
+    the cache's. `table` is the same block ids as a CPU block table (the KV cache manager keeps one:
+    KVCacheManager.block_table); without it, it is built from the lists."""
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
     slots = torch.tensor(slot_mapping(seq_lens, query_lens, block_ids, block_size), dtype=torch.int64, device=device)
-    table = block_table(block_ids).to(device)
+    table = block_table(block_ids) if table is None else table
+    cpu_table, table = table, table.to(device)
     if use_cpu_kernel(device, dtype):  # one kernel call per layer: no decode/prefill split
         empty = torch.empty(0, dtype=torch.int64)
         return AttentionMetadata(slots, table, list(seq_lens), starts, empty, empty, empty.int(), [], [],
                                  seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32),
                                  query_start_t=torch.tensor(starts, dtype=torch.int32),
-                                 shared_prefix=plan_shared_prefix(seq_lens, query_lens, block_ids, block_size))
+                                 shared_prefix=plan_shared_prefix(seq_lens, query_lens, cpu_table, block_size))
     decodes = [i for i, n in enumerate(query_lens) if n == 1]
     decode_lens = [seq_lens[i] for i in decodes]
     return AttentionMetadata(

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from quantkit.engine.block_pool import BlockPool, KVBlock
+from quantkit.engine.block_table import BlockTable
 from quantkit.engine.request import Request
 
 
@@ -41,6 +44,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.tables = BlockTable()  # the same blocks' ids, as lists and as int32 rows
         self.num_cached_blocks: dict[str, int] = {}
         self.prefix_stats = PrefixCacheStats()
 
@@ -99,6 +103,7 @@ class KVCacheManager:
         held.extend(new_computed.blocks)
         fresh = self.pool.get_new_blocks(num_new_blocks)
         held.extend(fresh)
+        self.tables.append(request.request_id, [b.block_id for b in (*new_computed.blocks, *fresh)])
         self._cache_full_blocks(request, held, total)
         return KVCacheBlocks(fresh)
 
@@ -132,6 +137,7 @@ class KVCacheManager:
         to the start of that block, and it recomputes them later."""
         held = self.req_blocks[request.request_id]
         block = held.pop()
+        self.tables.pop(request.request_id)
         request.num_computed_tokens = len(held) * self.block_size
         self.num_cached_blocks[request.request_id] = min(self.num_cached_blocks.get(request.request_id, 0), len(held))
         self.pool.free_blocks([block])
@@ -148,8 +154,14 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release a request's blocks tail first, so its last blocks are evicted first."""
         held = self.req_blocks.pop(request.request_id, [])
+        self.tables.release(request.request_id)
         self.num_cached_blocks.pop(request.request_id, None)
         self.pool.free_blocks(reversed(held))
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, [])]
+        """The request's block ids: a live list, read-only, valid until its blocks next change."""
+        return self.tables.ids(request_id)
+
+    def block_table(self, request_ids: list[str]) -> torch.Tensor:
+        """int32 [len(request_ids), most blocks held], zero-padded: one gather, whatever the lengths."""
+        return self.tables.gather(request_ids)

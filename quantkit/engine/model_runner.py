@@ -66,7 +66,8 @@ class ModelRunner:
                 rows.append(len(ids) - 1)
         rows.extend(out.prompt_logprob_rows())  # after the sampled rows: prompt logprobs
         meta = build_metadata([c.start + c.num_tokens for c in out.chunks], [c.num_tokens for c in out.chunks],
-                              [c.block_ids for c in out.chunks], self.block_size, self.device, self.dtype)
+                              [c.block_ids for c in out.chunks], self.block_size, self.device, self.dtype,
+                              out.block_table)
         dev = self.device
         return self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta,
                           torch.tensor(rows, dtype=torch.int64, device=dev))

@@ -71,5 +71,5 @@ class RequestGroup:
         first = self.children[0]
         error = next((c.error for c in self.children if c.error), None)
         prompt_lp = None if first.prompt_logprobs is None else list(first.prompt_logprobs)
-        return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), outs, self.finished,
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished,
                              error, gather_metrics(self.children), prompt_lp)

@@ -182,7 +182,7 @@ class RequestOutput:
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # one list shared by all of a request's outputs (not copied each step): read-only
     outputs: list[CompletionOutput]
     finished: bool
     error: str | None = None

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from quantkit.engine.kv_cache_manager import KVCacheManager
 from quantkit.engine.request import Request, RequestStatus
 from quantkit.engine.swap import SwapSpace
@@ -40,6 +42,7 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
     preempted: list[str] = field(default_factory=list)
+    block_table: torch.Tensor | None = None  # int32 [chunks, most blocks]: the chunks' block ids, zero-padded
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +96,8 @@ class Scheduler:
             budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted and not self._shrunk:  # the pool is short this step: admit nobody
             self._schedule_waiting(out, budget)
+        if out.chunks:
+            out.block_table = self.kv.block_table([c.request.request_id for c in out.chunks])
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

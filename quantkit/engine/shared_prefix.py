@@ -15,14 +15,10 @@ from quantkit.kernels.paged_attention_cpu import PrefixGroup, SharedPrefix
 MIN_SEQUENCES = 2  # a prefix read by one sequence gains nothing from the extra pass
 
 
-def common_prefix_len(lists: list[list[int]]) -> int:
-    """The number of leading items every list has in common."""
-    n = min(len(x) for x in lists)
-    first = lists[0]
-    for i in range(n):
-        if any(x[i] != first[i] for x in lists):
-            return i
-    return n
+def common_prefix_len(rows: torch.Tensor) -> int:
+    """The number of leading columns where every row of `rows` (int [R, n]) equals the first."""
+    same = (rows == rows[0]).all(0)
+    return rows.shape[1] if bool(same.all()) else int(same.int().argmin())
 
 
 def visible_blocks(seq_len: int, query_len: int, block_size: int) -> int:
@@ -30,13 +26,18 @@ def visible_blocks(seq_len: int, query_len: int, block_size: int) -> int:
     return (seq_len - query_len + 1) // block_size
 
 
-def plan_shared_prefix(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]],
+def plan_shared_prefix(seq_lens: list[int], query_lens: list[int], table: torch.Tensor,
                        block_size: int) -> SharedPrefix | None:
-    """Groups of >= MIN_SEQUENCES sequences starting with the same blocks, or None when there are none."""
+    """Groups of >= MIN_SEQUENCES sequences starting with the same blocks, or None when there are none.
+
+    `table` is the step's block table (int32 [B, max blocks], quantkit.engine.block_table): the
+    comparison is one tensor op a group, whatever the sequences' lengths.
+    """
+    first = table[:, 0].tolist() if table.shape[1] else [0] * len(seq_lens)
     members: dict[int, list[int]] = {}
-    for i, blocks in enumerate(block_ids):
-        if blocks and query_lens[i] > 0:
-            members.setdefault(blocks[0], []).append(i)
+    for i, (seq_len, query_len) in enumerate(zip(seq_lens, query_lens)):
+        if seq_len > 0 and query_len > 0:
+            members.setdefault(first[i], []).append(i)
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
@@ -44,12 +45,15 @@ def plan_shared_prefix(seq_lens: list[int], query_lens: list[int], block_ids: li
     for rows in members.values():
         if len(rows) < MIN_SEQUENCES:
             continue
-        shared = min(common_prefix_len([block_ids[i] for i in rows]),
-                     *(visible_blocks(seq_lens[i], query_lens[i], block_size) for i in rows))
+        # no deeper than any member's first query sees; within that, every member holds its blocks
+        limit = min(visible_blocks(seq_lens[i], query_lens[i], block_size) for i in rows)
+        if limit < 1:
+            continue
+        shared = common_prefix_len(table[rows, :limit])
         if shared < 1:
             continue
         tokens = [t for i in rows for t in range(starts[i], starts[i + 1])]
-        groups.append(PrefixGroup(blocks=torch.tensor(block_ids[rows[0]][:shared], dtype=torch.int32),
+        groups.append(PrefixGroup(blocks=table[rows[0], :shared].clone(),
                                   tokens=torch.tensor(tokens, dtype=torch.int32)))
         for i in rows:
             skips[i] = shared

@@ -56,6 +56,8 @@ def test_step_returns_cumulative_outputs_for_every_changed_request(llm):
         assert all(o.outputs[0].token_ids[:-1] == p.outputs[0].token_ids for p, o in zip(outs, outs[1:]))
         assert all(o.outputs[0].text.startswith(p.outputs[0].text) for p, o in zip(outs, outs[1:]))
         assert [o.finished for o in outs] == [False] * (n - 1) + [True]
+        # the prompt's ids are one list for all of a request's outputs: a step copies nothing the length of the prompt
+        assert all(o.prompt_token_ids is outs[0].prompt_token_ids for o in outs)
         assert outs[-1].outputs[0].finish_reason == "length" and outs[-2].outputs[0].finish_reason is None
         m = outs[-1].metrics
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time

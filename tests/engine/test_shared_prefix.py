@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.engine.attention import build_metadata, use_cpu_kernel
+from quantkit.engine.attention import block_table, build_metadata, use_cpu_kernel
 from quantkit.engine.shared_prefix import common_prefix_len, plan_shared_prefix, visible_blocks
 
 
 def test_common_prefix_len():
-    assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
-    assert common_prefix_len([[5], [6]]) == 0
-    assert common_prefix_len([[1, 2], [1, 2]]) == 2
+    assert common_prefix_len(torch.tensor([[1, 2, 3, 5], [1, 2, 4, 5], [1, 2, 3, 5]])) == 2
+    assert common_prefix_len(torch.tensor([[5], [6]])) == 0
+    assert common_prefix_len(torch.tensor([[1, 2], [1, 2]])) == 2
+
+
+def plan(seq_lens: list[int], query_lens: list[int], block_ids: list[list[int]], block_size: int):
+    return plan_shared_prefix(seq_lens, query_lens, block_table(block_ids), block_size)
 
 
 def test_visible_blocks_stop_where_a_first_query_would_need_a_mask():
@@ -25,7 +29,7 @@ def test_visible_blocks_stop_where_a_first_query_would_need_a_mask():
 
 def test_decodes_sharing_blocks_form_one_group():
     block_ids = [[7, 8, 3], [7, 8, 4], [7, 8, 9, 5]]
-    shared = plan_shared_prefix([10, 12, 13], [1, 1, 1], block_ids, 4)
+    shared = plan([10, 12, 13], [1, 1, 1], block_ids, 4)
     assert shared.skip_blocks.tolist() == [2, 2, 2]
     assert len(shared.groups) == 1
     assert shared.groups[0].blocks.tolist() == [7, 8]
@@ -34,7 +38,7 @@ def test_decodes_sharing_blocks_form_one_group():
 
 def test_groups_by_first_block_and_unshared_sequences_skip_nothing():
     block_ids = [[1, 2, 3], [4, 5], [1, 2, 6], [4, 5, 9], [8]]
-    shared = plan_shared_prefix([12, 7, 12, 9, 3], [1, 1, 1, 1, 1], block_ids, 4)
+    shared = plan([12, 7, 12, 9, 3], [1, 1, 1, 1, 1], block_ids, 4)
     assert shared.skip_blocks.tolist() == [2, 1, 2, 1, 0]  # [4, 5]: sequence 1 decodes inside block 5
     assert [g.blocks.tolist() for g in shared.groups] == [[1, 2], [4]]
     assert [g.tokens.tolist() for g in shared.groups] == [[0, 2], [1, 3]]
@@ -42,15 +46,15 @@ def test_groups_by_first_block_and_unshared_sequences_skip_nothing():
 
 def test_prefill_chunks_after_a_hit_keep_their_flat_rows():
     # two prompts of 11 tokens share blocks [3, 4] (8 cached tokens); 3 new tokens each
-    shared = plan_shared_prefix([11, 11], [3, 3], [[3, 4, 5], [3, 4, 6]], 4)
+    shared = plan([11, 11], [3, 3], [[3, 4, 5], [3, 4, 6]], 4)
     assert shared.skip_blocks.tolist() == [2, 2]
     assert shared.groups[0].tokens.tolist() == [0, 1, 2, 3, 4, 5]
 
 
 def test_nothing_shared_gives_none():
-    assert plan_shared_prefix([5, 6], [1, 1], [[1, 2], [3, 4]], 4) is None
-    assert plan_shared_prefix([5], [1], [[1, 2]], 4) is None  # one sequence alone
-    assert plan_shared_prefix([4, 4], [4, 4], [[1], [1]], 4) is None  # a full prefill of the same block
+    assert plan([5, 6], [1, 1], [[1, 2], [3, 4]], 4) is None
+    assert plan([5], [1], [[1, 2]], 4) is None  # one sequence alone
+    assert plan([4, 4], [4, 4], [[1], [1]], 4) is None  # a full prefill of the same block
 
 
 def test_metadata_carries_the_plan_on_the_cpu_kernel_path():

@@ -53,9 +53,9 @@ def run_cascade(attn, seq_lens, chunks, prefix_blocks, heads, kv_heads, d, block
                 dtype=torch.float32):
     q, kc, vc, block_ids, starts = shared_case(seq_lens, chunks, prefix_blocks, heads, kv_heads, d, block_size,
                                                seed, unrelated)
-    shared = plan_shared_prefix(seq_lens, chunks, block_ids, block_size)
-    assert shared is not None
     tables, scale = tables_of(block_ids), d ** -0.5
+    shared = plan_shared_prefix(seq_lens, chunks, tables, block_size)
+    assert shared is not None
     got = attn(q.to(dtype), kc.to(dtype), vc.to(dtype), tables, torch.tensor(seq_lens, dtype=torch.int32),
                torch.tensor(starts, dtype=torch.int32), scale, shared)
     want = cascade_attention_reference(q, kc, vc, tables, seq_lens, starts, scale, shared.skip_blocks.tolist())
