@@ -280,5 +280,7 @@ class Decoder(nn.Module):
             for layer, kv in zip(self.model.layers, kv_caches):
                 x, residual = layer(x, residual, rope, kv, meta, ops)
         norm = self.model.norm
-        x, _ = ops.add_rms_norm(x[logits_rows], residual[logits_rows], norm.weight, norm.eps)
+        # index_select, not x[rows]: the same rows, a quarter of the time at decode sizes (advanced indexing)
+        x, _ = ops.add_rms_norm(x.index_select(0, logits_rows), residual.index_select(0, logits_rows), norm.weight,
+                                norm.eps)
         return self.lm_head(x).float()
