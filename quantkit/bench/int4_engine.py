@@ -45,6 +45,17 @@ def decode_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
     return len(prompts) * (max_tokens - 1) / (full - first)
 
 
+def per_round(rates: list[float], base: list[float]) -> str:
+    """The median of each round's ratio rates[i] / base[i], and from 4 rounds on their quartiles: how far the
+    ratio moves from round to round, which a median alone hides."""
+    ratios = [r / b for r, b in zip(rates, base)]
+    text = f"{statistics.median(ratios):.2f}x"
+    if len(ratios) >= 4:
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        text += f", quartiles {q1:.2f}-{q3:.2f}x"
+    return text
+
+
 def decode_args(ap: argparse.ArgumentParser, max_tokens: int, rounds: int) -> None:
     """The options of a decode-speed benchmark: threads, batch sizes, prompt and output lengths, rounds, dtype."""
     ap.add_argument("--threads", type=int, default=2)
@@ -130,8 +141,7 @@ def main() -> None:
         # (the median of each round's ratio to the float run beside it: a machine whose speed drifts between
         # rounds moves both runs of a round together)
         parts = [f"{n} {statistics.median(rates[n, b]):.1f} ({statistics.median(rates[n, b]) / f:.2f}x; per round "
-                 f"{statistics.median(r / fl for r, fl in zip(rates[n, b], rates['float', b])):.2f}x)"
-                 for n in llms if n != "float"]
+                 f"{per_round(rates[n, b], rates['float', b])})" for n in llms if n != "float"]
         rounds = "; ".join(f"{n} " + ", ".join(f"{r:.1f}" for r in rates[n, b]) for n in llms)
         print(f"batch {b}: decode tok/s float {f:.1f}, " + ", ".join(parts) + f"; rounds {rounds}", flush=True)
 
