@@ -9,7 +9,7 @@ Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 
 checkpoint in the GPTQ v1 layout (symmetric, group 128), with lm_head float and with lm_head packed too
 (`quantize --quantize-lm-head`). All load in --dtype (auto: the engine's pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B prompts to
 max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out.
-Rounds alternate float and 4-bit; the median counts, and beside it the median of each round's ratio to
+Rounds alternate float and 4-bit, in reverse order every other round; the median counts, and beside it the median of each round's ratio to
 the float model's run in that round. Weight memory is the engine's start-up figure.
 --models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
 Each checkpoint runs with the engine's defaults: the 4-bit GPTQ checkpoint's float lm_head is held in int8
@@ -43,6 +43,12 @@ def _wall(llm, prompts: list[list[int]], max_tokens: int) -> float:
 def decode_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
     full, first = _wall(llm, prompts, max_tokens), _wall(llm, prompts, 1)
     return len(prompts) * (max_tokens - 1) / (full - first)
+
+
+def round_order(runs: list, r: int) -> list:
+    """The runs of round r: in order on even rounds, reversed on odd ones, so that no checkpoint always runs first
+    (its place in a round is then not tied to it, whatever the machine does between runs)."""
+    return runs if r % 2 == 0 else runs[::-1]
 
 
 def per_round(rates: list[float], base: list[float]) -> str:
@@ -128,9 +134,9 @@ def main() -> None:
             print(f"{name}: {WeightMemory.of(llm.engine.model).describe()}", flush=True)
         rates = {(name, b): [] for name in llms for b in batches}
         loads = [os.getloadavg()[0]]
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for b in batches:
-                for name, llm in llms.items():
+                for name, llm in round_order(list(llms.items()), r):
                     rates[name, b].append(decode_tok_s(llm, prompts[b], args.max_tokens))
                     print(f"  round: batch {b} {name} {rates[name, b][-1]:.1f} tok/s", flush=True)
             loads.append(os.getloadavg()[0])
