@@ -6,9 +6,10 @@
 Checkpoints: the float benchmark model and its 4-bit GPTQ checkpoint (quantkit.bench.int4_engine.checkpoints; with
 --models-dir made once and reused). For each and each batch size B: B requests of 128 random prompt tokens are
 prefilled and decoded 16 steps, then the model runner runs one decode step's schedule `--steps` times a round with
-`Decoder.bound_layers` set (the engine's path: each layer's parts fetched once) and then cleared (every layer through
-nn.Module's __call__ and attribute lookups), alternating for `--rounds` rounds. The two give the same logits, bit for
-bit (checked first). Prints each path's median step time, the median of each round's difference, and its ratio.
+`Decoder.bound_layers` set (the engine's path: each layer's parts fetched once) and then cleared (every layer
+through nn.Module's __call__ and attribute lookups), alternating (in reverse every other round) for `--rounds`
+rounds. The two give the same logits, bit for bit (checked first). Prints each path's median step time, the median
+of each round's difference, and its ratio.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from quantkit.bench.rounds import round_order
 
 
 def step_ms(runner, out, steps: int) -> float:
@@ -61,8 +64,8 @@ def compare(llm, batch: int, rounds: int, steps: int) -> tuple[list[float], list
         raise SystemExit("the bound path and the modules gave different logits")
     times: tuple[list[float], list[float]] = ([], [])
     try:
-        for _ in range(rounds):
-            for layers, acc in ((bound, times[0]), (None, times[1])):
+        for r in range(rounds):
+            for layers, acc in round_order(((bound, times[0]), (None, times[1])), r):
                 model.bound_layers = layers
                 acc.append(step_ms(runner, out, steps))
     finally:

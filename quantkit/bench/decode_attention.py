@@ -8,9 +8,9 @@ or, with --against REV, the working tree's kernel against the same kernel as git
 Shapes of the vLLM comparison's model (8 layers, 16 heads, 8 KV heads, head_dim 64, bf16 cache, block 16).
 Each layer has its own cache, in a pool 4x the blocks in use, each sequence's blocks at random places in it
 (as the engine's pool hands them out), so a step reads its 8 layers' keys and values from memory, not from
-the cache of the call before. Rounds alternate the settings; per setting: the median and best ms of a step
-(the 8 layers' calls), and the median of each round's ratio to no prefetch. The outputs of every setting are
-checked to be bit-equal.
+the cache of the call before. Rounds alternate the settings (in reverse every other round); per setting: the median
+and best ms of a step (the 8 layers' calls), and the median of each round's ratio to no prefetch. The outputs of
+every setting are checked to be bit-equal.
 
 --against REV (quantkit.bench.kernel_revision) times both builds at their default prefetch, alternating, each
 step after 64 MiB of other writes (as an engine step's linears evict the cache between layers), and prints the
@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from quantkit.bench.rounds import round_order
 from quantkit.kernels.paged_attention_cpu import cpu_attention
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 16, 8, 64, 16
@@ -73,8 +74,8 @@ def main() -> None:
                                             none_f32, none_f32) for k, v in caches]
 
             ms, outs = {a: [] for a in AHEAD}, {}
-            for _ in range(args.rounds):
-                for a in AHEAD:
+            for r in range(args.rounds):
+                for a in round_order(AHEAD, r):
                     mod.set_prefetch_blocks(a)
                     step()  # the previous setting's step left other blocks in the cache than this one reads
                     t = time.perf_counter()

@@ -4,13 +4,14 @@
                                        [--rounds 3] [--dtype auto] [--models-dir DIR] [--make-only]
                                        [--int8-activations] [--other-lm-head]
 
-Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads,
-8 KV heads, vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN
-checkpoint in the GPTQ v1 layout (symmetric, group 128), with lm_head float and with lm_head packed too
-(`quantize --quantize-lm-head`). All load in --dtype (auto: the engine's pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B prompts to
-max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out.
-Rounds alternate float and 4-bit, in reverse order every other round; the median counts, and beside it the median of each round's ratio to
-the float model's run in that round. Weight memory is the engine's start-up figure.
+Model: the random Llama of the vLLM comparison (hidden 1024, intermediate 2816, 8 layers, 16 heads, 8 KV heads,
+vocab 32000; quantkit/bench/engine_vs_vllm.py), saved in bf16, and its 4-bit RTN checkpoint in the GPTQ v1 layout
+(symmetric, group 128), with lm_head float and with lm_head packed too (`quantize --quantize-lm-head`). All load in
+--dtype (auto: the engine's pick for this CPU). Decode tokens/s at batch B = B * (max_tokens - 1) / (time of B
+prompts to max_tokens - time of the same prompts to 1 token): the prefill and first token are taken out. Rounds
+alternate float and 4-bit, in reverse order every other round (quantkit.bench.rounds); the median counts, and beside
+it the median of each round's ratio to the float model's run in that round, with their quartiles. Weight memory is
+the engine's start-up figure.
 --models-dir keeps the checkpoints (made once, reused), so `--make-only` can build them before a timed run.
 Each checkpoint runs with the engine's defaults: the 4-bit GPTQ checkpoint's float lm_head is held in int8
 (EngineConfig.cpu_int8_lm_head, where the int8 kernel is built), the float model's stays float.
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from quantkit.bench.rounds import per_round, round_order
+
 
 def _wall(llm, prompts: list[list[int]], max_tokens: int) -> float:
     from quantkit.engine import SamplingParams
@@ -43,23 +46,6 @@ def _wall(llm, prompts: list[list[int]], max_tokens: int) -> float:
 def decode_tok_s(llm, prompts: list[list[int]], max_tokens: int) -> float:
     full, first = _wall(llm, prompts, max_tokens), _wall(llm, prompts, 1)
     return len(prompts) * (max_tokens - 1) / (full - first)
-
-
-def round_order(runs: list, r: int) -> list:
-    """The runs of round r: in order on even rounds, reversed on odd ones, so that no checkpoint always runs first
-    (its place in a round is then not tied to it, whatever the machine does between runs)."""
-    return runs if r % 2 == 0 else runs[::-1]
-
-
-def per_round(rates: list[float], base: list[float]) -> str:
-    """The median of each round's ratio rates[i] / base[i], and from 4 rounds on their quartiles: how far the
-    ratio moves from round to round, which a median alone hides."""
-    ratios = [r / b for r, b in zip(rates, base)]
-    text = f"{statistics.median(ratios):.2f}x"
-    if len(ratios) >= 4:
-        q1, _, q3 = statistics.quantiles(ratios, n=4)
-        text += f", quartiles {q1:.2f}-{q3:.2f}x"
-    return text
 
 
 def decode_args(ap: argparse.ArgumentParser, max_tokens: int, rounds: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit.bench.rounds import round_order
 from quantkit.kernels.cpu_ext import CSRC, BuildError, build_dir, compile_extension, toolchain_missing
 
 REPO = CSRC.parent.parent  # kernels/csrc -> the checkout
@@ -86,12 +87,12 @@ def extension_at(rev: str, name: str, sources: tuple[str, ...]):
 
 
 def timed_rounds(passes: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """ms of each pass (name -> callable), alternating, each after 64 MiB of other writes (as an engine step's
+    """ms of each pass (name -> callable), alternating (reversed every other round), each after 64 MiB of other writes (as an engine step's
     other work evicts the cache between two calls of a kernel), so that a pass reads its data from memory."""
     evict = torch.empty(64 << 20, dtype=torch.uint8)
     got: dict[str, list[float]] = {name: [] for name in passes}
-    for _ in range(rounds):
-        for name, run in passes.items():
+    for r in range(rounds):
+        for name, run in round_order(list(passes.items()), r):
             evict.add_(1)
             t = time.perf_counter()
             run()

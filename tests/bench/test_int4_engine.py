@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.bench.int4_engine import per_round, round_order, variants
+from quantkit.bench.int4_engine import variants
 
 MODELS = {"float": Path("f"), "4-bit GPTQ": Path("g"), "4-bit GPTQ + lm_head": Path("h")}
 
@@ -25,16 +25,6 @@ def test_each_flag_adds_the_runs_it_changes():
     assert sorted(runs) == sorted(["float", "4-bit GPTQ", "4-bit GPTQ + lm_head", "4-bit GPTQ, int8 activations",
                                    "4-bit GPTQ + lm_head, int8 activations", "float, int8 lm_head",
                                    "4-bit GPTQ, float lm_head", "4-bit GPTQ, int8 activations, float lm_head"])
-
-
-def test_per_round_ratios_give_their_median_and_quartiles():
-    assert per_round([2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 2.0, 2.0]) == "2.25x, quartiles 2.00-2.88x"  # ratios 2, 3, 2, 2.5
-    assert per_round([3.0, 4.0], [2.0, 2.0]) == "1.75x"  # too few rounds for quartiles
-
-
-def test_rounds_reverse_the_order_every_other_time():
-    runs = ["float", "4-bit", "4-bit + head"]
-    assert [round_order(runs, r) for r in range(3)] == [runs, runs[::-1], runs]
 
 
 def test_int8_head_bench_runs_at_toy_size():

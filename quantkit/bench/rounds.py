@@ -1,0 +1,31 @@
+"""Alternating rounds, as the one-process benchmarks time two or more variants: the order of a round, and what
+the per-round ratios say.
+
+These machines drift (docs/BENCHMARKS.md: whole stretches at one core's speed), so variants run in alternation and
+each round's ratio counts. Every other round runs them in reverse, so that no variant always runs first (its place in
+a round is then not tied to it, whatever the machine does between runs).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def round_order(runs: Sequence[T], r: int) -> list[T]:
+    """The runs of round r: in order on even rounds, reversed on odd ones."""
+    return list(runs) if r % 2 == 0 else list(runs)[::-1]
+
+
+def per_round(rates: Sequence[float], base: Sequence[float]) -> str:
+    """The median of each round's ratio rates[i] / base[i], and from 4 rounds on their quartiles: how far the
+    ratio moves from round to round, which a median alone hides."""
+    ratios = [r / b for r, b in zip(rates, base)]
+    text = f"{statistics.median(ratios):.2f}x"
+    if len(ratios) >= 4:
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        text += f", quartiles {q1:.2f}-{q3:.2f}x"
+    return text

@@ -1,0 +1,23 @@
+"""The alternating rounds' order and summary (quantkit.bench.rounds)."""
+
+from __future__ import annotations
+
+from quantkit.bench.kernel_revision import timed_rounds
+from quantkit.bench.rounds import per_round, round_order
+
+
+def test_rounds_reverse_the_order_every_other_time():
+    runs = ["float", "4-bit", "4-bit + head"]
+    assert [round_order(runs, r) for r in range(3)] == [runs, runs[::-1], runs]
+    assert round_order((1, 2), 1) == [2, 1]
+
+
+def test_timed_rounds_runs_the_passes_in_that_order():
+    calls = []
+    got = timed_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    assert calls == ["a", "b", "b", "a", "a", "b"] and [len(v) for v in got.values()] == [3, 3]
+
+
+def test_per_round_ratios_give_their_median_and_quartiles():
+    assert per_round([2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 2.0, 2.0]) == "2.25x, quartiles 2.00-2.88x"  # ratios 2, 3, 2, 2.5
+    assert per_round([3.0, 4.0], [2.0, 2.0]) == "1.75x"  # too few rounds for quartiles
