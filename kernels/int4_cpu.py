@@ -44,6 +44,9 @@ DENSE_FROM_M_BF16 = 48
 # With the AVX-512 BF16 kernel, the dense path dequantizes into the bf16 kernel's layout and runs it: the two cross at
 # 128-160 rows over the benchmark model's linears (python -m quantkit.bench.int4_tiles; docs/BENCHMARKS.md).
 DENSE_FROM_M_BF16_KERNEL = 160
+# With AMX tiles (kernels/csrc/int4_amx.h), the kernel's exact per-group sums lose to the dense path's single pass over
+# bf16 tiles (bf16_dot_linear on AMX too) from 384-512 rows (python -m quantkit.bench.int4_tiles --amx; docs/BENCHMARKS.md).
+DENSE_FROM_M_AMX = 512
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 
@@ -132,7 +135,7 @@ def direct_bf16_call(w: Int4Blocked, int8_activations: bool = False) -> DirectCa
     q8 = int8_activations and q8_kernel(w)
     op = extension().int4_linear_q8 if q8 else extension().int4_linear_bf16
     return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size,
-                      dense_threshold(torch.bfloat16, bf16_kernel=True), q8)
+                      dense_threshold(torch.bfloat16, bf16_kernel=True, amx=amx_kernel(w)), q8)
 
 
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
@@ -180,13 +183,20 @@ def q8_kernel(w: Int4Blocked) -> bool:
     return hasattr(extension(), "int4_linear_q8") and w.group_size % 4 == 0
 
 
-def dense_threshold(dtype: torch.dtype, bf16_kernel: bool = False) -> int:
+def dense_threshold(dtype: torch.dtype, bf16_kernel: bool = False, amx: bool = False) -> int:
     """The M from which `int4_blocked_linear` dequantizes tiles instead of running a kernel (`bf16_kernel`:
-    bf16 activations run the AVX-512 BF16 kernel)."""
+    bf16 activations run the AVX-512 BF16 kernel; `amx`: from a few rows on AMX tiles, `amx_kernel`)."""
     if dtype == torch.bfloat16 and bf16_kernel:
-        return DENSE_FROM_M_BF16_KERNEL
+        return DENSE_FROM_M_AMX if amx else DENSE_FROM_M_BF16_KERNEL
     native_bf16 = dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return DENSE_FROM_M_BF16 if native_bf16 else DENSE_FROM_M
+
+
+def amx_kernel(w: Int4Blocked) -> bool:
+    """Whether bf16 activations on `w` run on AMX tiles from a few rows (kernels/csrc/int4_amx.h): built for a CPU
+    with AMX-BF16, Linux granted this process the tile state, and groups of whole 32-column tile steps."""
+    ext = extension()
+    return ext is not None and hasattr(ext, "has_int4_amx") and ext.has_int4_amx() and w.group_size % 32 == 0
 
 
 def bf16_kernel(w: Int4Blocked) -> bool:
@@ -232,7 +242,7 @@ def int4_blocked_linear(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | No
         raise RuntimeError(f"the int4 CPU kernel is unavailable: {unavailable()}")
     use_bf16 = x.dtype == torch.bfloat16 and bf16_kernel(w)
     if dense_from_m is None:
-        dense_from_m = dense_threshold(x.dtype, use_bf16)
+        dense_from_m = dense_threshold(x.dtype, use_bf16, use_bf16 and amx_kernel(w))
     xp = x.index_select(1, w.perm) if w.perm is not None else x.contiguous()
     if xp.shape[0] < dense_from_m:
         if use_bf16:  # without a bias to add in fp32, the kernel rounds to bf16 as it stores

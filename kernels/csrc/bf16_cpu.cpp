@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "amx_bf16.h"  // AMX tiles for the same layout, where QUANTKIT_AMX
 #include "bf16_dot_avx512.h"  // bf16 activations and weights, where QUANTKIT_BF16_DOT
 
 namespace {
@@ -157,6 +158,27 @@ torch::Tensor pack_pairs(torch::Tensor w) {
   return padded.view({blocks, bf16dot::kRows, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+#if defined(QUANTKIT_AMX)
+// From this many rows of x, bf16_dot_linear runs on AMX tiles (where amx::usable): python -m quantkit.bench.bf16_dot
+// --amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it (set_amx_from_m).
+inline int64_t& amx_from_m() {
+  static int64_t m = 4;
+  return m;
+}
+
+// Blocks b0..b1-1 of the result for every row of x, on AMX tiles: each C tile plus the bias, rounded to bf16.
+inline void amx_blocks(const bf16dot::Args& a, int64_t b0, int64_t b1) {
+  amx::for_blocks(a.x, a.M, a.K, a.w, b0, b1, [&](int64_t b, int64_t m0, int rows, float* c) {
+    const int64_t n0 = b * bf16dot::kRows;
+    if (a.bias != nullptr) {
+      const __m512 bias = _mm512_loadu_ps(a.bias + n0);
+      for (int r = 0; r < rows; ++r) _mm512_storeu_ps(c + r * 16, _mm512_add_ps(_mm512_loadu_ps(c + r * 16), bias));
+    }
+    int4bf16::store_rows(nullptr, a.out_bf16, a.N, n0, std::min<int64_t>(bf16dot::kRows, a.N - n0), m0, rows, c);
+  });
+}
+#endif
+
 // x bf16 [M, K] @ W.T + bias -> bf16 [M, N], W given as pack_pairs(W) and its row count N; bias fp32 [NB * 16]
 // (zero past N) or None.
 torch::Tensor bf16_dot_linear(torch::Tensor x, torch::Tensor packed, int64_t N, c10::optional<torch::Tensor> bias) {
@@ -176,6 +198,12 @@ torch::Tensor bf16_dot_linear(torch::Tensor x, torch::Tensor packed, int64_t N, 
                            reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
                            has_bias ? bias->data_ptr<float>() : nullptr, nullptr,
                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, K, N};
+#if defined(QUANTKIT_AMX)
+  if (M >= amx_from_m() && amx::usable(K)) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { amx_blocks(args, b0, b1); });
+    return y;
+  }
+#endif
   const int64_t rows_per_pass = std::max<int64_t>(8, bf16dot::kRowsPerPass / std::max<int64_t>(K, 1) / 8 * 8);
   for (int64_t m0 = 0; m0 < M; m0 += rows_per_pass) {
     const int64_t m1 = std::min(M, m0 + rows_per_pass);
@@ -191,6 +219,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_pairs", &pack_pairs, "bf16 W [N, K] -> the bf16 kernel's blocks [ceil(N / 16), K / 2, 16, 2]");
   m.def("bf16_dot_linear", &bf16_dot_linear, "x bf16 [M, K] @ W.T (+ bias) from pack_pairs(W) -> bf16 [M, N]",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
+#endif
+  m.def("has_amx", [] {
+#if defined(QUANTKIT_AMX)
+    return amx::enabled();
+#else
+    return false;
+#endif
+  }, "whether this build has the AMX path and Linux granted this process the tiles");
+#if defined(QUANTKIT_AMX)
+  m.def("set_amx", [](bool on) { return std::exchange(amx::switched_on(), on); },
+        "AMX tiles on (default) or off for the linears where they apply; returns the previous setting");
+  m.def("set_amx_from_m", [](int64_t m) { return std::exchange(amx_from_m(), m); },
+        "the rows of x from which bf16_dot_linear runs on AMX tiles; returns the previous value");
 #endif
   m.def("pack", &pack, "bf16 W [N, K] -> the kernel's panels [ceil(N / 16), K, 16]");
   m.def("bf16_linear", &bf16_linear, "x fp32 [M, K] @ W.T from pack(W), widened to fp32 -> fp32 [M, N]");

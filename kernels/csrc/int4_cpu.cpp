@@ -30,8 +30,10 @@
 #include <utility>
 #include <vector>
 
+#include "int4_amx.h"  // the bf16-activation kernel on AMX tiles, where QUANTKIT_INT4_AMX
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
+#include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
 #include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
 
 namespace {
@@ -264,6 +266,15 @@ torch::Tensor int4_dequantize_pairs(torch::Tensor packed, torch::Tensor sz, int6
   return out;
 }
 
+#if defined(QUANTKIT_INT4_AMX)
+// From this many rows of x, int4_linear_bf16 runs on AMX tiles where they apply (int4amx::usable): python -m
+// quantkit.bench.int4_tiles --amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
+inline int64_t& int4_amx_from_m() {
+  static int64_t m = 2;
+  return m;
+}
+#endif
+
 // x bf16 [M, K] (columns already permuted for act-order) -> [M, N] by vdpbf16ps (int4_bf16_avx512.h): fp32, or
 // with out_bf16 the fp32 sums rounded to bf16 as they are stored (what .to(torch.bfloat16) of the fp32 result gives).
 torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
@@ -276,11 +287,26 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
   with_scales(sz, [&](auto* s) {
     const int4bf16::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
         c.xp, xsum.data(), packed.data_ptr<uint8_t>(), s, c.of, c.ob, c.m, c.k, n, c.k / gs, gs};
+#if defined(QUANTKIT_INT4_AMX)
+    if (c.m >= int4_amx_from_m() && int4amx::usable(gs)) {
+      at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4amx::blocks(args, b0, b1); });
+      return;
+    }
+#endif
     at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4bf16::blocks(args, b0, b1); });
   });
   return c.out;
 }
 
+#endif
+
+#if defined(QUANTKIT_INT8_AMX)
+// From this many rows of x, int8_linear_bf16 runs on AMX tiles where they apply (int8amx::usable): python -m
+// quantkit.bench.int8_head on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
+inline int64_t& int8_amx_from_m() {
+  static int64_t m = 4;
+  return m;
+}
 #endif
 
 #if defined(QUANTKIT_INT8_W)
@@ -303,6 +329,18 @@ torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
               "packed, scales and wsum must be contiguous");
   if (c.m == 0) return c.out;
   const int64_t groups = c.k / gs;
+#if defined(QUANTKIT_INT8_AMX)
+  if (c.m >= int8_amx_from_m() && int8amx::usable(gs)) {
+    const int64_t mp = int8amx::padded_rows(c.m);
+    std::vector<uint8_t> planes(2 * mp * c.k);
+    std::vector<float> sx(c.m * groups);
+    int8amx::digit_planes(c.xp, c.m, c.k, gs, planes.data(), sx.data());
+    const int8amx::Args args{planes.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                             wsum.data_ptr<int32_t>(), c.of, c.ob, c.m, mp, c.k, n, groups, gs};
+    at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int8amx::blocks(args, b0, b1); });
+    return c.out;
+  }
+#endif
   std::vector<uint32_t> xd(c.m * c.k / 2);  // [K / 4, M, 2]
   std::vector<float> sx(c.m * groups);
   int8w::digits(c.xp, c.m, c.k, gs, xd.data(), sx.data());
@@ -361,6 +399,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "previous setting");
   m.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
+#if defined(QUANTKIT_INT4_AMX)
+  m.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4_amx_from_m(), m); },
+        "the rows of x from which int4_linear_bf16 runs on AMX tiles; returns the previous value");
+  m.def("set_amx", [](bool on) { return std::exchange(amx::switched_on(), on); },
+        "AMX tiles on (default) or off where they apply; returns the previous setting");
+#endif
+#if defined(QUANTKIT_INT8_AMX)
+  m.def("set_int8_amx_from_m", [](int64_t m) { return std::exchange(int8_amx_from_m(), m); },
+        "the rows of x from which int8_linear_bf16 runs on AMX tiles; returns the previous value");
+#endif
+  m.def("has_int4_amx", [] {
+#if defined(QUANTKIT_INT4_AMX)
+    return amx::enabled();
+#else
+    return false;
+#endif
+  }, "whether int4_linear_bf16 has its AMX path and Linux granted this process the tiles");
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);

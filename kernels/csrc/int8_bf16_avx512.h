@@ -50,25 +50,43 @@ struct Args {
   int64_t M, K, N, G, gs;
 };
 
+// xq + 32768 for 16 values of x (bf16 at p) in 32-bit lanes: xq = round(x * inv) (ties to even) in [-32767, 32767].
+inline __m512i offset_codes(const uint16_t* p, __m512 vinv) {
+  const __m512i lim = _mm512_set1_epi32(32767);
+  const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p), vinv));  // rounds to nearest even
+  return _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(r, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
+                          _mm512_set1_epi32(32768));
+}
+
+// The same for one value, as an unsigned 16-bit number.
+inline uint32_t offset_code(uint16_t x, float inv) {
+  const float r = std::min(32767.f, std::max(-32767.f, std::nearbyint(int4bf16::widen1(x) * inv)));
+  return static_cast<uint32_t>(static_cast<int32_t>(r) + 32768);
+}
+
+// 32767 / amax of a group of n values of x (0 for a group of zeros), and amax / 32767 into *sx.
+inline float group_inverse(const uint16_t* p, int64_t n, float* sx) {
+  const float amax = int4bf16::abs_max(p, n);
+  *sx = amax / 32767.f;
+  return amax > 0.f ? 32767.f / amax : 0.f;
+}
+
 // x bf16 [M, K] -> the digits of xq + 32768 (xd [K / 4, M, 2], as Args::xd) and sx [M, G], per row and group of gs
 // columns (gs a multiple of 4; a multiple of 16 or not: the tail runs scalar). xq = round(x * 32767 / amax), ties
 // to even, in [-32767, 32767]; a group of zeros: sx 0, xq 0.
 inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint32_t* xd, float* sx) {
   const int64_t G = K / gs;
-  const __m512i lim = _mm512_set1_epi32(32767), half = _mm512_set1_epi32(32768), byte = _mm512_set1_epi32(255);
+  const __m512i byte = _mm512_set1_epi32(255);
   auto quad = [&](int64_t m, int64_t c) { return xd + (c / 4 * M + m) * 2; };  // row m's words for columns c..c+3
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t at = g * gs;
       const uint16_t* p = x + m * K + at;
-      const float amax = int4bf16::abs_max(p, gs);
-      const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+      const float inv = group_inverse(p, gs, sx + m * G + g);
       const __m512 vinv = _mm512_set1_ps(inv);
       int64_t c = 0;
       for (; c + 16 <= gs; c += 16) {
-        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p + c), vinv));  // rounds to nearest even
-        r = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(r, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
-                             half);
+        const __m512i r = offset_codes(p + c, vinv);
         const __m128i hi = _mm512_cvtepi32_epi8(_mm512_srli_epi32(r, 8));
         const __m128i lo = _mm512_cvtepi32_epi8(_mm512_and_si512(r, byte));
         // (hi, lo) of quads 0 and 1, then of quads 2 and 3
@@ -79,13 +97,11 @@ inline void digits(const uint16_t* x, int64_t M, int64_t K, int64_t gs, uint32_t
         _mm_storel_epi64(reinterpret_cast<__m128i*>(quad(m, at + c + 12)), _mm_unpackhi_epi64(q23, q23));
       }
       for (; c < gs; ++c) {
-        const float r = std::min(32767.f, std::max(-32767.f, std::nearbyint(int4bf16::widen1(p[c]) * inv)));
-        const uint32_t u = static_cast<uint32_t>(static_cast<int32_t>(r) + 32768), shift = 8 * ((at + c) % 4);
+        const uint32_t u = offset_code(p[c], inv), shift = 8 * ((at + c) % 4);
         uint32_t* w = quad(m, at + c);
         w[0] = (w[0] & ~(255u << shift)) | (u >> 8) << shift;
         w[1] = (w[1] & ~(255u << shift)) | (u & 255) << shift;
       }
-      sx[m * G + g] = amax / 32767.f;
     }
 }
 

@@ -1,5 +1,5 @@
-"""quantkit's bf16 linear (Bf16DotLinear, AVX-512 BF16) against oneDNN's prepacked bf16 GEMM (PrepackedLinear), one
-process, alternating rounds: the kernels alone, then the engine built on each.
+"""quantkit's bf16 linear (Bf16DotLinear: AMX tiles where the CPU has them, AVX-512 BF16 otherwise) against oneDNN's
+prepacked bf16 GEMM (PrepackedLinear), one process, alternating rounds: the kernels alone, then the engine built on each.
 
   python -m quantkit.bench.bf16_dot [--threads 2] [--ms 1,2,4,8,16,64,512,2048] [--rounds 5]
                                     [--models-dir out/int4-models] [--batches 1,8] [--engine-rounds 7]
@@ -8,7 +8,8 @@ process, alternating rounds: the kernels alone, then the engine built on each.
 Kernels: the linears of one decode step of the issue's Llama (hidden 1024, intermediate 2816, 8 layers, vocab 32000:
 q/k/v and gate/up fused, as the engine runs them, and the lm_head), every layer its own weights, so that each call
 reads its weight from memory as in a model (305 MiB in all, ten times the L3). Per M: each side's median time over
-the 33 calls, the rate at which it read the weights, and the median of each round's ratio (oneDNN / ours).
+the 33 calls, the rate at which it read the weights, and the median of each round's ratio (oneDNN / ours). Where the
+AMX path is built and granted, the same modules run a third time with it switched off (the AVX-512 BF16 tiles).
 
 Engine: the float checkpoint (`--models-dir`'s bf16, made where missing) loaded twice, once as the engine runs it
 and once with the bf16 kernel switched off at load (oneDNN's prepacked linears). Decode tokens/s as
@@ -49,35 +50,60 @@ def step_shapes() -> list[tuple[int, int]]:
     return layer * SHAPE["num_hidden_layers"] + [(SHAPE["vocab_size"], h)]
 
 
+@contextlib.contextmanager
+def amx_switched(on: bool):
+    """Within the block, Bf16DotLinear runs on AMX tiles where they apply (on) or on the AVX-512 BF16 tiles only."""
+    from quantkit.kernels import bf16_cpu
+
+    ext = bf16_cpu.extension()
+    if not ext.has_amx():
+        yield
+        return
+    old = ext.set_amx(on)
+    try:
+        yield
+    finally:
+        ext.set_amx(old)
+
+
 def kernels(ms: list[int], rounds: int) -> None:
+    from quantkit.kernels import bf16_cpu
     from quantkit.kernels.bf16_cpu import Bf16DotLinear
     from quantkit.kernels.cpu_linear import PrepackedLinear
 
     shapes = step_shapes()
     linears = [torch.nn.Linear(k, n, bias=False).to(torch.bfloat16).requires_grad_(False) for n, k in shapes]
-    sides = {"oneDNN": [PrepackedLinear(m) for m in linears], "quantkit": [Bf16DotLinear(m) for m in linears]}
+    ours = [Bf16DotLinear(m) for m in linears]
+    sides = {"oneDNN": ([PrepackedLinear(m) for m in linears], True), "quantkit": (ours, True)}
+    amx = bf16_cpu.extension().has_amx()
+    if amx:  # the same modules with the AMX path off
+        sides["quantkit AVX-512"] = (ours, False)
     del linears
     weight_bytes = 2 * sum(n * k for n, k in shapes)
-    print(f"{len(shapes)} linears of a decode step, {weight_bytes / 2**20:.0f} MiB of bf16 weights, {rounds} rounds")
-    print("| M | oneDNN prepacked | quantkit Bf16DotLinear | oneDNN / quantkit, per round |")
-    print("|---|---|---|---|")
+    print(f"{len(shapes)} linears of a decode step, {weight_bytes / 2**20:.0f} MiB of bf16 weights, {rounds} rounds; "
+          f"quantkit: {'AMX tiles where they apply (amx_bf16.h), ' if amx else ''}AVX-512 BF16 tiles otherwise")
+    print("| M | " + " | ".join(sides) + " | oneDNN / quantkit, per round |" + (" AVX-512 / quantkit |" if amx else ""))
+    print("|---|" + "---|" * (len(sides) + 1 + amx))
     with torch.inference_mode():
         for m in ms:
             xs = {k: torch.randn(m, k).bfloat16() for k in {k for _, k in shapes}}
             times: dict[str, list[float]] = {name: [] for name in sides}
             for _ in range(rounds + 1):  # the first round warms up, not counted
-                for name, mods in sides.items():
-                    t = time.perf_counter()
-                    for mod, (_, k) in zip(mods, shapes):
-                        mod(xs[k])
-                    times[name].append(time.perf_counter() - t)
+                for name, (mods, amx_on) in sides.items():
+                    with amx_switched(amx_on):
+                        t = time.perf_counter()
+                        for mod, (_, k) in zip(mods, shapes):
+                            mod(xs[k])
+                        times[name].append(time.perf_counter() - t)
             cells = []
             for name in sides:
                 t = statistics.median(times[name][1:])
                 cells.append(f"{t * 1e3:.2f} ms ({weight_bytes / t / 1e9:.1f} GB/s, {m * weight_bytes / 2 / t / 1e9:.0f}"
                              " GMAC/s)")
-            ratio = statistics.median(a / b for a, b in zip(times["oneDNN"][1:], times["quantkit"][1:]))
-            print(f"| {m} | {cells[0]} | {cells[1]} | **{ratio:.2f}x** |", flush=True)
+            ratios = [statistics.median(a / b for a, b in zip(times[name][1:], times["quantkit"][1:]))
+                      for name in ("oneDNN", "quantkit AVX-512") if name in times]
+            print(f"| {m} | " + " | ".join(cells) + " | " + " | ".join(f"**{r:.2f}x**" for r in ratios) + " |",
+                  flush=True)
 
 
 def engine(models_dir: Path, batches: list[int], rounds: int, threads: int) -> None:

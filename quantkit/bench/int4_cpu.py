@@ -34,15 +34,17 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_int import int4_linear, repack_int4
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import bf16_kernel, dense_threshold, int4_blocked_linear, repack
+    from quantkit.kernels.int4_cpu import amx_kernel, bf16_kernel, dense_threshold, int4_blocked_linear, repack
 
     linear = torch.nn.Linear(k, n, bias=False)
     p = pack(rtn_quantize(linear.weight.detach(), QuantScheme(4, group_size, True)), "gptq")
     dense = PrepackedLinear(linear.to(dtype))
     ours, theirs = repack(p), repack_int4(p, dtype)
     kernel_bf16 = dtype == torch.bfloat16 and bf16_kernel(ours)
-    threshold = dense_threshold(dtype, kernel_bf16)
-    print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; kernel: {'AVX-512 BF16' if kernel_bf16 else 'AVX2'}, "
+    amx = kernel_bf16 and amx_kernel(ours)
+    threshold = dense_threshold(dtype, kernel_bf16, amx)
+    kernel = ("AMX from 2 rows, else AVX-512 BF16" if amx else "AVX-512 BF16") if kernel_bf16 else "AVX2"
+    print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; kernel: {kernel}, "
           f"dense tiles from M = {threshold}")
     print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'dense prepacked':>15} "
           f"{'dense/ours':>10} {'int4pack/ours':>13}  picks")

@@ -80,7 +80,7 @@ class QuantLinear(nn.Module):
             bf16 = dtype == torch.bfloat16 and int4_cpu.bf16_kernel(w)
             self._direct = int4_cpu.direct_bf16_call(w, int8_activations) if bf16 and self.bias is None else None
             kernel = "AVX-512 VNNI int8-activation" if self._direct is not None and self._direct.int8_activations \
-                else "AVX-512 BF16" if bf16 else "AVX2"
+                else ("AMX + AVX-512 BF16" if int4_cpu.amx_kernel(w) else "AVX-512 BF16") if bf16 else "AVX2"
             self._cpu, self.cpu_path = w, f"int4 (quantkit {kernel} kernel)"
         elif reason is None:
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"

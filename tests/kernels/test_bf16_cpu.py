@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantkit.kernels import bf16_cpu
 from quantkit.kernels.bf16_cpu import (Bf16DotLinear, Bf16Linear, bf16_dot_available, bf16_dot_reference, bf16_linear,
                                        bf16_linear_reference, pack_pairs, pack_weight, unavailable)
 
@@ -48,11 +49,30 @@ dot_missing = pytest.mark.skipif(not bf16_dot_available(), reason="the bf16 dot 
                                  f"(this CPU or build has none: {unavailable() or 'no AVX-512 BF16'})")
 
 
+@pytest.fixture(params=["default", "avx512", "amx"])
+def dot_path(request):
+    """Bf16DotLinear's kernel as the engine runs it (AMX tiles from a few rows where granted), with AMX off (the
+    AVX-512 BF16 tiles at every M), and with AMX from one row on (skipped where this CPU gives no AMX tiles)."""
+    ext = bf16_cpu.extension()
+    if request.param == "default":
+        yield request.param
+        return
+    if not ext.has_amx():
+        if request.param == "amx":
+            pytest.skip("AMX tiles: none on this CPU, or Linux did not grant them")
+        yield request.param  # nothing to switch off
+        return
+    old_on, old_m = ext.set_amx(request.param == "amx"), ext.set_amx_from_m(1)
+    yield request.param
+    ext.set_amx(old_on)
+    ext.set_amx_from_m(old_m)
+
+
 @dot_missing
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 12, 17, 24, 300])  # every tile; 16 on: 8 x 2 blocks; 300: 3 passes
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 12, 17, 24, 33, 300])  # every tile; 16 on: 8 x 2 blocks; 300: 3
 @pytest.mark.parametrize("n,k,bias", [(1000, 1024, False), (33, 100, True), (7, 2, False), (130, 1024, True),
-                                      (20, 2816, False)])
-def test_bf16_dot_linear_matches_reference(m, n, k, bias):
+                                      (20, 2816, False), (48, 96, True)])  # AMX: K a multiple of 32 (100 and 2: not)
+def test_bf16_dot_linear_matches_reference(dot_path, m, n, k, bias):
     g = torch.Generator().manual_seed(m * n + k)
     lin = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16).requires_grad_(False)
     lin.weight.copy_(torch.randn(n, k, generator=g) / k**0.5)
@@ -98,3 +118,21 @@ def test_bf16_dot_takes_leading_dims_and_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="K even"):
         pack_pairs(torch.randn(4, 7).bfloat16())
     assert not Bf16DotLinear.supports(torch.nn.Linear(7, 4))
+
+
+@dot_missing
+def test_amx_and_avx512_tiles_differ_only_in_the_order_of_the_sums():
+    """set_amx reaches the kernel: the two paths' fp32 sums differ in their last bits, never by more than one bf16 ulp."""
+    ext = bf16_cpu.extension()
+    if not ext.has_amx():
+        pytest.skip("AMX tiles: none on this CPU, or Linux did not grant them")
+    lin = torch.nn.Linear(1024, 272, bias=False).to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(2)).bfloat16()
+    tiles = Bf16DotLinear(lin)(x)
+    assert ext.set_amx(False) is True  # the default is on
+    try:
+        vectors = Bf16DotLinear(lin)(x)
+    finally:
+        ext.set_amx(True)
+    assert not torch.equal(tiles, vectors)
+    torch.testing.assert_close(tiles.float(), vectors.float(), rtol=2 ** -7, atol=1e-6)

@@ -130,10 +130,30 @@ def test_kernel_takes_fp32_scales(kernel, m):
 
 
 @pytest.fixture(scope="module")
-def bf16_kernel(kernel):
+def bf16_ext(kernel):
     if not hasattr(kernel, "int4_linear_bf16"):
         pytest.skip("the AVX-512 BF16 int4 kernel is built only where the compiler targets AVX-512 BF16")
     return kernel
+
+
+@pytest.fixture
+def bf16_kernel(bf16_ext):
+    """The AVX-512 BF16 kernel: where the AMX path is built, it is switched off for the test."""
+    old = bf16_ext.set_amx(False) if hasattr(bf16_ext, "set_amx") else None
+    yield bf16_ext
+    if old is not None:
+        bf16_ext.set_amx(old)
+
+
+@pytest.fixture
+def amx_kernel(bf16_ext):
+    """The AMX kernel (kernels/csrc/int4_amx.h) from one row on, where this CPU and Linux give the process AMX tiles."""
+    if not bf16_ext.has_int4_amx():
+        pytest.skip("the AMX int4 kernel needs a CPU with AMX-BF16 (and a Linux that grants the tiles); "
+                    f"this one has {'no AMX build' if not hasattr(bf16_ext, 'set_amx') else 'no AMX tiles granted'}")
+    old = bf16_ext.set_int4_amx_from_m(1)
+    yield bf16_ext
+    bf16_ext.set_int4_amx_from_m(old)
 
 
 @pytest.mark.slow
@@ -155,6 +175,48 @@ def test_bf16_kernel_matches_the_reference(bf16_kernel, m, n, k, layout, sym, gr
     out = int4_blocked_linear(xb, w, p.bias, dense_from_m=m + 1)  # the same kernel through the wrapper
     assert out.dtype == torch.bfloat16  # rounded once: within a bf16 ulp (2^-8 relative) of the fp32 result
     torch.testing.assert_close(out.float(), int4_blocked_reference(xb.float(), w, p.bias).float(), rtol=8e-3, atol=1e-3)
+
+
+# 1-16 rows: one row tile; 17-32: two; past 32 the first step on a block pair keeps its unpacked tiles for the others
+@pytest.mark.parametrize("m", [1, 2, 8, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize(("n", "k", "group_size", "fp32_scales"), [
+    (40, 256, 32, False), (272, 512, 128, False), (48, 384, 64, True), (16, 128, 128, False)])
+def test_amx_kernel_matches_the_reference(amx_kernel, m, n, k, group_size, fp32_scales):
+    """AMX tiles: the same exact products (128 + code against bf16 x) and fp32 sums as the AVX-512 kernel, in another
+    order; 40 and 272 rows leave a 16-row block half filled and a block pair unpaired."""
+    p = checkpoint(n, k, group_size, "gptq_v2", False, False, seed=m)
+    w = repack(p)
+    if fp32_scales:
+        w = int4_cpu.Int4Blocked(w.packed, w.scale_zero.float(), w.out_features, w.group_size, w.perm)
+    assert int4_cpu.amx_kernel(w)
+    xb = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).bfloat16()
+    want = int4_blocked_reference(xb.float(), w, None)
+    got = amx_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, n, group_size)
+    torch.testing.assert_close(got, want, **TOL)
+    rounded = amx_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, n, group_size, True)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, got.to(torch.bfloat16))
+
+
+def test_amx_kernel_is_not_the_avx512_one_and_groups_off_its_steps_fall_back(amx_kernel):
+    """set_amx(False) reaches the kernel (the sums' order differs, so do the bits), and groups that are not whole
+    32-column tile steps take the AVX-512 path with AMX on: both match the reference."""
+    w = repack(checkpoint(272, 512, 128, "gptq", True, False, seed=3))
+    xb = torch.randn(24, 512, generator=torch.Generator().manual_seed(3)).bfloat16()
+    tiles = amx_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
+    assert amx_kernel.set_amx(False) is True  # the default is on
+    try:
+        vectors = amx_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
+    finally:
+        amx_kernel.set_amx(True)
+    want = int4_blocked_reference(xb.float(), w, None)
+    torch.testing.assert_close(tiles, want, **TOL)
+    torch.testing.assert_close(vectors, want, **TOL)
+    assert not torch.equal(tiles, vectors)
+    w20 = repack(checkpoint(48, 120, 20, "gptq_v2", False, False, seed=4))
+    assert not int4_cpu.amx_kernel(w20)
+    x20 = xb[:, :120].contiguous()
+    torch.testing.assert_close(amx_kernel.int4_linear_bf16(x20, w20.packed, w20.scale_zero, 48, 20),
+                               int4_blocked_reference(x20.float(), w20, None), **TOL)
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])

@@ -56,19 +56,32 @@ def test_activations_round_to_16_bits_per_row_and_group():
     assert scale[0].tolist() == pytest.approx([2 / 32767, 0.0])
 
 
-@pytest.fixture(scope="module")
-def int8_ext():
+@pytest.fixture(params=["vnni", "amx"])
+def int8_ext(request):
+    """The int8 kernel on its AVX-512 VNNI path (AMX off where built), then on AMX tiles from one row on (groups of
+    a multiple of 64 columns; others keep the VNNI path), skipped where this CPU gives no AMX tiles."""
     if (why := int4_cpu.unavailable()) is not None:
         pytest.skip(why)
     ext = int4_cpu.extension()
     if not hasattr(ext, "int8_linear_bf16"):
         pytest.skip("the int8 kernel is built only where the compiler targets AVX-512 BF16")
-    return ext
+    amx = request.param == "amx"
+    if amx and not (ext.has_int4_amx() and hasattr(ext, "set_int8_amx_from_m")):
+        pytest.skip("AMX-INT8 tiles: none on this CPU or build, or Linux did not grant them")
+    if not hasattr(ext, "set_amx"):
+        yield ext
+        return
+    old_on = ext.set_amx(amx)
+    old_m = ext.set_int8_amx_from_m(1) if hasattr(ext, "set_int8_amx_from_m") else None
+    yield ext
+    ext.set_amx(old_on)
+    if old_m is not None:
+        ext.set_int8_amx_from_m(old_m)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 13, 33])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 13, 16, 17, 33])
 @pytest.mark.parametrize(("n", "k", "group_size"), [(40, 256, 128), (272, 512, 128), (50, 96, 96), (16, 64, 32),
-                                                    (24, 40, 20)])
+                                                    (24, 40, 20), (33, 128, 64)])
 def test_kernel_matches_its_reference(int8_ext, m, n, k, group_size):
     w = pack_int8(0.05 * torch.randn(n, k, generator=torch.Generator().manual_seed(m)), group_size)
     x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n))).bfloat16()
@@ -118,3 +131,23 @@ def test_module_runs_a_float_linear_in_int8(int8_ext):
                                                                        100, 128, True))
     # against the float head: the int8 rounding of W (at most s / 2 an element) is all that differs
     torch.testing.assert_close(got.float(), (x.float() @ linear.weight.T).detach(), rtol=0.02, atol=0.02)
+
+
+def test_amx_tiles_give_the_vnni_kernels_bits():
+    """Both paths sum q * digit exactly in int32 and scale each group's sum in the same order, so they agree bit for bit
+    (a 1000-row head: 63 blocks, the last half filled and unpaired)."""
+    ext = int4_cpu.extension()
+    if ext is None or not hasattr(ext, "set_int8_amx_from_m") or not ext.has_int4_amx():
+        pytest.skip("AMX-INT8 tiles: none on this CPU or build, or Linux did not grant them")
+    w = pack_int8(0.05 * torch.randn(1000, 1024, generator=torch.Generator().manual_seed(0)), 128)
+    x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1)).bfloat16()
+    old = ext.set_int8_amx_from_m(1)
+    try:
+        tiles = ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 1000, 128)
+        ext.set_amx(False)
+        vectors = ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 1000, 128)
+    finally:
+        ext.set_amx(True)
+        ext.set_int8_amx_from_m(old)
+    assert torch.equal(tiles, vectors)
+    torch.testing.assert_close(tiles, int8_blocked_reference(x, w), **TOL)

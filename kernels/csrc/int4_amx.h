@@ -1,0 +1,171 @@
+// The int4 linear for bf16 activations on AMX tiles: x bf16 [M, K] @ W.T -> fp32 or bf16 [M, N] on the Int4Blocked
+// layout, with the same arithmetic as the AVX-512 BF16 kernel (int4_bf16_avx512.h). Included by int4_cpu.cpp where
+// QUANTKIT_AMX (amx_bf16.h) and QUANTKIT_INT4_BF16.
+//
+// A block's codes for 32 input columns (256 packed bytes) unpack into one B tile (16 rows of 64 bytes) with the AVX-512
+// kernel's operands (nibbles, pair_of: a code c as the bf16 128 + c, exact), stored to a 1 KiB buffer that
+// TDPBF16PS reads through a tile load. A C tile then holds, for up to 16 rows of x and the block's 16 outputs, the sum
+// over a group's columns of x . (128 + c); at the end of each group it is stored, and each row gets
+//   out += s * (C - (z + 128) * xsum)
+// as in the AVX-512 kernel, so the products are exact and the sums fp32 in both; only their order differs.
+//
+// Two blocks and up to 32 rows of x a step (tiles C 0-3, A 4-5, B 6-7, as amx_bf16.h configures them). With more than
+// 32 rows the first step on a block pair keeps its unpacked tiles (K * 64 bytes for the pair, in L2) and the others
+// load them back.
+#pragma once
+
+#include "amx_bf16.h"
+#include "int4_bf16_avx512.h"
+
+#if defined(QUANTKIT_AMX) && defined(QUANTKIT_INT4_BF16)
+#define QUANTKIT_INT4_AMX 1
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace int4amx {
+
+constexpr int kRows = 16;
+constexpr int kTileK = amx::kTileK;
+constexpr int kTileElems = kTileK / 2 * 32;  // bf16 values in a B tile: 16 rows of 16 outputs x 2 columns
+
+// Whether w can run here: AMX granted, and groups of whole tile steps (32 columns).
+inline bool usable(int64_t gs) { return gs % kTileK == 0 && amx::usable(gs); }
+
+// Columns k..k+31 of a block (codes at blk: [K, 8]) -> B tile t[16][32]: row p holds the 16 outputs' (128 + code)
+// pairs for columns k + 2p, k + 2p + 1 (pair_of's operand for that pair).
+inline void unpack_tile(const uint8_t* blk, int64_t k, uint16_t* t) {
+  const int4bf16::PairIndex& pairs = int4bf16::pair_index();
+  for (int l = 0; l < 4; ++l) {
+    const int4bf16::Nibbles n = int4bf16::nibbles(blk + (k + 8 * l) * 8);
+    for (int c = 0; c < 4; ++c) _mm512_store_si512(t + (4 * l + c) * 32, (__m512i)int4bf16::pair_of(n, pairs.of[c]));
+  }
+}
+
+// Room for n B tiles on this thread, 64-byte aligned, grown as needed; `slot` 0 and 1 are separate rooms (a block
+// pair's kept tiles, and the two sets of a group's tiles).
+inline uint16_t* tile_room(int slot, int64_t n) {
+  thread_local std::vector<uint16_t> rooms[2];
+  std::vector<uint16_t>& room = rooms[slot];
+  const size_t need = static_cast<size_t>(n * kTileElems + 32);
+  if (room.size() < need) room.resize(need);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(room.data());
+  return reinterpret_cast<uint16_t*>((p + 63) & ~uintptr_t(63));
+}
+
+// A block pair's unpacked tiles for all of K ([K / 32][2] tiles, K * 64 bytes: in L2).
+inline uint16_t* kept_tiles(int64_t K) { return tile_room(0, K / kTileK * 2); }
+// n tiles for a group's steps.
+inline uint16_t* group_tiles(int64_t n) { return tile_room(1, n); }
+
+// C tiles 0-3 (row tile r, block j at r * 2 + j) += A (x rows at x, row stride K) . B over one tile step, B of block j
+// at b[j] (a 1 KiB tile).
+template <int MA, int NB>
+inline void step(const uint16_t* x, int64_t K, const uint16_t* const* b) {
+  _tile_loadd(4, x, K * 2);
+  _tile_loadd(6, b[0], 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (NB == 2) {
+    _tile_loadd(7, b[1], 64);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+  if constexpr (MA == 2) {
+    _tile_loadd(5, x + kRows * K, K * 2);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+template <int MA, int NB>
+inline void zero_and_store(bool store, float (*c)[kRows * kRows]) {
+  if (store) {
+    _tile_stored(0, c[0], 64);
+    if constexpr (NB == 2) _tile_stored(1, c[1], 64);
+    if constexpr (MA == 2) _tile_stored(2, c[2], 64);
+    if constexpr (MA == 2 && NB == 2) _tile_stored(3, c[3], 64);
+    return;
+  }
+  _tile_zero(0);
+  if constexpr (NB == 2) _tile_zero(1);
+  if constexpr (MA == 2) _tile_zero(2);
+  if constexpr (MA == 2 && NB == 2) _tile_zero(3);
+}
+
+// Rows m0..m0+r0+r1-1 of x (row tiles of r0 and r1 rows) against the NB blocks from b: o[r * 2 + j][rows][16] receives
+// the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 32][2][kTileElems], written when
+// `fill` and read back otherwise.
+template <int MA, int NB, typename T>
+void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, uint16_t* kept, bool fill,
+               float (*o)[kRows * kRows]) {
+  alignas(64) float c[4][kRows * kRows];
+  const uint16_t* x = a.x + m0 * a.K;
+  const int rows[2] = {r0, r1};
+  // Without kept tiles, a group's tiles are unpacked into one of two sets (alternating by group) before its tile
+  // steps: a tile load waits for the stores of its buffer, and one buffer reused every step serialized them.
+  const int64_t steps = a.gs / kTileK;
+  uint16_t* own = kept != nullptr ? nullptr : group_tiles(2 * 2 * steps);  // two sets of steps x 2 blocks
+  for (int t = 0; t < 4; ++t) std::fill(o[t], o[t] + kRows * kRows, 0.f);
+  for (int64_t g = 0; g < a.G; ++g) {
+    // tiles of step i of the group, block j: base + (i * 2 + j) * kTileElems
+    uint16_t* base = kept != nullptr ? kept + g * steps * 2 * kTileElems : own + (g % 2) * steps * 2 * kTileElems;
+    if (kept == nullptr || fill)
+      for (int64_t i = 0; i < steps; ++i)
+        for (int j = 0; j < NB; ++j) unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kTileK, base + (i * 2 + j) * kTileElems);
+    zero_and_store<MA, NB>(false, c);
+    for (int64_t i = 0; i < steps; ++i) {
+      const uint16_t* bt[2] = {base + i * 2 * kTileElems, base + (i * 2 + 1) * kTileElems};
+      step<MA, NB>(x + g * a.gs + i * kTileK, a.K, bt);
+    }
+    zero_and_store<MA, NB>(true, c);
+    for (int j = 0; j < NB; ++j) {
+      const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
+      const __m512 scale = int4bf16::load16(s), zero = _mm512_add_ps(int4bf16::load16(s + kRows), _mm512_set1_ps(128.f));
+      for (int r = 0; r < MA; ++r)
+        for (int i = 0; i < rows[r]; ++i) {
+          float* p = o[r * 2 + j] + i * kRows;
+          const __m512 xs = _mm512_set1_ps(a.xsum[(m0 + r * kRows + i) * a.G + g]);
+          const __m512 d = _mm512_fnmadd_ps(xs, zero, _mm512_load_ps(c[r * 2 + j] + i * kRows));
+          _mm512_store_ps(p, _mm512_fmadd_ps(d, scale, _mm512_load_ps(p)));
+        }
+    }
+  }
+}
+
+
+// Blocks b0..b1-1 for every row of x (a.gs a multiple of 32, amx::usable): two blocks by up to 32 rows a step.
+template <typename T>
+void blocks(const int4bf16::Args<T>& a, int64_t b0, int64_t b1) {
+  alignas(64) float o[4][kRows * kRows];
+  uint16_t* kept = a.M > amx::kStepRows ? kept_tiles(a.K) : nullptr;
+  int configured = -1;
+  for (int64_t b = b0; b < b1; b += 2) {
+    const int nb = static_cast<int>(std::min<int64_t>(2, b1 - b));
+    for (int64_t m0 = 0; m0 < a.M; m0 += amx::kStepRows) {
+      const int r0 = static_cast<int>(std::min<int64_t>(kRows, a.M - m0));
+      const int r1 = static_cast<int>(std::clamp<int64_t>(a.M - m0 - kRows, 0, kRows));
+      if (r0 * 32 + r1 != configured) {
+        amx::configure(r0, r1);
+        configured = r0 * 32 + r1;
+      }
+      const bool fill = m0 == 0;
+      if (r1 > 0)
+        nb == 2 ? pair_rows<2, 2>(a, b, m0, r0, r1, kept, fill, o) : pair_rows<2, 1>(a, b, m0, r0, r1, kept, fill, o);
+      else
+        nb == 2 ? pair_rows<1, 2>(a, b, m0, r0, r1, kept, fill, o) : pair_rows<1, 1>(a, b, m0, r0, r1, kept, fill, o);
+      for (int j = 0; j < nb; ++j) {
+        const int64_t n0 = (b + j) * kRows;
+        const int64_t cols = std::min<int64_t>(kRows, a.N - n0);
+        int4bf16::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0, r0, o[j]);
+        if (r1 > 0) int4bf16::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0 + kRows, r1, o[2 + j]);
+      }
+    }
+  }
+  amx::tile_release();
+}
+
+}  // namespace int4amx
+
+#endif
