@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_amx.h"  // the many-rows step on AMX tiles, where QUANTKIT_ATTENTION_AMX
 #include "attention_avx512.h"  // fold_block's vector path, where QUANTKIT_AVX512
 
 namespace {
@@ -154,6 +155,17 @@ inline int64_t row_index(int64_t q_begin, int64_t r, int64_t group, int64_t kv_h
   return (q_begin + r / group) * heads + kv_head * group + r % group;
 }
 
+// The work item's outputs: each row's accumulator over its softmax sum, in the output's dtype.
+template <typename T>
+void finish_item(const WorkItem& w, const Rows& rows, T* out, int64_t group, int64_t heads) {
+  const int64_t d = rows.d;
+  for (int64_t r = 0; r < rows.n; ++r) {
+    T* dst = out + row_index(w.q_begin, r, group, w.kv_head, heads) * d;
+    const float inv = 1.f / rows.l[r];
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(rows.acc[r * d + i] * inv);
+  }
+}
+
 template <typename T>
 void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const int32_t* table, int64_t seq_len,
                  int64_t chunk_begin, int64_t chunk_len, T* out, int64_t heads, int64_t kv_heads, int64_t d,
@@ -175,6 +187,17 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
   const int64_t last_key = first_pos + (w.q_end - 1 - chunk_begin);  // the tile's last query sees up to here
   const int64_t token_stride = kv_heads * d;
   const auto base_of = [&](int64_t b) { return static_cast<int64_t>(table[b]) * block_size * token_stride + w.kv_head * d; };
+#if defined(QUANTKIT_ATTENTION_AMX)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (rows.n >= amxattn::from_rows() && amxattn::supports(d, block_size)) {
+      std::vector<int64_t> last(rows.n);  // the last key each row sees
+      for (int64_t r = 0; r < rows.n; ++r) last[r] = first_pos + (w.q_begin + r / group - chunk_begin);
+      amxattn::fold_blocks_any(d, rows.n, rows.qb.data(), rows.scale, rows.acc.data(), rows.m.data(), rows.l.data(),
+                               kc, vc, token_stride, skip_blocks, last_key / block_size + 1, base_of, last.data());
+      return finish_item(w, rows, out, group, heads);
+    }
+  }
+#endif
   const int64_t ahead = prefetch_blocks();
   for (int64_t b = skip_blocks; b * block_size <= last_key; ++b) {
     const int64_t base = base_of(b);
@@ -184,11 +207,7 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
       visible[r] = first_pos + (w.q_begin + r / group - chunk_begin) - b * block_size + 1;
     fold_block(rows, kc + base, vc + base, token_stride, block_size, visible.data(), s.data());
   }
-  for (int64_t r = 0; r < rows.n; ++r) {
-    T* dst = out + row_index(w.q_begin, r, group, w.kv_head, heads) * d;
-    const float inv = 1.f / rows.l[r];
-    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(rows.acc[r * d + i] * inv);
-  }
+  finish_item(w, rows, out, group, heads);
 }
 
 void check_inputs(const torch::Tensor& q, const torch::Tensor& key_cache, const torch::Tensor& value_cache,
@@ -228,6 +247,15 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
       rows.set_query(r, src, scale);
     }
     const auto base_of = [&](int64_t b) { return static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d; };
+#if defined(QUANTKIT_ATTENTION_AMX)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (rows_n >= amxattn::from_rows() && amxattn::supports(d, block_size)) {
+        amxattn::fold_blocks_any(d, rows.n, rows.qb.data(), rows.scale, rows.acc.data(), rows.m.data(), rows.l.data(),
+                                 kc, vc, token_stride, 0, n_blocks, base_of, nullptr);
+        n_blocks = 0;  // folded: the AVX-512 loop below has nothing left
+      }
+    }
+#endif
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int64_t base = base_of(b);
       for (int64_t f = b == 0 ? 1 : b + prefetch_blocks(); f <= b + prefetch_blocks() && f < n_blocks; ++f)
@@ -248,6 +276,17 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
 }
 
 }  // namespace
+
+// From how many rows of a work item the AMX step runs (attention_amx.h); returns the old value, -1 where that step is
+// not compiled in.
+int64_t set_amx_attention_from_rows(int64_t rows) {
+#if defined(QUANTKIT_ATTENTION_AMX)
+  TORCH_CHECK(rows >= 1, "rows must be at least 1");
+  return std::exchange(amxattn::from_rows(), rows);
+#else
+  return -1;
+#endif
+}
 
 int64_t set_prefetch_blocks(int64_t blocks) {
   TORCH_CHECK(blocks >= 0, "blocks must be at least 0");
@@ -429,6 +468,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "rows of a work item from which a block is widened once for all of them (AVX-512); returns the old value");
   m.def("set_pair_rows", &set_pair_rows,
         "whether the per-row step folds two rows with the same keys together (AVX-512); returns the old setting");
+  m.def("set_amx_attention_from_rows", &set_amx_attention_from_rows,
+        "rows of a work item from which a bf16 cache is attended on AMX tiles; returns the old value (-1: not built)");
+  m.def("set_amx", [](bool on) {
+#if defined(QUANTKIT_AMX)
+    return std::exchange(amx::switched_on(), on);
+#else
+    return false;
+#endif
+  }, "AMX tiles on (default) or off where they apply; returns the previous setting");
+  m.def("has_amx", [] {
+#if defined(QUANTKIT_ATTENTION_AMX)
+    return amx::enabled();
+#else
+    return false;
+#endif
+  }, "whether the AMX attention step is built and Linux granted this process the tiles");
   m.def("set_prefetch_blocks", &set_prefetch_blocks,
         "how many cache blocks ahead of the one being folded are prefetched (0: none); returns the old value");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");

@@ -57,8 +57,8 @@ def test_decodes_and_prefills_in_one_call(attn):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_avx512_paths_match_reference(attn, avx512_step, d, dtype):
     """Decodes (4 rows an item) and prefill tiles crossing blocks (up to 64 rows, causal within a block),
-    block 16, every head dim the vector step takes."""
-    run_case(attn, [5, 40, 17, 64, 33], [1, 12, 17, 64, 9], 8, 2, d, 16, dtype=dtype, seed=11)
+    block 16, every head dim the vector step takes; 150 keys are three of the AMX step's 4-block steps."""
+    run_case(attn, [5, 40, 17, 64, 33, 150], [1, 12, 17, 64, 9, 30], 8, 2, d, 16, dtype=dtype, seed=11)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
