@@ -196,7 +196,7 @@ def amx_kernel(w: Int4Blocked) -> bool:
     """Whether bf16 activations on `w` run on AMX tiles from a few rows (kernels/csrc/int4_amx.h): built for a CPU
     with AMX-BF16, Linux granted this process the tile state, and groups of whole 32-column tile steps."""
     ext = extension()
-    return ext is not None and hasattr(ext, "has_int4_amx") and ext.has_int4_amx() and w.group_size % 32 == 0
+    return ext is not None and hasattr(ext, "has_amx") and ext.has_amx() and w.group_size % 32 == 0
 
 
 def bf16_kernel(w: Int4Blocked) -> bool:

@@ -144,3 +144,31 @@ void for_blocks(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int6
 }  // namespace amx
 
 #endif
+
+#include <utility>
+
+namespace amx {
+
+// The two functions every extension built with this header exposes, whether or not it has the AMX paths: has_amx()
+// (built for AMX and granted the tiles) and set_amx(on) (the paths on or off for this extension; returns the old
+// setting, false where they are not built).
+template <typename Module>
+void bind_switches(Module& m) {
+  m.def("has_amx", [] {
+#if defined(QUANTKIT_AMX)
+    return enabled();
+#else
+    return false;
+#endif
+  }, "whether this extension has its AMX paths and Linux granted this process the tiles");
+  m.def("set_amx", [](bool on) {
+#if defined(QUANTKIT_AMX)
+    return std::exchange(switched_on(), on);
+#else
+    (void)on;
+    return false;
+#endif
+  }, "AMX tiles on (default) or off where they apply; returns the previous setting");
+}
+
+}  // namespace amx

@@ -220,16 +220,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_dot_linear", &bf16_dot_linear, "x bf16 [M, K] @ W.T (+ bias) from pack_pairs(W) -> bf16 [M, N]",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
 #endif
-  m.def("has_amx", [] {
+  amx::bind_switches(m);
 #if defined(QUANTKIT_AMX)
-    return amx::enabled();
-#else
-    return false;
-#endif
-  }, "whether this build has the AMX path and Linux granted this process the tiles");
-#if defined(QUANTKIT_AMX)
-  m.def("set_amx", [](bool on) { return std::exchange(amx::switched_on(), on); },
-        "AMX tiles on (default) or off for the linears where they apply; returns the previous setting");
   m.def("set_amx_from_m", [](int64_t m) { return std::exchange(amx_from_m(), m); },
         "the rows of x from which bf16_dot_linear runs on AMX tiles; returns the previous value");
 #endif

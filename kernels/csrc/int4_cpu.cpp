@@ -387,6 +387,7 @@ torch::Tensor int4_dequantize(torch::Tensor packed, torch::Tensor sz, int64_t n,
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  amx::bind_switches(m);  // the int4 and int8 kernels' AMX paths
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
@@ -402,20 +403,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(QUANTKIT_INT4_AMX)
   m.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4_amx_from_m(), m); },
         "the rows of x from which int4_linear_bf16 runs on AMX tiles; returns the previous value");
-  m.def("set_amx", [](bool on) { return std::exchange(amx::switched_on(), on); },
-        "AMX tiles on (default) or off where they apply; returns the previous setting");
 #endif
 #if defined(QUANTKIT_INT8_AMX)
   m.def("set_int8_amx_from_m", [](int64_t m) { return std::exchange(int8_amx_from_m(), m); },
         "the rows of x from which int8_linear_bf16 runs on AMX tiles; returns the previous value");
 #endif
-  m.def("has_int4_amx", [] {
-#if defined(QUANTKIT_INT4_AMX)
-    return amx::enabled();
-#else
-    return false;
-#endif
-  }, "whether int4_linear_bf16 has its AMX path and Linux granted this process the tiles");
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);

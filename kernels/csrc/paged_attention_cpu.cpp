@@ -470,20 +470,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether the per-row step folds two rows with the same keys together (AVX-512); returns the old setting");
   m.def("set_amx_attention_from_rows", &set_amx_attention_from_rows,
         "rows of a work item from which a bf16 cache is attended on AMX tiles; returns the old value (-1: not built)");
-  m.def("set_amx", [](bool on) {
-#if defined(QUANTKIT_AMX)
-    return std::exchange(amx::switched_on(), on);
-#else
-    return false;
-#endif
-  }, "AMX tiles on (default) or off where they apply; returns the previous setting");
-  m.def("has_amx", [] {
-#if defined(QUANTKIT_ATTENTION_AMX)
-    return amx::enabled();
-#else
-    return false;
-#endif
-  }, "whether the AMX attention step is built and Linux granted this process the tiles");
+  amx::bind_switches(m);
   m.def("set_prefetch_blocks", &set_prefetch_blocks,
         "how many cache blocks ahead of the one being folded are prefetched (0: none); returns the old value");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");

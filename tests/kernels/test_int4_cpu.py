@@ -139,18 +139,16 @@ def bf16_ext(kernel):
 @pytest.fixture
 def bf16_kernel(bf16_ext):
     """The AVX-512 BF16 kernel: where the AMX path is built, it is switched off for the test."""
-    old = bf16_ext.set_amx(False) if hasattr(bf16_ext, "set_amx") else None
+    old = bf16_ext.set_amx(False)
     yield bf16_ext
-    if old is not None:
-        bf16_ext.set_amx(old)
+    bf16_ext.set_amx(old)
 
 
 @pytest.fixture
 def amx_kernel(bf16_ext):
     """The AMX kernel (kernels/csrc/int4_amx.h) from one row on, where this CPU and Linux give the process AMX tiles."""
-    if not bf16_ext.has_int4_amx():
-        pytest.skip("the AMX int4 kernel needs a CPU with AMX-BF16 (and a Linux that grants the tiles); "
-                    f"this one has {'no AMX build' if not hasattr(bf16_ext, 'set_amx') else 'no AMX tiles granted'}")
+    if not bf16_ext.has_amx():
+        pytest.skip("the AMX int4 kernel needs a CPU with AMX-BF16 (and a Linux that grants the tiles)")
     old = bf16_ext.set_int4_amx_from_m(1)
     yield bf16_ext
     bf16_ext.set_int4_amx_from_m(old)

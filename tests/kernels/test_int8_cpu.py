@@ -66,11 +66,8 @@ def int8_ext(request):
     if not hasattr(ext, "int8_linear_bf16"):
         pytest.skip("the int8 kernel is built only where the compiler targets AVX-512 BF16")
     amx = request.param == "amx"
-    if amx and not (ext.has_int4_amx() and hasattr(ext, "set_int8_amx_from_m")):
+    if amx and not (ext.has_amx() and hasattr(ext, "set_int8_amx_from_m")):
         pytest.skip("AMX-INT8 tiles: none on this CPU or build, or Linux did not grant them")
-    if not hasattr(ext, "set_amx"):
-        yield ext
-        return
     old_on = ext.set_amx(amx)
     old_m = ext.set_int8_amx_from_m(1) if hasattr(ext, "set_int8_amx_from_m") else None
     yield ext
@@ -137,7 +134,7 @@ def test_amx_tiles_give_the_vnni_kernels_bits():
     """Both paths sum q * digit exactly in int32 and scale each group's sum in the same order, so they agree bit for bit
     (a 1000-row head: 63 blocks, the last half filled and unpaired)."""
     ext = int4_cpu.extension()
-    if ext is None or not hasattr(ext, "set_int8_amx_from_m") or not ext.has_int4_amx():
+    if ext is None or not hasattr(ext, "set_int8_amx_from_m") or not ext.has_amx():
         pytest.skip("AMX-INT8 tiles: none on this CPU or build, or Linux did not grant them")
     w = pack_int8(0.05 * torch.randn(1000, 1024, generator=torch.Generator().manual_seed(0)), 128)
     x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1)).bfloat16()
