@@ -304,7 +304,7 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
 // From this many rows of x, int8_linear_bf16 runs on AMX tiles where they apply (int8amx::usable): python -m
 // quantkit.bench.int8_head on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
 inline int64_t& int8_amx_from_m() {
-  static int64_t m = 4;
+  static int64_t m = 8;
   return m;
 }
 #endif

@@ -9,8 +9,9 @@ sequence starts with the same `prefix` tokens' blocks. Two steps: a decode (one 
 32 own tokens cached past the prefix) and a prefill after a prefix hit (the 32 own prompt tokens of
 every sequence over the cached prefix). Prints ms per layer call (median of --repeats) and the ratio,
 for both paths of the AVX-512 block step (each row over a block on its own, or the block widened once
-for all the rows of a work item; `set_widen_from_rows`), in one process, and each path's largest and
-mean absolute error against the fp32 torch reference on the same (dtype-rounded) inputs.
+for all the rows of a work item; `set_widen_from_rows`), with the AMX step off, and, on a bf16 cache where
+the AMX step is built and granted, with it on (attention_amx.h: from its default rows), in one process, and
+each path's largest and mean absolute error against the fp32 torch reference on the same (dtype-rounded) inputs.
 --sweep-widen also times plain paged attention (no shared prefix) on 64 sequences of 200 cached tokens,
 a decode step and a step of 16-token chunks, at each of the given thresholds (rows of a work item
 from which a block is widened; "never" added) to check the default.
@@ -100,31 +101,39 @@ def main() -> None:
     default = mod.set_widen_from_rows(1)
     if default < 0:
         raise SystemExit("this build has no AVX-512 block step: nothing to compare")
-    paths = {"per-row": 1 << 40, "widened": default}
+    # path: (rows from which a block is widened, AMX step on); the AVX-512 paths with AMX off
+    paths = {"per-row": (1 << 40, False), "widened": (default, False)}
+    if mod.has_amx() and dtype == torch.bfloat16:
+        paths["AMX"] = (default, True)
     print(f"{args.sequences} sequences on a {args.prefix}-token prefix + {args.own} own, {args.threads} threads, "
-          f"{args.dtype}, ms per layer call (median of {args.repeats}); widened from {default} rows")
-    print("| step | per-sequence, per-row | per-sequence, widened | cascade, per-row | cascade, widened "
-          "| widened / per-row (cascade) | max / mean error, per-row | max / mean error, widened |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{args.dtype}, ms per layer call (median of {args.repeats}); widened from {default} rows"
+          + ("; AMX: the AMX step from its default rows, the AVX-512 ones below them" if "AMX" in paths else ""))
+    last = list(paths)[-1]
+    print("| step | " + " | ".join(f"{kind}, {path}" for kind in ("per-sequence", "cascade") for path in paths)
+          + f" | per-row / {last} (cascade) | " + " | ".join(f"max / mean error, {path}" for path in paths) + " |")
+    print("|---|" + "---|" * (3 * len(paths) + 1))
+    old_amx = mod.set_amx(False)
     try:
         for name, chunk in (("decode", 1), (f"prefill of {args.own} after a prefix hit", args.own)):
             own = args.own + (1 if chunk == 1 else 0)
             inputs, plan = step_inputs(args.sequences, args.prefix, own, chunk, dtype)
             want = reference(*inputs)
             ms, err = {}, {}
-            for path, rows in paths.items():
+            for path, (rows, amx) in paths.items():
                 mod.set_widen_from_rows(rows)
+                mod.set_amx(amx)
                 ms["plain", path] = median_ms(lambda: paged_attention_cpu(*inputs), args.repeats)
                 ms["cascade", path] = median_ms(lambda: paged_attention_cpu(*inputs, plan), args.repeats)
                 err[path] = errors(paged_attention_cpu(*inputs, plan), want)
             cells = " | ".join(f"{ms[kind, path]:.2f}" for kind in ("plain", "cascade") for path in paths)
-            print(f"| {name} | {cells} | {ms['cascade', 'per-row'] / ms['cascade', 'widened']:.2f}x faster "
-                  f"| {err['per-row']} | {err['widened']} |")
+            print(f"| {name} | {cells} | {ms['cascade', 'per-row'] / ms['cascade', last]:.2f}x faster | "
+                  + " | ".join(err[path] for path in paths) + " |")
+        mod.set_amx(old_amx)
         if args.sweep_widen:
             sweep(mod, [int(t) for t in args.sweep_widen.split(",")], dtype, args.repeats)
     finally:
         mod.set_widen_from_rows(default)
-
+        mod.set_amx(old_amx)
 
 if __name__ == "__main__":
     main()

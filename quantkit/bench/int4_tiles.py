@@ -2,14 +2,15 @@
 alternating rounds: at 1-2 rows of x, 8 columns a step (lane_tile, unpack_eight; switch `set_lane_tiles`) against a
 column pair a step; from 8 rows, two blocks a tile (wide_tile; `set_wide_tiles`) against one. With `--switch
 eight-columns`, instead, the tiles of 3 rows and more unpacking 8 columns a step (nibbles, pair_of; switch
-`set_eight_columns`) against a pair a step. The kernel over a decode step's int4 linears, then the engine's decode.
+`set_eight_columns`) against a pair a step. With `--switch amx`, the AMX tiles (int4_amx.h, from 2 rows; the int8
+head's too) against the AVX-512 ones (`set_amx`), at any number of rows. The kernel over a decode step's int4 linears, then the engine's decode.
 Then the large-M path (int4_cpu._dense_tiles, from 160 rows): tiles dequantized into the bf16 kernel's layout
 (int4_dequantize_pairs) against fp32 tiles cast to bf16 for F.linear, with the kernel beside them (where the two
 paths cross: int4_cpu.DENSE_FROM_M_BF16_KERNEL).
 
   python -m quantkit.bench.int4_tiles [--models-dir out/int4-models] [--threads 2] [--ms 1,2,8,16]
                                       [--batches 1,2,8] [--dense-ms 64,128,160,512] [--rounds 9] [--max-tokens 64]
-                                      [--switch tiles|eight-columns]
+                                      [--switch tiles|eight-columns|amx]
 
 Kernel: the 4-bit GPTQ checkpoint's quantized linears (q/k/v and gate/up fused, as the engine runs them), each called
 once per pass with its own weights; the rate at which a pass reads the packed codes and scales. Engine: decode
@@ -87,7 +88,7 @@ def main() -> None:
     ap.add_argument("--dense-ms", default="64,128,160,512")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--switch", choices=("tiles", "eight-columns"), default="tiles")
+    ap.add_argument("--switch", choices=("tiles", "eight-columns", "amx"), default="tiles")
     args = ap.parse_args()
     ext = extension()
     if ext is None or not hasattr(ext, "set_lane_tiles"):
@@ -98,10 +99,15 @@ def main() -> None:
     if args.switch == "eight-columns" and any(v <= 2 for v in ms + batches):
         ap.error("1-2 rows run lane_tile, which the eight-columns switch does not reach: choose 3 rows and more")
 
+    if args.switch == "amx" and not ext.has_amx():
+        raise SystemExit("no AMX tiles here (not built for this CPU, or Linux did not grant them)")
+
     def tile(rows: int):
         """(what the new tile is, the switch that turns it on and off) at this many rows of x"""
         if args.switch == "eight-columns":
             return "8 columns a step (nibbles, pair_of)", ext.set_eight_columns
+        if args.switch == "amx":
+            return "AMX tiles", ext.set_amx
         return ("8 columns a step", ext.set_lane_tiles) if rows <= 2 else ("two blocks a tile", ext.set_wide_tiles)
 
     torch.set_num_threads(args.threads)
@@ -120,6 +126,7 @@ def main() -> None:
         ext.set_lane_tiles(True)
         ext.set_wide_tiles(True)
         ext.set_eight_columns(True)
+        ext.set_amx(True)
 
 
 def dense(llm, ms: list[int], rounds: int) -> None:

@@ -4,7 +4,9 @@ against oneDNN's prepacked bf16 linear and torch's `_weight_int8pack_mm` (per-ro
   python -m quantkit.bench.int8_head [--threads 2] [--shape 32000x1024] [--ms 1,2,4,8,16,32] [--reps 20] [--rounds 3]
 
 Shape is N x K (vocab x hidden); bf16 activations. Each time is the best of --reps calls (ms), per round; rounds
-alternate the three and the best round counts. The ratios are bf16 / int8 (ours) and torch int8 / ours.
+alternate the three and the best round counts. The ratios are bf16 / int8 (ours) and torch int8 / ours. Where the
+AMX path is built and granted, ours runs it from 4 rows (int8_amx.h), and a fourth column times the same head with it
+off (the AVX-512 VNNI kernel), with the ratio VNNI / ours.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 def main() -> None:
     from quantkit.kernels.cpu_int import best_ms
     from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
+    from quantkit.kernels.int4_cpu import extension
     from quantkit.kernels.int8_cpu import Int8Linear, int8_kernel_available, quantize_int8
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,15 +43,28 @@ def main() -> None:
     dense = PrepackedLinear(linear)
     print(f"[{n} x {k}], bf16 activations, {args.threads} threads, best of {args.reps} calls and {args.rounds} "
           f"rounds (ms); load average {os.getloadavg()[0]:.2f}")
+    ext = extension()
+    amx = ext.has_amx()
+
+    def vnni(x):  # the head with its AMX path off
+        old = ext.set_amx(False)
+        try:
+            return ours(x)
+        finally:
+            ext.set_amx(old)
+
     print(f"{'M':>3} {'int8 (ours)':>11} {'bf16 prepacked':>14} {'torch int8pack':>14} {'bf16/ours':>9} "
-          f"{'torch/ours':>10}")
+          f"{'torch/ours':>10}" + (f" {'int8 VNNI':>9} {'VNNI/ours':>9}" if amx else ""))
     with torch.inference_mode():
         for m in map(int, args.ms.split(",")):
             x = torch.randn(m, k).bfloat16()
-            calls = (lambda: ours(x), lambda: dense(x), lambda: torch._weight_int8pack_mm(x, q, s16))
+            calls = [lambda: ours(x), lambda: dense(x), lambda: torch._weight_int8pack_mm(x, q, s16)]
+            if amx:
+                calls.append(lambda: vnni(x))
             best = [min(r) for r in zip(*[[best_ms(f, args.reps) for f in calls] for _ in range(args.rounds)])]
             print(f"{m:>3} {best[0]:>11.3f} {best[1]:>14.3f} {best[2]:>14.3f} {best[1] / best[0]:>9.2f} "
-                  f"{best[2] / best[0]:>10.2f}", flush=True)
+                  f"{best[2] / best[0]:>10.2f}" + (f" {best[3]:>9.3f} {best[3] / best[0]:>9.2f}" if amx else ""),
+                  flush=True)
 
 
 if __name__ == "__main__":
