@@ -45,8 +45,9 @@ DENSE_FROM_M_BF16 = 48
 # 128-160 rows over the benchmark model's linears (python -m quantkit.bench.int4_tiles; docs/BENCHMARKS.md).
 DENSE_FROM_M_BF16_KERNEL = 160
 # With AMX tiles (kernels/csrc/int4_amx.h), the kernel's exact per-group sums lose to the dense path's single pass over
-# bf16 tiles (bf16_dot_linear on AMX too) from 384-512 rows (python -m quantkit.bench.int4_tiles --amx; docs/BENCHMARKS.md).
-DENSE_FROM_M_AMX = 512
+# bf16 tiles (bf16_dot_linear on AMX too) from 256 rows over the benchmark model's linears (808 against 838 GMAC/s; 797
+# against 913 at 384; python -m quantkit.bench.int4_tiles --switch amx; docs/BENCHMARKS.md).
+DENSE_FROM_M_AMX = 256
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 

@@ -38,13 +38,14 @@ inline bool enabled() {
 }
 
 // Whether the linears take the AMX path where it applies (the default) or the AVX-512 one: a switch so that a
-// benchmark can time both in one process (set_amx).
-inline bool& switched_on() {
+// benchmark can time both in one process (set_amx). One per extension: `static` gives each translation unit its own
+// (an inline function's static would be one GNU unique symbol for every extension in the process).
+static inline bool& switched_on() {
   static bool on = true;
   return on;
 }
 
-inline bool usable(int64_t K) { return switched_on() && K % kTileK == 0 && enabled(); }
+static inline bool usable(int64_t K) { return switched_on() && K % kTileK == 0 && enabled(); }
 
 // The palette (ldtilecfg's 64 bytes): tiles 0-1 and 4 have r0 rows (the first row tile of x), 2-3 and 5 have r1 rows
 // (the second; 0: unused), 6-7 are B (16 rows). Every row is 64 bytes.

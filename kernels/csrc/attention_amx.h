@@ -40,7 +40,7 @@ constexpr int kBlock = 16;      // keys a cache block holds (the only block size
 constexpr int kStepBlocks = 4;  // blocks a softmax step folds
 
 // Whether the step takes head dim d and blocks of block_size keys, and this process has AMX tiles.
-inline bool supports(int64_t d, int64_t block_size) {
+static inline bool supports(int64_t d, int64_t block_size) {
   return block_size == kBlock && d % 32 == 0 && d >= 32 && d <= 128 && amx::usable(d);
 }
 

@@ -159,10 +159,11 @@ torch::Tensor pack_pairs(torch::Tensor w) {
 }
 
 #if defined(QUANTKIT_AMX)
-// From this many rows of x, bf16_dot_linear runs on AMX tiles (where amx::usable): python -m quantkit.bench.bf16_dot
-// --amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it (set_amx_from_m).
+// From this many rows of x, bf16_dot_linear runs on AMX tiles (where amx::usable): from one row, since over a decode
+// step's linears (weights from memory) the tiles read them at 30 GB/s against 24 for the AVX-512 one-row tile (python -m
+// quantkit.bench.bf16_dot, docs/BENCHMARKS.md). A switch so that a benchmark can move it (set_amx_from_m).
 inline int64_t& amx_from_m() {
-  static int64_t m = 4;
+  static int64_t m = 1;
   return m;
 }
 

@@ -33,7 +33,7 @@ constexpr int kTileK = amx::kTileK;
 constexpr int kTileElems = kTileK / 2 * 32;  // bf16 values in a B tile: 16 rows of 16 outputs x 2 columns
 
 // Whether w can run here: AMX granted, and groups of whole tile steps (32 columns).
-inline bool usable(int64_t gs) { return gs % kTileK == 0 && amx::usable(gs); }
+static inline bool usable(int64_t gs) { return gs % kTileK == 0 && amx::usable(gs); }
 
 // Columns k..k+31 of a block (codes at blk: [K, 8]) -> B tile t[16][32]: row p holds the 16 outputs' (128 + code)
 // pairs for columns k + 2p, k + 2p + 1 (pair_of's operand for that pair).

@@ -268,7 +268,7 @@ torch::Tensor int4_dequantize_pairs(torch::Tensor packed, torch::Tensor sz, int6
 
 #if defined(QUANTKIT_INT4_AMX)
 // From this many rows of x, int4_linear_bf16 runs on AMX tiles where they apply (int4amx::usable): python -m
-// quantkit.bench.int4_tiles --amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
+// quantkit.bench.int4_tiles --switch amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
 inline int64_t& int4_amx_from_m() {
   static int64_t m = 2;
   return m;

@@ -32,7 +32,7 @@ constexpr int kRows = 16;
 constexpr int kStepK = 64;  // columns a tile step takes (16 rows of column quads)
 
 // Whether the AMX path takes groups of gs columns: whole tile steps, and AMX granted.
-inline bool usable(int64_t gs) { return gs % kStepK == 0 && amx::usable(gs); }
+static inline bool usable(int64_t gs) { return gs % kStepK == 0 && amx::usable(gs); }
 
 inline int64_t padded_rows(int64_t M) { return (M + kRows - 1) / kRows * kRows; }
 

@@ -121,6 +121,7 @@ def main() -> None:
     try:
         kernels(direct, ms, args.rounds, tile)
         engine(llm, batches, args.rounds, args.max_tokens, tile)
+        ext.set_amx(True)  # the large-M paths as the engine runs them
         dense(llm, [int(v) for v in args.dense_ms.split(",")], args.rounds)
     finally:
         ext.set_lane_tiles(True)
