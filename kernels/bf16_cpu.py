@@ -2,9 +2,11 @@
 
 `Bf16DotLinear`, where the CPU computes bf16 natively (AVX-512 BF16): bf16 activations and weights, fp32 sums,
 a bf16 result, on a layout of its own (`pack_pairs`: 16 output rows by 2 input columns per 64-byte line, each
-line one `vdpbf16ps` operand as stored). The engine runs a bf16 model's float linears through it instead of
-oneDNN's prepacked GEMM: it reads the weights of a decode step closer to the memory's pace and matches oneDNN
-on prefill-sized batches (python -m quantkit.bench.bf16_dot, docs/BENCHMARKS.md).
+line one `vdpbf16ps` operand as stored). Where the CPU has AMX tiles and Linux grants them to the process, the same
+layout is read as TDPBF16PS B operands (16 lines a tile, kernels/csrc/amx_bf16.h) from one row of x on (`has_amx`,
+`set_amx` on the extension). The engine runs a bf16 model's float linears through it instead of oneDNN's prepacked
+GEMM: it reads the weights of a decode step closer to the memory's pace and comes within 0.9x of oneDNN on
+prefill-sized batches (python -m quantkit.bench.bf16_dot, docs/BENCHMARKS.md).
 
 `Bf16Linear`, for CPUs without native bf16 (AVX-512 or AVX2 + FMA):
 

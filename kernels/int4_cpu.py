@@ -1,6 +1,6 @@
 """quantkit's own 4-bit CPU linear (kernels/csrc/int4_cpu.cpp, AVX2 + FMA; for bf16 activations on CPUs
-with AVX-512 BF16, kernels/csrc/int4_bf16_avx512.h), its packed layout, and the pure-torch reference of
-that layout.
+with AVX-512 BF16, kernels/csrc/int4_bf16_avx512.h, and from 2 rows on CPUs with AMX tiles,
+kernels/csrc/int4_amx.h), its packed layout, and the pure-torch reference of that layout.
 
 torch's `_weight_int4pack_mm_for_cpu` has no fast path without AVX-512 (13.8 ms at M=1 on a
 [2816 x 1024] weight on this project's AVX2 CPU, against 0.25 ms for fp32 dense); this kernel reads

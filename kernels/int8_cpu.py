@@ -12,7 +12,8 @@ Layout (`Int8Blocked`), for W [N, K]:
   scales  fp32  [NB, G, 16]          per group and row
   wsum    int32 [NB, G, 16]          per group and row, the sum of its codes
 The kernel multiplies the codes by x written as 16-bit fixed point per row and group (two vpdpbusd, one per
-byte; `quantize_activations16_reference`), so no weight is converted. torch's own `_weight_int8pack_mm`
+byte; `quantize_activations16_reference`), so no weight is converted. On CPUs with AMX tiles, from 8 rows, the same
+codes are TDPBUSD B tiles as stored (kernels/csrc/int8_amx.h): the same integer sums, so the same bits. torch's own `_weight_int8pack_mm`
 (per-row scales) was measured against oneDNN's prepacked bf16 on the lm_head's shape: 1.1x at M = 1 but 0.45x
 at M = 8 (docs/BENCHMARKS.md), so quantkit reads its own layout.
 """

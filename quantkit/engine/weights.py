@@ -153,14 +153,15 @@ def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype, int8_activa
 def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
     """Every float nn.Linear into the CPU's fastest float linear for `dtype`, weight laid out once (a tied lm_head
     stays: a copy of the embedding would double it): in bf16 where the CPU computes it natively, quantkit's
-    Bf16DotLinear (faster than oneDNN's prepacked GEMM at decode batch sizes and level with it on prefill,
-    docs/BENCHMARKS.md), else oneDNN's PrepackedLinear where oneDNN supports `dtype`. Returns how many were
+    Bf16DotLinear (AMX tiles where the CPU has them; faster than oneDNN's prepacked GEMM at decode batch sizes and
+    within 0.9x of it on prefill, docs/BENCHMARKS.md), else oneDNN's PrepackedLinear where oneDNN supports `dtype`. Returns how many were
     replaced."""
     from quantkit.kernels import bf16_cpu
     from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
 
     if dtype == torch.bfloat16 and bf16_cpu.bf16_dot_available():
-        kind, what = bf16_cpu.Bf16DotLinear, "quantkit's bf16 kernel (AVX-512 BF16)"
+        tiles = "AMX tiles" if bf16_cpu.extension().has_amx() else "AVX-512 BF16"
+        kind, what = bf16_cpu.Bf16DotLinear, f"quantkit's bf16 kernel ({tiles})"
     elif prepack_supported(dtype):
         kind, what = PrepackedLinear, f"prepacked for oneDNN ({dtype})"
     else:
