@@ -30,3 +30,14 @@ def test_onednn_switch_changes_what_loads_and_is_restored(tiny_llama):
     x = torch.randn(3, ours.model.layers[0].mlp.down_proj.in_features).bfloat16()
     a, b = ours.model.layers[0].mlp.down_proj(x), theirs.model.layers[0].mlp.down_proj(x)
     torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-3)  # the same linear, two kernels
+
+
+@pytest.mark.skipif(not bf16_cpu.bf16_dot_available() or not bf16_cpu.extension().has_amx(),
+                    reason="the AMX path needs a CPU with AMX-BF16 whose Linux grants the tiles (none here)")
+def test_amx_switch_turns_the_tiles_off_within_the_block_and_back_on():
+    from quantkit.bench.bf16_dot import amx_switched
+
+    ext = bf16_cpu.extension()
+    with amx_switched(False):
+        assert ext.set_amx(False) is False  # off inside (set_amx returns the previous setting)
+    assert ext.set_amx(True) is True  # restored on leaving
