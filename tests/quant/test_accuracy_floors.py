@@ -8,9 +8,8 @@ model is quantized as quantkit.bench.vs_llmcompressor does it and scored on the 
 the floors compare with docs/BENCHMARKS.md's table.
 
 That model loses little to any 4-bit method, so its floors catch breakage only. The benchmarks'
-1600-step model ranks the methods; its floors (and GPTQ's and AWQ's margin over RTN) are checked
-where the CPU computes bf16 natively, training it once per machine (7.6 min here) when the cache
-lacks it, and skipped with the reason elsewhere.
+1600-step model loses more; its floors are checked where the CPU computes bf16 natively, training it once
+per machine (7.6 min here) when the cache lacks it, and skipped with the reason elsewhere.
 """
 
 import tomllib
@@ -40,10 +39,12 @@ def test_gqa_model_meets_its_floors(tmp_path):
         assert ratios[method] <= limit, (method, ratios[method], limit)
 
 
-def test_ranking_gqa_model_meets_its_floors_and_ranks_the_methods(tmp_path):
-    """The benchmarks' 1600-step model, on which 4-bit costs enough to rank the methods: each method
-    under its floor, and GPTQ and AWQ clearly below asymmetric RTN. It trains in 7.6 min under bf16
-    autocast here (cached after the first run) and would take hours in fp32, so it needs native bf16."""
+def test_ranking_gqa_model_meets_its_floors(tmp_path):
+    """The benchmarks' 1600-step model: each method under its floor. It trains in 7.6 min under bf16 autocast
+    (cached after the first run) and would take hours in fp32, so it needs native bf16. Its weights depend on
+    the CPU's bf16 arithmetic, and the methods do not rank the same on every machine's model (configs/
+    accuracy_floors.toml): the ranking is checked on stories260K-hf, a fixed checkpoint
+    (tests/quant/test_quantize_cli.py::test_stories260k_group_size)."""
     from quantkit.bench.train_tiny import default_spec, ensure_model
 
     spec = default_spec()
@@ -53,8 +54,6 @@ def test_ranking_gqa_model_meets_its_floors_and_ranks_the_methods(tmp_path):
     ratios = _ratios(ensure_model(spec=spec, show_progress=False), floors["max_ppl_ratio"], tmp_path)
     for method, limit in floors["max_ppl_ratio"].items():
         assert ratios[method] <= limit, (method, ratios[method], limit)
-    for method, limit in floors["max_ratio_to_rtn"].items():
-        assert ratios[method] / ratios["rtn"] <= limit, (method, ratios[method], ratios["rtn"], limit)
 
 
 def _floors(table: str) -> dict:
