@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace amx {
 
@@ -28,9 +30,12 @@ constexpr int kRows = 16;   // output rows of a block: the lanes of a C tile's r
 constexpr int kTileK = 32;  // input columns a tile step takes (an A row, 16 rows of B)
 
 // Linux gives a process the AMX tile data only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
-// the answer holds for every thread. False where the CPU or the kernel has no AMX: then the AVX-512 kernels run.
+// the answer holds for every thread. False where the CPU or the kernel has no AMX, or where the environment sets
+// QUANTKIT_CPU_AMX=0 (read once per process): then the AVX-512 kernels run.
 inline bool enabled() {
   static const bool granted = [] {
+    const char* env = std::getenv("QUANTKIT_CPU_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();

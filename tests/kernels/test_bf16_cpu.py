@@ -136,3 +136,27 @@ def test_amx_and_avx512_tiles_differ_only_in_the_order_of_the_sums():
         ext.set_amx(True)
     assert not torch.equal(tiles, vectors)
     torch.testing.assert_close(tiles.float(), vectors.float(), rtol=2 ** -7, atol=1e-6)
+
+
+def test_quantkit_cpu_amx_0_keeps_every_extension_off_its_amx_paths():
+    """The environment's escape hatch: QUANTKIT_CPU_AMX=0 (read once per process) and no extension reports AMX tiles,
+    so the AVX-512 (or AVX2) kernels run; without it, every extension agrees with the bf16 one."""
+    import os
+    import subprocess
+    import sys
+
+    from quantkit.kernels import int4_cpu
+    from quantkit.kernels.paged_attention_cpu import cpu_attention
+
+    exts = [bf16_cpu.extension(), int4_cpu.extension(), cpu_attention()]
+    if any(ext is None for ext in exts):
+        pytest.skip("the C++ kernels do not build here")
+    if not exts[0].has_amx():
+        pytest.skip("AMX tiles: none on this CPU, or Linux did not grant them")
+    assert all(ext.has_amx() for ext in exts)
+    code = ("from quantkit.kernels import bf16_cpu, int4_cpu; from quantkit.kernels.paged_attention_cpu import "
+            "cpu_attention; print([e.has_amx() for e in (bf16_cpu.extension(), int4_cpu.extension(), cpu_attention())])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "QUANTKIT_CPU_AMX": "0"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[False, False, False]"
