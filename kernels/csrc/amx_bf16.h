@@ -74,15 +74,51 @@ inline void configure(int r0, int r1) {
 
 inline void tile_release() { _tile_release(); }
 
-// c[r * 2 + j] ([rows][16] fp32) = rows 16r.. of x (MA row tiles) against blocks w[j] (NB of them), over columns 0..K-1
-// (K a multiple of 32). x: bf16 bits, row stride ldx elements; w[j]: a block of the pair layout, [K / 2, 16, 2].
+// The 2 x 2 step's C tiles: tile r * 2 + j holds row tile r (MA of them) against block j (NB of them).
 template <int MA, int NB>
-inline void dots(const uint16_t* x, int64_t ldx, const uint16_t* const* w, int64_t K, float (*c)[kRows * kRows]) {
-  const int64_t stride = ldx * 2;
+inline void zero_c() {
   _tile_zero(0);
   if constexpr (NB == 2) _tile_zero(1);
   if constexpr (MA == 2) _tile_zero(2);
   if constexpr (MA == 2 && NB == 2) _tile_zero(3);
+}
+
+// The C tiles into c[r * 2 + j] ([rows][16] fp32).
+template <int MA, int NB>
+inline void store_c(float (*c)[kRows * kRows]) {
+  _tile_stored(0, c[0], 64);
+  if constexpr (NB == 2) _tile_stored(1, c[1], 64);
+  if constexpr (MA == 2) _tile_stored(2, c[2], 64);
+  if constexpr (MA == 2 && NB == 2) _tile_stored(3, c[3], 64);
+}
+
+// One tile step: C += A . B over 32 columns, A the MA row tiles of x at x (bf16 bits, row stride ldx elements), B of
+// block j the 16 64-byte rows at b[j].
+template <int MA, int NB>
+inline void step(const uint16_t* x, int64_t ldx, const uint16_t* const* b) {
+  _tile_loadd(4, x, ldx * 2);
+  _tile_loadd(6, b[0], 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (NB == 2) {
+    _tile_loadd(7, b[1], 64);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+  if constexpr (MA == 2) {
+    _tile_loadd(5, x + kRows * ldx, ldx * 2);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// c[r * 2 + j] ([rows][16] fp32) = rows 16r.. of x (MA row tiles) against blocks w[j] (NB of them), over columns 0..K-1
+// (K a multiple of 32). x: bf16 bits, row stride ldx elements; w[j]: a block of the pair layout, [K / 2, 16, 2], whose
+// 16 lines from column k are the B tile of columns k..k+31. The loop body is step<MA, NB>'s written out: calling step
+// with the pair of block pointers each step compiled to the same inner loop but ran a decode step's linears 2-4% slower
+// in an A/B against the build with this loop (quantkit.bench.kernel_revision, 21 rounds, M = 1, 8, 16).
+template <int MA, int NB>
+inline void dots(const uint16_t* x, int64_t ldx, const uint16_t* const* w, int64_t K, float (*c)[kRows * kRows]) {
+  zero_c<MA, NB>();
+  const int64_t stride = ldx * 2;
   for (int64_t k = 0; k < K; k += kTileK) {
     _tile_loadd(4, x + k, stride);
     _tile_loadd(6, w[0] + k * kRows, 64);
@@ -97,10 +133,7 @@ inline void dots(const uint16_t* x, int64_t ldx, const uint16_t* const* w, int64
       if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
     }
   }
-  _tile_stored(0, c[0], 64);
-  if constexpr (NB == 2) _tile_stored(1, c[1], 64);
-  if constexpr (MA == 2) _tile_stored(2, c[2], 64);
-  if constexpr (MA == 2 && NB == 2) _tile_stored(3, c[3], 64);
+  store_c<MA, NB>(c);
 }
 
 // dots<MA, NB> for MA = 1 or 2 row tiles and NB = 1 or 2 blocks, chosen at run time

@@ -61,39 +61,6 @@ inline uint16_t* kept_tiles(int64_t K) { return tile_room(0, K / kTileK * 2); }
 // n tiles for a group's steps.
 inline uint16_t* group_tiles(int64_t n) { return tile_room(1, n); }
 
-// C tiles 0-3 (row tile r, block j at r * 2 + j) += A (x rows at x, row stride K) . B over one tile step, B of block j
-// at b[j] (a 1 KiB tile).
-template <int MA, int NB>
-inline void step(const uint16_t* x, int64_t K, const uint16_t* const* b) {
-  _tile_loadd(4, x, K * 2);
-  _tile_loadd(6, b[0], 64);
-  _tile_dpbf16ps(0, 4, 6);
-  if constexpr (NB == 2) {
-    _tile_loadd(7, b[1], 64);
-    _tile_dpbf16ps(1, 4, 7);
-  }
-  if constexpr (MA == 2) {
-    _tile_loadd(5, x + kRows * K, K * 2);
-    _tile_dpbf16ps(2, 5, 6);
-    if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
-  }
-}
-
-template <int MA, int NB>
-inline void zero_and_store(bool store, float (*c)[kRows * kRows]) {
-  if (store) {
-    _tile_stored(0, c[0], 64);
-    if constexpr (NB == 2) _tile_stored(1, c[1], 64);
-    if constexpr (MA == 2) _tile_stored(2, c[2], 64);
-    if constexpr (MA == 2 && NB == 2) _tile_stored(3, c[3], 64);
-    return;
-  }
-  _tile_zero(0);
-  if constexpr (NB == 2) _tile_zero(1);
-  if constexpr (MA == 2) _tile_zero(2);
-  if constexpr (MA == 2 && NB == 2) _tile_zero(3);
-}
-
 // Rows m0..m0+r0+r1-1 of x (row tiles of r0 and r1 rows) against the NB blocks from b: o[r * 2 + j][rows][16] receives
 // the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 32][2][kTileElems], written when
 // `fill` and read back otherwise.
@@ -114,12 +81,12 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
     if (kept == nullptr || fill)
       for (int64_t i = 0; i < steps; ++i)
         for (int j = 0; j < NB; ++j) unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kTileK, base + (i * 2 + j) * kTileElems);
-    zero_and_store<MA, NB>(false, c);
+    amx::zero_c<MA, NB>();
     for (int64_t i = 0; i < steps; ++i) {
       const uint16_t* bt[2] = {base + i * 2 * kTileElems, base + (i * 2 + 1) * kTileElems};
-      step<MA, NB>(x + g * a.gs + i * kTileK, a.K, bt);
+      amx::step<MA, NB>(x + g * a.gs + i * kTileK, a.K, bt);
     }
-    zero_and_store<MA, NB>(true, c);
+    amx::store_c<MA, NB>(c);
     for (int j = 0; j < NB; ++j) {
       const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
       const __m512 scale = int4bf16::load16(s), zero = _mm512_add_ps(int4bf16::load16(s + kRows), _mm512_set1_ps(128.f));

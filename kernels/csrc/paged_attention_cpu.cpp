@@ -155,6 +155,24 @@ inline int64_t row_index(int64_t q_begin, int64_t r, int64_t group, int64_t kv_h
   return (q_begin + r / group) * heads + kv_head * group + r % group;
 }
 
+// Folds blocks b0..b1-1 into the rows on AMX tiles (attention_amx.h) where the step takes them (a bf16 cache, enough
+// rows, the head dim and block size); returns whether it did. base(b): block b's offset in both caches; last: the
+// last key each row sees (null: every key).
+template <typename T, typename Base>
+bool folded_on_amx(Rows& rows, const T* kc, const T* vc, int64_t token_stride, int64_t block_size, int64_t b0,
+                   int64_t b1, Base base, const int64_t* last) {
+#if defined(QUANTKIT_ATTENTION_AMX)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (rows.n >= amxattn::from_rows() && amxattn::supports(rows.d, block_size)) {
+      amxattn::fold_blocks_any(rows.d, rows.n, rows.qb.data(), rows.scale, rows.acc.data(), rows.m.data(),
+                               rows.l.data(), kc, vc, token_stride, b0, b1, base, last);
+      return true;
+    }
+  }
+#endif
+  return false;
+}
+
 // The work item's outputs: each row's accumulator over its softmax sum, in the output's dtype.
 template <typename T>
 void finish_item(const WorkItem& w, const Rows& rows, T* out, int64_t group, int64_t heads) {
@@ -172,8 +190,6 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
                  int64_t block_size, float scale, int64_t skip_blocks, const PrefixState* prefix) {
   const int64_t group = heads / kv_heads;
   Rows rows((w.q_end - w.q_begin) * group, d);
-  std::vector<float> s(block_size);
-  std::vector<int64_t> visible(rows.n);
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t idx = row_index(w.q_begin, r, group, w.kv_head, heads);
     rows.set_query(r, q + idx * d, scale);
@@ -187,24 +203,19 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
   const int64_t last_key = first_pos + (w.q_end - 1 - chunk_begin);  // the tile's last query sees up to here
   const int64_t token_stride = kv_heads * d;
   const auto base_of = [&](int64_t b) { return static_cast<int64_t>(table[b]) * block_size * token_stride + w.kv_head * d; };
-#if defined(QUANTKIT_ATTENTION_AMX)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (rows.n >= amxattn::from_rows() && amxattn::supports(d, block_size)) {
-      std::vector<int64_t> last(rows.n);  // the last key each row sees
-      for (int64_t r = 0; r < rows.n; ++r) last[r] = first_pos + (w.q_begin + r / group - chunk_begin);
-      amxattn::fold_blocks_any(d, rows.n, rows.qb.data(), rows.scale, rows.acc.data(), rows.m.data(), rows.l.data(),
-                               kc, vc, token_stride, skip_blocks, last_key / block_size + 1, base_of, last.data());
-      return finish_item(w, rows, out, group, heads);
-    }
-  }
-#endif
+  std::vector<int64_t> last(rows.n);  // causal: the row's query at position last[r] sees keys 0 .. last[r]
+  for (int64_t r = 0; r < rows.n; ++r) last[r] = first_pos + (w.q_begin + r / group - chunk_begin);
+  if (folded_on_amx(rows, kc, vc, token_stride, block_size, skip_blocks, last_key / block_size + 1, base_of,
+                    last.data()))
+    return finish_item(w, rows, out, group, heads);
+  std::vector<float> s(block_size);
+  std::vector<int64_t> visible(rows.n);
   const int64_t ahead = prefetch_blocks();
   for (int64_t b = skip_blocks; b * block_size <= last_key; ++b) {
     const int64_t base = base_of(b);
     for (int64_t f = b == skip_blocks ? b + 1 : b + ahead; f <= b + ahead && f * block_size <= last_key; ++f)
       prefetch_block(kc + base_of(f), vc + base_of(f), token_stride, block_size, d);
-    for (int64_t r = 0; r < rows.n; ++r)  // causal: the row's query at pos sees keys b * block_size .. pos
-      visible[r] = first_pos + (w.q_begin + r / group - chunk_begin) - b * block_size + 1;
+    for (int64_t r = 0; r < rows.n; ++r) visible[r] = last[r] - b * block_size + 1;  // the block's keys it sees
     fold_block(rows, kc + base, vc + base, token_stride, block_size, visible.data(), s.data());
   }
   finish_item(w, rows, out, group, heads);
@@ -247,16 +258,8 @@ bool prefix_item_folded(const T* q, const T* kc, const T* vc, const int32_t* tok
       rows.set_query(r, src, scale);
     }
     const auto base_of = [&](int64_t b) { return static_cast<int64_t>(blk[b]) * block_size * token_stride + h * d; };
-#if defined(QUANTKIT_ATTENTION_AMX)
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      if (rows_n >= amxattn::from_rows() && amxattn::supports(d, block_size)) {
-        amxattn::fold_blocks_any(d, rows.n, rows.qb.data(), rows.scale, rows.acc.data(), rows.m.data(), rows.l.data(),
-                                 kc, vc, token_stride, 0, n_blocks, base_of, nullptr);
-        n_blocks = 0;  // folded: the AVX-512 loop below has nothing left
-      }
-    }
-#endif
-    for (int64_t b = 0; b < n_blocks; ++b) {
+    const bool amx = folded_on_amx(rows, kc, vc, token_stride, block_size, 0, n_blocks, base_of, nullptr);
+    for (int64_t b = 0; !amx && b < n_blocks; ++b) {
       const int64_t base = base_of(b);
       for (int64_t f = b == 0 ? 1 : b + prefetch_blocks(); f <= b + prefetch_blocks() && f < n_blocks; ++f)
         prefetch_block(kc + base_of(f), vc + base_of(f), token_stride, block_size, d);

@@ -43,7 +43,7 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     kernel_bf16 = dtype == torch.bfloat16 and bf16_kernel(ours)
     amx = kernel_bf16 and amx_kernel(ours)
     threshold = dense_threshold(dtype, kernel_bf16, amx)
-    kernel = ("AMX from 2 rows, else AVX-512 BF16" if amx else "AVX-512 BF16") if kernel_bf16 else "AVX2"
+    kernel = ("AMX tiles where they apply, else AVX-512 BF16" if amx else "AVX-512 BF16") if kernel_bf16 else "AVX2"
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; kernel: {kernel}, "
           f"dense tiles from M = {threshold}")
     print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'dense prepacked':>15} "
