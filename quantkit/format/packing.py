@@ -45,7 +45,7 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack along dim 0: codes [R, C] -> int32 [R / pf, C]; row pf*r+j goes to bits bits*j.. of word r."""
     pf = pack_factor(bits)
     r, c = codes.shape
-    shifts = (torch.arange(pf, dtype=torch.int64) * bits).view(1, pf, 1)
+    shifts = (torch.arange(pf, dtype=torch.int64, device=codes.device) * bits).view(1, pf, 1)
     words = (codes.to(torch.int64).view(r // pf, pf, c) << shifts).sum(dim=1)
     return _to_int32(words)
 
@@ -53,7 +53,7 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of pack_rows: int32 [R / pf, C] -> int32 codes [R, C]."""
     pf = pack_factor(bits)
-    shifts = (torch.arange(pf, dtype=torch.int32) * bits).view(1, pf, 1)
+    shifts = (torch.arange(pf, dtype=torch.int32, device=words.device) * bits).view(1, pf, 1)
     codes = (words.unsqueeze(1) >> shifts) & (2**bits - 1)
     return codes.reshape(-1, words.shape[1])
 
@@ -69,14 +69,14 @@ def pack_cols(codes: torch.Tensor, bits: int, order: tuple[int, ...] | None = No
     grouped = codes.to(torch.int64).view(r, c // pf, pf)
     if order is not None:
         grouped = grouped[:, :, list(order)]
-    shifts = (torch.arange(pf, dtype=torch.int64) * bits).view(1, 1, pf)
+    shifts = (torch.arange(pf, dtype=torch.int64, device=codes.device) * bits).view(1, 1, pf)
     return _to_int32((grouped << shifts).sum(dim=2))
 
 
 def unpack_cols(words: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """Inverse of pack_cols: int32 [R, C / pf] -> int32 codes [R, C]."""
     pf = pack_factor(bits)
-    shifts = (torch.arange(pf, dtype=torch.int32) * bits).view(1, 1, pf)
+    shifts = (torch.arange(pf, dtype=torch.int32, device=words.device) * bits).view(1, 1, pf)
     grouped = (words.unsqueeze(2) >> shifts) & (2**bits - 1)  # [R, C/pf, pf], slot i
     if order is not None:
         inverse = [0] * pf
@@ -178,7 +178,7 @@ def unpack(p: PackedLinear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
         g_idx = p.g_idx.long()
     else:
         g = k if p.group_size == -1 else p.group_size
-        g_idx = torch.arange(k) // g
+        g_idx = torch.arange(k, device=codes.device) // g
     return codes, zeros, p.scales, g_idx
 
 

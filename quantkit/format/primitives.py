@@ -105,8 +105,8 @@ class QuantizedWeight:
         return bool((g[1:] < g[:-1]).any()) if g.numel() > 1 else False
 
 
-def default_g_idx(in_features: int, scheme: QuantScheme) -> torch.Tensor:
-    return (torch.arange(in_features) // scheme.group_len(in_features)).to(torch.int32)
+def default_g_idx(in_features: int, scheme: QuantScheme, device: torch.device | str = "cpu") -> torch.Tensor:
+    return (torch.arange(in_features, device=device) // scheme.group_len(in_features)).to(torch.int32)
 
 
 def rtn_quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
@@ -125,6 +125,6 @@ def rtn_quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
         qweight=torch.cat(codes, dim=1).to(torch.int32),
         scales=torch.stack(scales),
         zeros=torch.stack(zeros),
-        g_idx=default_g_idx(k, scheme),
+        g_idx=default_g_idx(k, scheme, w.device),
         scheme=scheme,
     )

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from quantkit.format.packing import AWQ_ORDER, PackedLinear, dequantize, pack, unpack
+from quantkit.format.packing import AWQ_ORDER, PackedLinear, dequantize, pack, pack_cols, unpack, unpack_cols
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
 
 
@@ -113,3 +113,17 @@ def test_per_channel_group():
     assert p.scales.shape == (1, 8)
     assert torch.equal(dequantize(p), qw.dequantize())
     assert isinstance(p, PackedLinear) and p.in_features == 64 and p.out_features == 8
+
+
+
+def test_packing_stays_on_the_weights_device():
+    """The pipeline packs on its compute device (a GPU): every tensor packing makes must live where the codes live.
+    The meta device stands in for a GPU on CPU-only machines: mixing it with a CPU tensor raises, as CUDA does."""
+    qw = random_qw()
+    on_meta = QuantizedWeight(qw.qweight.to("meta"), qw.scales.to("meta"), qw.zeros.to("meta"), qw.g_idx.to("meta"),
+                              qw.scheme)
+    packed = pack(on_meta, "gptq_v2")
+    codes, zeros, _, _ = unpack(packed)
+    awq_words = pack_cols(on_meta.qweight.T, 4, AWQ_ORDER)
+    for t in (packed.qweight, packed.qzeros, codes, zeros, awq_words, unpack_cols(awq_words, 4, AWQ_ORDER)):
+        assert t.device.type == "meta"
