@@ -49,13 +49,17 @@ _NONE_I32 = torch.empty(0, dtype=torch.int32)
 _NONE_F32 = torch.empty(0, dtype=torch.float32)
 
 
-@functools.cache
 def cpu_attention():
-    """The compiled extension, or None (the reason logged once)."""
+    """The compiled extension, or None (the reason logged once per reason)."""
     mod = load_cpu_extension(EXTENSION, SOURCES)
     if mod is None:
-        log.warning("paged attention: torch path (C++ kernel unavailable: %s)", cpu_extension_unavailable(EXTENSION))
+        _say_once(cpu_extension_unavailable(EXTENSION))
     return mod
+
+
+@functools.cache
+def _say_once(why: str | None) -> None:
+    log.warning("paged attention: torch path (C++ kernel unavailable: %s)", why)
 
 
 def paged_attention_cpu(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import typer
 
-from quantkit.commands import bench, check, demo, generate, plan, quantize, serve
+from quantkit.commands import bench, check, demo, env, generate, plan, quantize, serve
 from quantkit.commands import eval as eval_command
 
-COMMANDS = (quantize, generate, check, demo, eval_command, plan, serve, bench)  # the order of `quantkit --help`
+COMMANDS = (quantize, generate, check, demo, eval_command, plan, serve, bench, env)  # the order of `quantkit --help`
 
 
 def build_app() -> typer.Typer:

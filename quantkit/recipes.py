@@ -2,7 +2,8 @@
 
 A recipe is a flat TOML table of `quantkit quantize` option names (snake_case) and a `description`;
 flags given on the command line win over it. A TOML file in configs/ without a `method` key (e.g.
-accuracy_floors.toml, test data) is not a recipe.
+accuracy_floors.toml, test data) is not a recipe. The recipes ship with the package (quantkit/configs in a wheel,
+configs/ in a checkout): `--config gptq-w4g128` finds one by name, and a path to any TOML file works too.
 """
 
 from __future__ import annotations
@@ -61,9 +62,23 @@ def list_recipes(folder: Path) -> list[Recipe]:
 
 
 def default_config_dir() -> Path:
-    """./configs when it exists, else the configs/ folder of the quantkit source tree."""
-    here = Path("configs")
-    return here if here.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+    """The recipes that ship with quantkit: quantkit/configs in an installed wheel, configs/ beside quantkit/ in a
+    checkout."""
+    package = Path(__file__).resolve().parent
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+def find_recipe(given: str | Path) -> Path:
+    """`--config`'s value: a path to a TOML file, or the name of a shipped recipe (with or without .toml)."""
+    path = Path(given)
+    if path.is_file():
+        return path
+    shipped = default_config_dir() / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+    if path.parent == Path(".") and shipped.is_file():
+        return shipped
+    names = ", ".join(r.name for r in list_recipes(default_config_dir()))
+    raise QuantkitError(f"{given}: no such recipe file, and no shipped recipe of that name (shipped: {names})")
 
 
 def merge(recipe: Recipe | None, given: dict, defaults: dict) -> dict:

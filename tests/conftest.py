@@ -59,6 +59,41 @@ def tiny_qwen3(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), family="qwen3")
 
 
+def cpu_levels_here() -> list[str]:
+    """The CPU levels of the C++ kernels (quantkit.kernels.cpu_build) that this machine runs, up to QUANTKIT_CPU_ISA's
+    cap where it is set."""
+    from quantkit.kernels import cpu_isa
+
+    top = cpu_isa.selected().level
+    if top is None:
+        return []
+    runnable = cpu_isa.runnable_levels(cpu_isa.cpu_flags(), cpu_isa.request_amx())
+    return [lv.name for lv in runnable if runnable.index(lv) <= runnable.index(top)]
+
+
+@pytest.fixture(scope="module", params=["avx2", "avx512", "avx512_bf16", "amx"])
+def cpu_level(request):
+    """Runs a module's tests once per CPU level of the C++ kernels (`pytestmark = pytest.mark.usefixtures(
+    "cpu_level")`), so that a machine with AMX also tests the AVX-512 and AVX2 builds a user of another CPU runs.
+    Levels this machine cannot execute skip with the reason. Module-scoped fixtures that hold a kernel module or a
+    model must take this fixture, so that they are made again at each level."""
+    from quantkit.kernels import cpu_ext
+
+    if request.param not in (here := cpu_levels_here()):
+        pytest.skip(f"this machine does not run the {request.param} level (it runs: {', '.join(here) or 'none'})")
+    with cpu_ext.at_level(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def needs_bf16_dot():
+    """Skips where the bf16 dot kernel (AVX-512 BF16) does not run: a CPU, or a test's CPU level, without it."""
+    from quantkit.kernels import bf16_cpu
+
+    if not bf16_cpu.bf16_dot_available():
+        pytest.skip(f"the bf16 dot kernel needs AVX-512 BF16 (none at this level: {bf16_cpu.unavailable() or 'no BF16'})")
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny models and many small matmuls: on a shared 2-core machine torch's intra-op threads

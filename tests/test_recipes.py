@@ -52,3 +52,22 @@ def test_recipe_recorded_in_metadata(tiny_llama, tmp_path):
     meta = json.loads((out / "quantkit_meta.json").read_text())
     assert meta["config"]["recipe"]["name"] == "rtn-w8" and meta["config"]["recipe"]["values"]["bits"] == 8
     assert (meta["config"]["bits"], meta["config"]["group_size"], meta["config"]["calib"]["seed"]) == (8, -1, 3)
+
+
+def test_a_shipped_recipe_is_found_by_name_and_an_unknown_name_is_one_line(tiny_llama):
+    code, output = run_cli("quantize", tiny_llama, "--out", "unused", "--config", "gptq-w4g128", "--dry-run")
+    assert code == 0, output
+    assert "method gptq, 4-bit, group size 128" in output
+    code, output = run_cli("quantize", tiny_llama, "--out", "unused", "--config", "gptq-w4g128.toml", "--dry-run")
+    assert code == 0, output
+    code, output = run_cli("quantize", tiny_llama, "--out", "unused", "--config", "gptq-w9", "--dry-run")
+    assert code == 2 and "no shipped recipe of that name" in output and "gptq-w4g128-actorder" in output
+
+
+def test_the_recipes_list_is_a_result_on_stdout(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "quantkit.cli", "quantize", "--list-configs"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)  # from another folder: the shipped recipes all the same
+    assert done.returncode == 0 and "gptq-w4g128" in done.stdout and "gptq-w4g128" not in done.stderr

@@ -3,7 +3,7 @@
 A kernel change is measured against the code before it in one process: this machine's speed drifts by up to 1.5x
 within minutes, so two runs in turn compare the machine more than the code. `extension_at(rev, name, sources)`
 copies kernels/csrc as it was at `rev` (headers included) out of git, compiles it with the flags the working tree's
-build uses (quantkit.kernels.cpu_ext) under a module name of its own, and returns the module. Builds are cached
+build uses at this process's CPU level (quantkit.kernels.cpu_ext) under a module name of its own, and returns the module. Builds are cached
 by the sources' git tree, so revisions that share their kernel sources share one build. `timed_rounds` times
 the two builds' passes in turn, each reading its data from memory. Users: decode_attention --against,
 linears_against.
@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from quantkit.bench.rounds import round_order
-from quantkit.kernels.cpu_ext import CSRC, BuildError, build_dir, compile_extension, toolchain_missing
+from quantkit.kernels.cpu_ext import (CSRC, BuildError, active_level, build_dir, compile_extension, level_reason,
+                                      toolchain_missing)
 
 REPO = CSRC.parent.parent  # kernels/csrc -> the checkout
 
@@ -76,11 +77,14 @@ def extension_at(rev: str, name: str, sources: tuple[str, ...]):
     absent = [s for s in sources if not (src / s).is_file()]
     if absent:
         raise RevisionError(f"{rev} has no {', '.join(absent)} in kernels/csrc")
-    module = f"{name}_{tree[:12]}"
+    level = active_level()
+    if level is None:
+        raise RevisionError(f"no CPU level for the C++ kernels: {level_reason()}")
+    module = f"{name}_{level.name}_{tree[:12]}"
     out = build_dir() / module
     built = (out / f"{module}.so").is_file()  # (a tree's sources never change: once built, always current)
     try:
-        return compile_extension(module, [src / s for s in sources], out,
+        return compile_extension(module, [src / s for s in sources], out, level,
                                  announce=None if built else f"Compiling {name} as {rev} had it")
     except BuildError as exc:
         raise RevisionError(f"{name} at {rev} did not build: {exc}") from None

@@ -133,6 +133,7 @@ def bench_shape(name: str, k: int, n: int, batches, group: int, device: torch.de
         got = w4a16_matmul(x, qweight, qzeros, scales, layout="gptq", group_size=group, backend="triton")
         torch.testing.assert_close(got.float(), check.float(), rtol=2e-2, atol=2e-2 * float(check.abs().max()))
         t_ours, t_cublas, t_deq = measure(ours), measure(dense), measure(deq)
+        print(f"  {name} M={m}: ours {t_ours:.4f} ms, dense {t_cublas:.4f} ms", flush=True)  # how far a cut run got
         rows.append(Row(name, k, n, m, t_ours, t_cublas, t_deq, bytes_moved(m, k, n, group) / t_ours / 1e6))
     return rows
 

@@ -21,8 +21,8 @@ def quantize(
     ctx: typer.Context,
     model: str = typer.Argument(None, help="Local Hugging Face checkpoint folder, or a hub id (downloaded when online)."),
     out: Path = typer.Option(None, "--out", "-o", help="Output folder (written to a temporary folder, then renamed)."),
-    config: Path = typer.Option(None, "--config", help="A recipe (TOML, e.g. configs/gptq-w4g128.toml); flags given here win."),
-    list_configs: bool = typer.Option(False, "--list-configs", help="List the recipes in configs/ and exit."),
+    config: str = typer.Option(None, "--config", help="A shipped recipe by name (e.g. gptq-w4g128; see --list-configs) or a TOML file; flags given here win."),
+    list_configs: bool = typer.Option(False, "--list-configs", help="List the shipped recipes (for --config NAME) and exit."),
     method: str = typer.Option("gptq", "--method", help="gptq, awq or rtn."),
     format: str = typer.Option(None, "--format", help="Checkpoint layout: gptq, awq or compressed-tensors (pack-quantized; default: awq for AWQ, else gptq)."),
     bits: int = typer.Option(4, "--bits", help="4 (8 allowed in the GPTQ and compressed-tensors layouts)."),
@@ -123,29 +123,30 @@ def _low_memory(asked: bool | None, dry_run: bool, model: str) -> bool:
     return on
 
 
-def _options(ctx: typer.Context, config: Path | None):
+def _options(ctx: typer.Context, config: str | None):
     """(recipe, option values): the command line's, else the recipe's, else the defaults."""
-    from quantkit.recipes import RECIPE_KEYS, load_recipe, merge
+    from quantkit.recipes import RECIPE_KEYS, find_recipe, load_recipe, merge
 
-    recipe = None if config is None else load_recipe(config)
+    recipe = None if config is None else load_recipe(find_recipe(config))
     given = {k: ctx.params[k] for k in RECIPE_KEYS if ctx.get_parameter_source(k).name != "DEFAULT"}
     return recipe, merge(recipe, given, {k: ctx.params[k] for k in RECIPE_KEYS})
 
 
 def _print_recipes() -> None:
+    from rich.console import Console
     from rich.table import Table
 
     from quantkit.recipes import default_config_dir, list_recipes
 
     folder = default_config_dir()
-    table = Table(title=f"recipes in {folder} (quantkit quantize MODEL --config {folder}/NAME.toml)")
+    table = Table(title=f"recipes in {folder} (quantkit quantize MODEL --config NAME)")
     for col in ("name", "method", "format", "bits", "group", "description"):
         table.add_column(col, no_wrap=col != "description")
     for r in list_recipes(folder):
         v = r.values
         table.add_row(r.name, v["method"], str(v.get("format", "")), str(v.get("bits", 4)), str(v.get("group_size", 128)),
                       r.description)
-    console.print(table)
+    Console().print(table)  # a result: stdout
 
 
 def _cuda_available() -> bool:

@@ -67,6 +67,10 @@ class LLMEngine:
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)  # asked for explicitly: a process-wide torch setting
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cpu":
+            from quantkit.kernels.cpu_status import kernel_statuses, one_line
+
+            log.info(one_line(kernel_statuses()))  # which C++ kernels this start runs, as `quantkit env` says
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         path = resolve_model_path(cfg.model)
         self.model, self.quant_info = load_decoder(path, self.dtype, self.device, cfg.cpu_int8_activations,

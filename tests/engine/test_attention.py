@@ -6,6 +6,8 @@ import torch
 from quantkit.engine.attention import DECODE_BUCKET, _decode
 from quantkit.kernels.paged_attention_reference import paged_decode_attention_reference
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 
 def test_bucketed_decode_equals_one_call_over_all_sequences():
     g = torch.Generator().manual_seed(0)

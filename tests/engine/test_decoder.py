@@ -13,6 +13,8 @@ from quantkit.engine import LLM, SamplingParams
 from quantkit.engine.rope import apply_rope, cos_sin, inv_frequencies, rope_parameters
 from quantkit.errors import QuantkitError
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

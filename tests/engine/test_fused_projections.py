@@ -9,10 +9,11 @@ import torch
 
 from quantkit.engine import LLM, SamplingParams
 from quantkit.engine import weights
-from quantkit.kernels.bf16_cpu import Bf16DotLinear, bf16_dot_available
+from quantkit.kernels.bf16_cpu import Bf16DotLinear
 from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
 
-pytestmark = pytest.mark.skipif(not prepack_supported(torch.float32), reason="this torch has no oneDNN")
+pytestmark = [pytest.mark.skipif(not prepack_supported(torch.float32), reason="this torch has no oneDNN"),
+              pytest.mark.usefixtures("cpu_level")]  # at each CPU level this machine runs (conftest.py)
 
 
 def generate(path, dtype: str = "float32") -> tuple[LLM, list]:
@@ -35,7 +36,7 @@ def test_fused_projections_change_no_output(model, request, monkeypatch):
     assert fused == separate
 
 
-@pytest.mark.skipif(not bf16_dot_available(), reason="the bf16 dot kernel needs AVX-512 BF16 (none here)")
+@pytest.mark.usefixtures("needs_bf16_dot")
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # plain, q/k/v bias
 def test_bf16_model_runs_the_bf16_kernel_fused_or_not_alike(model, request, monkeypatch):
     path = request.getfixturevalue(model)

@@ -16,6 +16,8 @@ import torch
 
 from quantkit.engine import LLM, SamplingParams
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 MAX_TOKENS = 16
 
 

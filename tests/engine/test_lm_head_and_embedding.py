@@ -12,6 +12,8 @@ import torch
 
 from quantkit.engine import LLM, SamplingParams
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 MAX_TOKENS = 12
 
 
@@ -192,6 +194,7 @@ def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(ca
     here = int8_head_unavailable(cpu, bf16, 64) is None
     assert int8_head_wanted(None, True, cpu, bf16, 64) is here and int8_head_wanted(True, False, cpu, bf16, 64) is here
     assert not int8_head_wanted(None, False, cpu, bf16, 64) and not int8_head_wanted(False, True, cpu, bf16, 64)
+    caplog.clear()  # asking for it where it cannot run (above, at a level without the kernel) warns; the default not
     with caplog.at_level("WARNING", logger="quantkit.engine"):
         assert not int8_head_wanted(None, True, gpu, bf16, 64)
         assert caplog.text == ""  # the default is silent where the kernel cannot run

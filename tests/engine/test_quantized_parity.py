@@ -10,6 +10,8 @@ import torch
 from quantkit.engine import LLM, SamplingParams
 from tests_support.int4_checkpoints import quantize_tiny
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 MAX_TOKENS = 16
 
 

@@ -8,7 +8,7 @@ from quantkit.kernels import cpu_ext
 
 
 @pytest.fixture(scope="module")
-def attn():
+def attn(cpu_level):
     """paged_attention_cpu, with the C++ extension built (skips where no toolchain is found)."""
     if (missing := cpu_ext.toolchain_missing()) is not None:
         pytest.skip(missing)

@@ -10,7 +10,8 @@ from quantkit.kernels import bf16_cpu
 from quantkit.kernels.bf16_cpu import (Bf16DotLinear, Bf16Linear, bf16_dot_available, bf16_dot_reference, bf16_linear,
                                        bf16_linear_reference, pack_pairs, pack_weight, unavailable)
 
-pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"bf16 CPU kernel: {unavailable()}")
+pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=f"bf16 CPU kernel: {unavailable()}"),
+              pytest.mark.usefixtures("cpu_level")]  # at each CPU level this machine runs (conftest.py)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 13, 17, 64, 130])
@@ -45,12 +46,11 @@ def test_wrong_dtypes_are_refused():
 
 # Bf16DotLinear: bf16 activations and weights (AVX-512 BF16)
 
-dot_missing = pytest.mark.skipif(not bf16_dot_available(), reason="the bf16 dot kernel needs AVX-512 BF16 "
-                                 f"(this CPU or build has none: {unavailable() or 'no AVX-512 BF16'})")
+dot_missing = pytest.mark.usefixtures("needs_bf16_dot")
 
 
 @pytest.fixture(params=["default", "avx512", "amx"])
-def dot_path(request):
+def dot_path(request, needs_bf16_dot):
     """Bf16DotLinear's kernel as the engine runs it (AMX tiles from a few rows where granted), with AMX off (the
     AVX-512 BF16 tiles at every M), and with AMX from one row on (skipped where this CPU gives no AMX tiles)."""
     ext = bf16_cpu.extension()

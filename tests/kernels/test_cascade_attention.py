@@ -10,6 +10,8 @@ from quantkit.engine.shared_prefix import plan_shared_prefix
 from quantkit.kernels.cascade_attention_reference import cascade_attention_reference
 from quantkit.kernels.paged_attention_reference import paged_prefill_attention_reference
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 
 def shared_case(seq_lens, chunks, prefix_blocks, heads, kv_heads, d, block_size, seed=0, unrelated=()):
     """Random caches; every sequence starts with the same `prefix_blocks` physical blocks, except those

@@ -7,9 +7,11 @@ import torch
 
 from quantkit.kernels import cpu_ext, fused_ops_reference as ref
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 
 @pytest.fixture(scope="module")
-def fused():
+def fused(cpu_level):
     if (missing := cpu_ext.toolchain_missing()) is not None:
         pytest.skip(missing)
     from quantkit.kernels import cpu_fused

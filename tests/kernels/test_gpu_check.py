@@ -67,3 +67,30 @@ def test_junit_counts(tmp_path):
                    '</testsuite></testsuites>')
     assert junit_counts(xml) == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1, "passed": 2, "seconds": 2.5,
                                  "failed": ["a::bad"]}
+
+
+def test_every_gpu_marked_test_lives_where_the_check_collects():
+    """The tests step collects only files named GPU_TEST_FILES (a GPU image may lack what the others import): a GPU
+    test elsewhere would silently never run there."""
+    from quantkit.bench.gpu_check import GPU_TEST_FILES
+
+    mark = re.compile(r"^\s*(pytestmark\s*=.*|@)pytest\.mark\.gpu\b", re.M)
+    marked = {p for p in (REPO / "tests").rglob("*.py") if mark.search(p.read_text())}
+    collected = set((REPO / "tests").rglob(GPU_TEST_FILES))
+    assert marked and marked <= collected, sorted(str(p) for p in marked - collected)
+
+
+def test_the_script_runs_with_an_interpreter_that_imports_quantkit(tmp_path):
+    """Never whatever python3 comes first on PATH: here that one cannot import quantkit (another interpreter, say the
+    system's beside a venv), and the script passes it over."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{fake}:{Path(sys.executable).parent}:{env['PATH']}"
+    done = subprocess.run(["bash", "kernels/gpu_check.sh", "--help"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    chosen = re.search(r"^gpu_check: (\S+)$", done.stderr, re.M)
+    assert chosen and not chosen[1].startswith(str(fake)) and "installing" not in done.stderr

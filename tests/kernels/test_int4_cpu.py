@@ -17,6 +17,8 @@ from quantkit.kernels import int4_cpu
 from quantkit.kernels.int4_cpu import dequantize_blocked, int4_blocked_linear, int4_blocked_reference, pack_blocks, repack
 from tests_support.int4_checkpoints import checkpoint
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 TOL = dict(rtol=1e-4, atol=1e-3)  # fp32 sums of K products in another order
 
 
@@ -58,7 +60,7 @@ def test_repack_refuses_other_bit_widths():
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(cpu_level):
     if (why := int4_cpu.unavailable()) is not None:
         pytest.skip(why)
     return int4_cpu.extension()

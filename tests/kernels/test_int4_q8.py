@@ -14,6 +14,8 @@ from quantkit.kernels import int4_cpu
 from quantkit.kernels.int4_cpu import int4_blocked_reference, int4_q8_reference, quantize_activations_reference, repack
 from tests_support.int4_checkpoints import checkpoint
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 TOL = dict(rtol=1e-4, atol=1e-3)  # fp32 sums of the same products in another order
 
 
@@ -29,7 +31,7 @@ def test_activations_round_to_int8_per_row_and_group():
 
 
 @pytest.fixture(scope="module")
-def q8():
+def q8(cpu_level):
     if (why := int4_cpu.unavailable()) is not None:
         pytest.skip(why)
     ext = int4_cpu.extension()

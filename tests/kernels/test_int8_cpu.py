@@ -14,6 +14,8 @@ from quantkit.kernels import int4_cpu
 from quantkit.kernels.int8_cpu import (Int8Linear, dequantize_int8_blocked, group_size_for, int8_blocked_reference,
                                        pack_int8, quantize_activations16_reference, quantize_int8)
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 sums of the same products in another order
 
 

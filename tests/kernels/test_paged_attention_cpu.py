@@ -9,6 +9,8 @@ import torch
 from quantkit.kernels.paged_attention_reference import paged_prefill_attention_reference
 from tests_support.kernel_inputs import random_paged
 
+pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
+
 
 def reference(q, kc, vc, tables, seq_lens, chunks, scale):
     """Per sequence through the torch reference; chunks[i] queries end at seq_lens[i]."""

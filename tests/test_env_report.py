@@ -1,0 +1,45 @@
+"""`quantkit env`: versions, the CPU level and why, each CPU kernel on or off, and the engine's start-up line."""
+
+from __future__ import annotations
+
+import json
+
+from quantkit.env_report import collect
+from quantkit.kernels import cpu_ext
+from tests_support.cli import run_cli
+
+KERNELS = ["int4 linear", "bf16 linear", "int8 lm_head", "W4A8 linear", "paged attention", "fused ops"]
+
+
+def test_the_report_names_every_kernel_and_the_level_this_process_runs():
+    report = collect()
+    assert [k["kernel"] for k in report.kernels] == KERNELS
+    level = cpu_ext.active_level()
+    assert report.cpu_level == (level.name if level else "none") and report.cpu_level_why
+    assert set(report.versions) >= {"quantkit", "torch", "transformers", "triton"}
+    assert all(isinstance(present, bool) for present in report.cpu_flags.values()) and "avx2" in report.cpu_flags
+    for k in report.kernels:  # on with the path it takes, or off with why: never a blank
+        assert k["detail"].strip()
+
+
+def test_a_level_without_a_kernel_says_which_level_it_needs():
+    with cpu_ext.at_level("avx2"):
+        report = collect()
+    off = {k["kernel"]: k["detail"] for k in report.kernels if not k["active"]}
+    assert "avx512_bf16" in off["int8 lm_head"] and "avx512_bf16" in off["W4A8 linear"]
+
+
+def test_the_command_prints_it_and_json_parses():
+    code, text = run_cli("env")
+    assert code == 0 and "CPU level:" in text and "paged attention" in text
+    code, out = run_cli("env", "--json")
+    assert code == 0 and [k["kernel"] for k in json.loads(out)["kernels"]] == KERNELS
+
+
+def test_the_engine_start_up_line_says_the_level_and_each_kernel(stories_dir, caplog):
+    from quantkit.engine import LLM
+
+    with caplog.at_level("INFO", logger="quantkit.engine"):
+        LLM(str(stories_dir), max_model_len=64, max_num_seqs=2)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU kernels at "))
+    assert all(f"{kernel} o" in line for kernel in KERNELS)
