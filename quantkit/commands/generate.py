@@ -70,6 +70,21 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def structured_outputs(json_schema: Path | None, regex: str | None):
+    """--json-schema / --regex as the engine's StructuredOutputsParams (None: free text)."""
+    from quantkit.engine import StructuredOutputsParams
+
+    if json_schema is not None and regex is not None:
+        raise QuantkitError("give at most one of --json-schema and --regex")
+    if json_schema is not None:
+        try:
+            schema = json.loads(json_schema.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise QuantkitError(f"{json_schema}: not a readable JSON schema ({exc})") from None
+        return StructuredOutputsParams(json=schema)
+    return None if regex is None else StructuredOutputsParams(regex=regex)
+
+
 def output_row(out, note: str | None = None) -> dict:
     c = out.outputs[0]
     row = {"prompt": out.prompt, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
@@ -102,6 +117,9 @@ def generate(
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
     cpu_int8_activations: bool = cpu_int8_activations_option(),
     cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(),
+    json_schema: Path | None = typer.Option(None, "--json-schema", help="A JSON schema file: every output is JSON "
+                                            "that matches it (a token mask at each step)."),
+    regex: str | None = typer.Option(None, "--regex", help="Every output matches this regular expression."),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):
@@ -111,13 +129,16 @@ def generate(
     from quantkit.engine.llm import context_limit_note
     from quantkit.engine.weights import WeightMemory
 
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens,
+                            structured_outputs=structured_outputs(json_schema, regex))
     llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
               kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
               num_threads=threads, cpu_int8_activations=cpu_int8_activations,
               cpu_int8_lm_head=cpu_int8_lm_head)
     console.print(WeightMemory.of(llm.engine.model).describe(), highlight=False, soft_wrap=True)
+    if params.structured_outputs is not None:  # a schema that does not compile: one line before any generation
+        llm.engine.grammars.compile(params.structured_outputs)
     console.print(llm.engine.kv_plan.describe(), highlight=False)
     outs = _run_with_progress(llm, prompts, params)
     if prompt is not None and outs[0].error:

@@ -5,7 +5,7 @@ Imports are lazy so that `import quantkit.engine` stays cheap (no torch/transfor
 
 from __future__ import annotations
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "EngineConfig", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
            "AsyncLLM"]
 
 
@@ -14,10 +14,10 @@ def __getattr__(name: str):
         from quantkit.engine.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from quantkit.engine.sampling_params import SamplingParams
+    if name in ("SamplingParams", "StructuredOutputsParams"):
+        from quantkit.engine import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     if name == "EngineConfig":
         from quantkit.engine.config import EngineConfig
 

@@ -26,6 +26,7 @@ from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.scheduler import Scheduler, SchedulerOutput
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
+from quantkit.engine.structured_outputs import GrammarMatchers
 from quantkit.engine.swap import SwapSpace
 from quantkit.engine.weights import load_decoder
 from quantkit.devices import resolve_device
@@ -89,6 +90,7 @@ class LLMEngine:
                                   self.kv_plan.num_swap_blocks, self.dtype, self.device)
         self.swap = swap
         self.sampler = Sampler(cfg.seed, self.eos_ids)
+        self.grammars = GrammarMatchers(self.tokenizer, s.vocab_size, self.eos_ids)
         self.collector = StatsCollector()
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._groups: dict[str, RequestGroup] = {}  # live user requests, by id
@@ -137,6 +139,8 @@ class LLMEngine:
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         try:
             ids, error = self.encode_prompt(prompt), None
+            if params.structured_outputs is not None:  # a spec that does not compile is refused here, not mid-run
+                self.grammars.compile(params.structured_outputs)
         except QuantkitError as e:
             if reject_bad_prompt:
                 raise
@@ -225,9 +229,11 @@ class LLMEngine:
     def _postprocess(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
         reqs = [c.request for c in out.chunks if c.samples]
         sampled = logits[:len(reqs)]  # then the prompt-logprob rows
-        tokens = self.sampler.sample(sampled, [r.request_id for r in reqs], [r.params for r in reqs],
+        ids, specs = [r.request_id for r in reqs], [r.params.structured_outputs for r in reqs]
+        tokens = self.sampler.sample(self.grammars.masked(sampled, ids, specs), ids, [r.params for r in reqs],
                                      [r.all_token_ids for r in reqs], [r.output_token_ids for r in reqs])
-        self._record_logprobs(reqs, sampled, tokens)
+        self.grammars.accept(ids, specs, tokens)
+        self._record_logprobs(reqs, sampled, tokens)  # from the raw logits, as vLLM's default
         self._record_prompt_logprobs(out, logits[len(reqs):])
         now = time.monotonic()
         for req, tok in zip(reqs, tokens):
@@ -278,6 +284,8 @@ class LLMEngine:
             idx, stop = hit
             req.text = req.text[:idx + len(stop)] if p.include_stop_str_in_output else req.text[:idx]
             reason, stop_reason = "stop", stop
+        elif self.grammars.finished(req.request_id):  # the structured output is complete: nothing may follow
+            reason = "stop"
         elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is not None:
@@ -288,6 +296,7 @@ class LLMEngine:
         self.scheduler.finish(req, reason, stop_reason)
         req.metrics.finished_time = time.monotonic()
         self.sampler.release(req.request_id)
+        self.grammars.release(req.request_id)
         self._detoks.pop(req.request_id, None)
         self.collector.on_finished(req)
         group = self._group_of[req.request_id]

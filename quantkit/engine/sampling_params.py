@@ -2,12 +2,50 @@
 
 from __future__ import annotations
 
+import json as json_module
 from dataclasses import dataclass, field
 
 from quantkit.errors import QuantkitError
 
 
 MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """What a request's output must match (vLLM's names; exactly one is given): a JSON schema (a dict or its text),
+    any JSON object, a regular expression, one of a list of strings, or a grammar (Lark, or llama.cpp's GBNF).
+    Enforced by quantkit.engine.structured_outputs."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.json, dict):  # as text (hashable: equal specs share one compiled grammar); key order kept,
+            object.__setattr__(self, "json", json_module.dumps(self.json))  # properties are generated in it
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) for c in self.choice) or not self.choice:
+                raise QuantkitError("structured outputs: choice must be a non-empty list of strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise QuantkitError("structured outputs take exactly one of json, regex, choice, grammar, json_object "
+                                f"(got {', '.join(given) or 'none'})")
+        if self.json is not None:
+            try:
+                schema = json_module.loads(self.json)
+            except ValueError as exc:
+                raise QuantkitError(f"structured outputs: the JSON schema is not JSON ({exc})") from None
+            if not isinstance(schema, (dict, bool)):
+                raise QuantkitError("structured outputs: a JSON schema is an object (or true/false)")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k))
 
 
 @dataclass(frozen=True)
@@ -31,6 +69,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are suppressed until this many tokens are out
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # output held to a schema, regex, choice or grammar
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -137,3 +137,25 @@ def test_cpu_int8_flags_reach_the_engine_config(app, stories_dir, monkeypatch):
         res = run(app, stories_dir, "--prompt", "Once upon a time", "--max-tokens", 2, "--threads", 1, flag)
         assert res.exit_code == 0, res.output
         assert getattr(seen[-1], field) is want
+
+
+def test_json_schema_and_regex_flags_hold_every_output(app, stories_dir, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False}))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\nThe little dog\n")
+    out = tmp_path / "out.jsonl"
+    res = run(app, stories_dir, "--prompts-file", prompts, "--json-schema", schema, "--output", out)
+    assert res.exit_code == 0, res.output
+    assert [json.loads(json.loads(row)["text"]) in ({"ok": True}, {"ok": False}) for row in out.read_text().splitlines()] \
+        == [True, True]
+    res = run(app, stories_dir, "--prompt", "Once", "--regex", "[0-9]{4}")
+    assert res.exit_code == 0 and res.output.strip().splitlines()[-1].isdigit(), res.output
+
+
+@pytest.mark.parametrize("args,words", [(["--regex", "[0-9"], "regex does not compile"),
+                                        (["--regex", "a", "--json-schema", "x.json"], "at most one")])
+def test_a_bad_structured_output_flag_is_one_line(app, stories_dir, args, words):
+    res = run(app, stories_dir, "--prompt", "Once", *args)
+    assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
