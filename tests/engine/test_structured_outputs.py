@@ -105,3 +105,14 @@ def test_the_mask_forbids_exactly_what_the_matcher_refuses(llm):
     assert torch.equal(masked[0, allowed], logits[0, allowed])
     grammars.release("probe")
     assert isinstance(template, llguidance.LLMatcher)
+
+
+def test_mask_bias_reads_the_bitmask_little_endian_word_by_word():
+    from quantkit.engine.structured_outputs import mask_bias
+
+    g = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32, generator=g)
+    vocab = 150  # not a multiple of 32: the last word's high bits are past the vocabulary
+    want = torch.tensor([[0.0 if (int(bitmask[b, t // 32]) >> (t % 32)) & 1 else float("-inf") for t in range(vocab)]
+                         for b in range(3)])
+    assert torch.equal(mask_bias(bitmask, vocab), want)
