@@ -1,0 +1,49 @@
+"""Real-shape random checkpoints (quantkit.bench.real_shapes): the published parameter counts, a toy shape written in
+several shards and read back by transformers and by the engine, and the bandwidth measure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantkit.bench import real_shapes as rs
+
+TOY = rs.RealShape("toy", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=4500, tied=False,
+                   max_position=512)
+
+
+def test_the_shapes_have_the_published_parameter_counts():
+    assert round(rs.num_parameters(rs.SHAPES["llama-3.2-1b"]) / 1e9, 2) == 1.24  # Llama 3.2 1B: 1.24 B, tied
+    assert round(rs.num_parameters(rs.SHAPES["llama-3.1-8b"]) / 1e9, 2) == 8.03  # Llama 3.1 8B: 8.03 B
+
+
+def test_a_toy_shape_is_written_in_shards_and_loads_in_transformers_and_the_engine(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.engine import LLM, SamplingParams
+
+    out = rs.build(TOY, tmp_path / "toy", shard_bytes=200_000)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((out / s).is_file() for s in shards)
+    assert set(index["weight_map"]) == {name for name, _ in rs.tensor_shapes(TOY)}
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 5, 9, 200, 4000]])).logits[0, -1]
+    assert logits.shape == (TOY.vocab,) and 0.1 < float(logits.std()) < 5  # far from flat
+    outs = LLM(str(out), max_model_len=64, dtype="float32").generate([[1, 5, 9, 200, 4000]],
+                                                                      SamplingParams(temperature=0, max_tokens=4))
+    assert outs[0].outputs[0].token_ids[0] == int(logits.argmax())
+    assert rs.build(TOY, out) == out  # reused, not rewritten
+    assert not list(tmp_path.glob(".toy.tmp-*"))
+
+
+def test_the_tokenizer_covers_the_vocabulary():
+    tok = rs.padded_tokenizer(4500)
+    assert len(tok) == 4500 and tok.eos_token_id == 2
+
+
+def test_bandwidth_is_a_plausible_rate():
+    assert 1e8 < rs.read_bandwidth(threads=1, gib=0.25, repeats=2) < 1e13
