@@ -71,6 +71,7 @@ def serve(
 
     from quantkit.commands.generate import parse_size
     from quantkit.engine.config import EngineConfig
+    from quantkit.model.checkpoint import check_model_reference
     from quantkit.serve.runner import serve_until_stopped
     from quantkit.serve.settings import ServeSettings, read_chat_template
 
@@ -86,6 +87,7 @@ def serve(
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
                              log_level=log_level)
+    check_model_reference(model)  # a path that is not there: one line now, not a traceback from the engine thread
     if engine_name == "vllm":
         _hand_to_vllm(settings, tensor_parallel_size, pipeline_parallel_size, chat_template, vllm_executable)
         return

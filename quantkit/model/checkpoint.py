@@ -28,8 +28,9 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
-def resolve_model_path(name: str) -> Path:
-    """A local checkpoint folder, or a hub id downloaded into the HF cache (safetensors only)."""
+def check_model_reference(name: str) -> Path | None:
+    """A local checkpoint folder (checked), or None for a name that may be fetched from the hub; QuantkitError
+    for anything else. Reads no weights and downloads nothing: commands call it before starting work."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -38,6 +39,14 @@ def resolve_model_path(name: str) -> Path:
             raise QuantkitError(f"{name}: no config.json in this folder; is it a Hugging Face checkpoint?")
         return path
     _require_hub_id(name)
+    return None
+
+
+def resolve_model_path(name: str) -> Path:
+    """A local checkpoint folder, or a hub id downloaded into the HF cache (safetensors only)."""
+    path = check_model_reference(name)
+    if path is not None:
+        return path
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
