@@ -133,14 +133,11 @@ class Job:
         for rid in self.request_ids:
             await self.state.llm.abort(rid)
 
-    async def _first(self, request: Request, it: AsyncIterator[Item]) -> Item:
-        try:
-            return await until_disconnect(request, it.__anext__())
-        except ClientGone:
-            await self.abort_all()
-            raise
-        except Exception as exc:
-            raise to_api_error(exc) from exc
+    async def _client_gone(self) -> JSONResponse:
+        """Abort what the job left in the engine; the status the access log and metrics record (nginx's 499:
+        the client closed the request). Nobody reads the body."""
+        await self.abort_all()
+        return JSONResponse({}, 499)
 
     async def respond(self, request: Request):
         """The whole response once every request finished (404/400/429/500 as APIError)."""
@@ -153,8 +150,7 @@ class Job:
         try:
             finals = await until_disconnect(request, collect())
         except ClientGone:
-            await self.abort_all()
-            return JSONResponse({}, 499)
+            return await self._client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
         n = self.params.n
@@ -170,9 +166,14 @@ class Job:
         return usage(sum(len(o.prompt_token_ids) for o in outs),
                      sum(len(c.token_ids) for o in outs for c in o.outputs))
 
-    async def stream(self, request: Request) -> StreamingResponse:
+    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
         it = self.outputs()
-        first = await self._first(request, it)  # admission errors are still proper HTTP statuses here
+        try:  # until the first output no header is sent: admission errors are still proper HTTP statuses
+            first = await until_disconnect(request, it.__anext__())
+        except ClientGone:  # left while queued or prefilling, as a non-streaming client can
+            return await self._client_gone()
+        except Exception as exc:
+            raise to_api_error(exc) from exc
         return StreamingResponse(self._events(it, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
