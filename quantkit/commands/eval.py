@@ -73,6 +73,7 @@ def eval_command(
 
 
 def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unquantized: bool = False):
+    from contextlib import nullcontext
     from dataclasses import asdict
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -80,6 +81,7 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unqu
     from quantkit.eval.report import EvalReport, Gate, render_table
     from quantkit.eval.runner import Bars
     from quantkit.eval.runner import clip_seqlen, evaluate_model, resolve_inputs, tokenizer_mismatch
+    from quantkit.progress import no_lm_eval_bars
 
     what = quantized_kind(quantized, allow_unquantized)
     inputs = resolve_inputs(settings)
@@ -92,7 +94,8 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unqu
                       highlight=False, soft_wrap=True)
         notes.append(f"tokenizer mismatch: {mismatch}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
+    quiet = no_lm_eval_bars() if "mmlu" in settings.tasks else nullcontext()  # ppl alone never imports lm-eval
+    with Progress(*columns, console=console, transient=False) as bar, quiet:
         base_run = evaluate_model("base", base, settings, inputs, Bars(bar))
         quant_run = evaluate_model("quantized", quantized, settings, inputs, Bars(bar))
     described = {"quantized_checkpoint": what, "seqlen_requested": requested}
@@ -146,7 +149,8 @@ def settings_dict(raw: dict, inputs) -> dict:
 
 
 def quiet_third_party() -> None:
-    """lm-eval logs a warning per truncated request and tqdm bars per step; rich bars replace them."""
+    """lm-eval logs a warning per truncated request: quiet. TQDM_DISABLE silences the tqdm bars of libraries that
+    import tqdm after this (datasets' downloads); lm-eval's own bars are turned off by `no_lm_eval_bars`."""
     import logging
     import os
 

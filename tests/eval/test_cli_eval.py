@@ -186,3 +186,16 @@ def test_cpu_int8_lm_head_evaluates_the_engines_head(tiny_llama, tiny_rtn, text_
     assert "int8" not in on["runtime"]["base"]["quantization"] and on["base"]["ppl"] == off["base"]["ppl"]
     q_on, q_off = on["quantized"]["ppl"], off["quantized"]["ppl"]
     assert q_on != q_off and abs(q_on / q_off - 1) < 0.02
+
+
+def test_only_our_bars_show(tiny_llama, tiny_rtn, tmp_path, mmlu_dir):
+    """lm-eval's tqdm bars (it builds each task's contexts under one) stay out of the output even in a process
+    where tqdm was imported before the command ran (torch imports it): our rich bars are the only ones."""
+    import sys
+
+    assert "tqdm" in sys.modules
+    result = invoke(tiny_rtn, "--base", tiny_llama, "--tasks", "mmlu", "--mmlu-dir", mmlu_dir, "--subjects",
+                    "anatomy", "--limit", 2, "--num-fewshot", 0, "--no-cache", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert "it/s]" not in result.output and "%|" not in result.output, result.output
+    assert "base: MMLU" in result.stderr and "quantized: MMLU" in result.stderr
