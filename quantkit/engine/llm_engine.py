@@ -28,6 +28,7 @@ from quantkit.engine.scheduler import Scheduler, SchedulerOutput
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.structured_outputs import GrammarMatchers
 from quantkit.engine.swap import SwapSpace
+from quantkit.engine.token_text import MAX_CONTEXT, TokenTexts
 from quantkit.engine.weights import load_decoder
 from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
@@ -96,7 +97,7 @@ class LLMEngine:
         self._groups: dict[str, RequestGroup] = {}  # live user requests, by id
         self._group_of: dict[str, RequestGroup] = {}  # child (scheduler) request id -> its user request
         self._changed: dict[str, RequestGroup] = {}  # user requests with news for the next step's outputs
-        self._token_text: dict[int, str] = {}  # decoded single tokens for logprobs (bounded by the vocabulary)
+        self._token_texts = TokenTexts(self.tokenizer)  # logprobs' token texts, as vLLM writes them
         self._ids = itertools.count()
         self.last_step = StepStats()
         self.last_error: Exception | None = None  # what failed the last step, if it failed
@@ -242,20 +243,15 @@ class LLMEngine:
             self._changed[self._group_of[req.request_id].request_id] = self._group_of[req.request_id]
             self._check_stop(req, tok)
 
-    def _decode_token(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
-        return text
-
     def _record_logprobs(self, reqs: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if not rows:
             return
         dicts = logprob_dicts(logits[rows], [tokens[i] for i in rows], [reqs[i].params.logprobs for i in rows],
-                              self._decode_token)
+                              self._token_texts)
         for i, d in zip(rows, dicts):
-            reqs[i].logprobs.append(d)
+            # a byte-fallback piece's text in the context of the sample's tokens so far (vLLM's: outputs only)
+            reqs[i].logprobs.append(self._token_texts.correct(d, reqs[i].output_token_ids[-MAX_CONTEXT:]))
             reqs[i].cumulative_logprob += d[tokens[i]].logprob
 
     def _record_prompt_logprobs(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
@@ -265,9 +261,11 @@ class LLMEngine:
             req = chunk.request
             positions = range(chunk.start, chunk.start + count)
             dicts = logprob_dicts(logits[row:row + count], [req.prompt_token_ids[p + 1] for p in positions],
-                                  [req.params.prompt_logprobs] * count, self._decode_token)
+                                  [req.params.prompt_logprobs] * count, self._token_texts)
             for p, d in zip(positions, dicts):
-                req.prompt_logprobs[p + 1] = d
+                # the context of prompt token p + 1: the scored prompt tokens before it (token 0 is never scored)
+                context = req.prompt_token_ids[max(1, p + 1 - MAX_CONTEXT):p + 1]
+                req.prompt_logprobs[p + 1] = self._token_texts.correct(d, context)
             row += count
 
     def _check_stop(self, req: Request, tok: int) -> None:

@@ -20,7 +20,7 @@ from quantkit.engine.request import RequestOutput
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError, sse_error
-from quantkit.serve.responses import SSE_DONE, Format, sse, usage
+from quantkit.serve.responses import SSE_DONE, Format, next_text_offset, sse, usage
 from quantkit.serve.state import ServerState
 
 log = logging.getLogger("quantkit.serve")
@@ -179,7 +179,7 @@ class Job:
 
     async def _events(self, it: AsyncIterator[Item], first: Item) -> AsyncIterator[str]:
         n = self.params.n
-        sent: dict[int, tuple[int, int]] = {}  # choice index -> (chars, tokens) already sent
+        sent: dict[int, tuple[int, int, int]] = {}  # choice index -> (chars, tokens, next text_offset) sent
         latest: dict[int, RequestOutput] = {}
         finished = False
         try:
@@ -214,21 +214,19 @@ class Job:
         yield SSE_DONE
 
     def _delta(self, index: int, prompt_index: int, c, sent: dict, req: RequestOutput) -> dict | None:
-        chars, toks = sent.get(index, (0, 0))
+        chars, toks, offset = sent.get(index, (0, 0, 0))
         if toks < 0:
             return None  # this choice already finished
         done = c.finish_reason is not None
         text = c.text[chars:]
         if not text and not done and len(c.token_ids) == toks:
             return None  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
-        prompt_lp, echo_len = None, 0
-        if self.fmt.echo_texts:
-            echo_len = len(self.fmt.echo_texts[prompt_index])
-            if index not in sent:
-                text = self.fmt.echo_texts[prompt_index] + text
-                prompt_lp = self.fmt.prompt_logprobs(req)
-        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), echo_len + chars, done, prompt_lp)
-        sent[index] = (len(c.text), -1 if done else len(c.token_ids))
+        prompt_lp = None
+        if self.fmt.echo_texts and index not in sent:
+            text = self.fmt.echo_texts[prompt_index] + text
+            prompt_lp = self.fmt.prompt_logprobs(req)
+        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), offset, done, prompt_lp)
+        sent[index] = (len(c.text), -1 if done else len(c.token_ids), next_text_offset(choice["logprobs"], offset))
         return self.fmt.envelope([choice], chunk=True)
 
 
