@@ -60,6 +60,13 @@ def eos_token_ids(path: Path, config_eos, tokenizer) -> frozenset[int]:
     return frozenset()
 
 
+def non_finite_rows(logits: torch.Tensor) -> list[int]:
+    """Rows of logits [R, V] that hold NaN or inf (a checkpoint whose scales or weights are corrupt)."""
+    if bool(torch.isfinite(logits).all()):  # the common case: one reduction, no per-row work
+        return []
+    return (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
+
+
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
         from quantkit.model.checkpoint import resolve_model_path
@@ -229,19 +236,33 @@ class LLMEngine:
 
     def _postprocess(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
         reqs = [c.request for c in out.chunks if c.samples]
-        sampled = logits[:len(reqs)]  # then the prompt-logprob rows
+        self._record_prompt_logprobs(out, logits[len(reqs):])  # the rows after the sampled ones
+        reqs, sampled = self._fail_non_finite(reqs, logits[:len(reqs)])  # raw logits: before any grammar's mask
+        if not reqs:
+            return
         ids, specs = [r.request_id for r in reqs], [r.params.structured_outputs for r in reqs]
         tokens = self.sampler.sample(self.grammars.masked(sampled, ids, specs), ids, [r.params for r in reqs],
                                      [r.all_token_ids for r in reqs], [r.output_token_ids for r in reqs])
         self.grammars.accept(ids, specs, tokens)
         self._record_logprobs(reqs, sampled, tokens)  # from the raw logits, as vLLM's default
-        self._record_prompt_logprobs(out, logits[len(reqs):])
         now = time.monotonic()
         for req, tok in zip(reqs, tokens):
             self.collector.on_token(req, now)
             req.append_token(tok, now)
             self._changed[self._group_of[req.request_id].request_id] = self._group_of[req.request_id]
             self._check_stop(req, tok)
+
+    def _fail_non_finite(self, reqs: list[Request], logits: torch.Tensor) -> tuple[list[Request], torch.Tensor]:
+        """Fail the requests whose logits hold NaN or inf (corrupt weights, an overflow): an error, never text
+        (greedy sampling of NaN picks token 0 every time); the others and their rows go on."""
+        bad = set(non_finite_rows(logits))
+        if not bad:
+            return reqs, logits
+        for i in bad:
+            reqs[i].error = "non-finite logits (NaN or inf): the model's weights or activations are corrupt"
+            self._finish(reqs[i], "error")
+        keep = [i for i in range(len(reqs)) if i not in bad]
+        return [reqs[i] for i in keep], logits[keep]
 
     def _record_logprobs(self, reqs: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
