@@ -190,6 +190,20 @@ class ShardReader:
         _release(mm, e.start, e.end)
         return data.view(e.dtype).reshape(e.shape)
 
+    def sample_bytes(self, key: str, size: int) -> bytes:
+        """The first and the last `size` bytes of a tensor's data (all of it when it is shorter), read through the
+        mapping without copying the tensor; its pages are then released."""
+        e = self._entry(key)
+        if e.end - e.start <= 2 * size:
+            ranges = [(e.start, e.end)]
+        else:
+            ranges = [(e.start, e.start + size), (e.end - size, e.end)]
+        mm = self._map(e.file) if e.end > e.start else None
+        out = b"".join(mm[a:b] for a, b in ranges) if mm is not None else b""
+        if mm is not None:
+            _release(mm, e.start, e.end)
+        return out
+
     def aligned(self, key: str) -> bool:
         """Whether the tensor's data starts at a multiple of its element size (then `mapped` can read it)."""
         e = self._entry(key)

@@ -27,6 +27,7 @@ from quantkit.devices import compute_dtype, resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+from quantkit.model.fingerprint import weights_fingerprint
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
@@ -192,7 +193,9 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         save_plan(plan_tensors, out_dir / PLAN_FILE)
     report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
     qconfig = quantization_config(cfg, list(plan.skipped), skipped_fused_names(plan))
-    write_metadata(out_dir, path, config_dict, qconfig, {**_meta(cfg, report), "import_seconds": round(import_seconds, 3)})
+    meta = {**_meta(cfg, report), "import_seconds": round(import_seconds, 3),
+            "source_fingerprint": weights_fingerprint(reader)}  # `quantkit eval` checks its --base against it
+    write_metadata(out_dir, path, config_dict, qconfig, meta)
     report.output_bytes = sum(f.stat().st_size for f in out_dir.iterdir() if f.suffix == ".safetensors")
     return report
 

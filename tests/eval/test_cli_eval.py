@@ -116,11 +116,39 @@ def test_text_shorter_than_a_window(tiny_llama, tmp_path):
     assert result.exit_code == 2 and "fewer than one window of --seqlen 64" in result.stderr
 
 
-def test_tokenizer_mismatch_warns(tiny_llama, stories_dir, tmp_path, text_file):
+def test_tokenizer_mismatch_warns_when_allowed(tiny_llama, stories_dir, tmp_path, text_file):
     result = invoke(tiny_llama, "--base", stories_dir, "--tasks", "ppl", "--ppl-text", text_file, "--seqlen", 64,
-                    "--no-cache", "--threads", 1, "--allow-unquantized")
+                    "--no-cache", "--threads", 1, "--allow-unquantized", "--allow-mismatched-base")
     assert result.exit_code == 0, result.output
-    assert "warning:" in result.stderr and "perplexity comparisons need the same tokenizer" in result.stderr
+    assert "warning:" in result.stderr and "--allow-mismatched-base" in result.stderr
+    assert "the vocabularies differ" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def other_tiny_llama(tmp_path_factory):
+    """tiny_llama's config and tokenizer, other weights (seed 1): a different model of the same shape."""
+    from tests_support.tiny_models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-seed1") / "m", seed=1)
+
+
+@pytest.mark.parametrize("base, says", [
+    ("stories_dir", "hidden_size 128 vs 64"),  # another shape (and tokenizer)
+    ("other_tiny_llama", "source_fingerprint"),  # same shape and tokenizer, other weights
+])
+def test_a_base_it_was_not_quantized_from_is_refused(tiny_rtn, text_file, request, base, says):
+    """QUANTIZED was made from tiny_llama: a --base that is another model would give a meaningless ratio (a
+    perplexity ratio of 0.06 in the report that found this); refused in one line, unless allowed."""
+    base_dir = request.getfixturevalue(base)
+    result = invoke(tiny_rtn, *ppl_args(base_dir, text_file, "--seqlen", 64))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
+    assert f"{tiny_rtn} was not quantized from {base_dir}" in lines[0] and says in lines[0], lines[0]
+    assert "--allow-mismatched-base" in lines[0]
+    allowed = invoke(tiny_rtn, *ppl_args(base_dir, text_file, "--seqlen", 64, "--allow-mismatched-base"))
+    assert allowed.exit_code == 0, allowed.output
+    assert "warning:" in allowed.stderr and says in allowed.stderr
 
 
 def ppl_args(base, text_file, *extra):
