@@ -87,7 +87,6 @@ def serve(
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
                              log_level=log_level)
-    check_model_reference(model)  # a path that is not there: one line now, not a traceback from the engine thread
     if engine_name == "vllm":
         _hand_to_vllm(settings, tensor_parallel_size, pipeline_parallel_size, chat_template, vllm_executable)
         return
@@ -96,6 +95,7 @@ def serve(
     if tensor_parallel_size > 1 or pipeline_parallel_size > 1:
         raise QuantkitError("quantkit's engine runs on one device: use --engine vllm for --tensor-parallel-size "
                             "or --pipeline-parallel-size above 1")
+    check_model_reference(model)  # a path that is not there: one line now, not a traceback from the engine thread
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     bound_kernel_caches(KERNEL_CACHE_ENTRIES)  # before the model runs: RSS stays flat under traffic
     failure = serve_until_stopped(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True))
