@@ -2,8 +2,9 @@
 
 A handler builds `Job` (its prompts' token ids and the SamplingParams), then either `respond()`s
 with a full body or `stream()`s SSE chunks. Both abort every engine request of the job when the
-client goes away: streaming through Starlette cancelling the body iterator, non-streaming through
-a watcher on the ASGI receive channel.
+client goes away: a stream once it started through Starlette cancelling the body iterator; before
+its first output, and a non-streaming request throughout, through a watcher on the ASGI receive
+channel (then the status is 499, the client closed the request).
 """
 
 from __future__ import annotations
