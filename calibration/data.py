@@ -24,6 +24,7 @@ class CalibSet:
     input_ids: torch.Tensor  # [nsamples, seqlen] int64
     source: str
     notes: list[str] = field(default_factory=list)
+    text_tokens: int = 0  # tokens of the whole text the windows were cut from (they repeat past it)
 
     @property
     def token_hash(self) -> str:
@@ -136,4 +137,5 @@ def load_calibration(source: str, tokenizer, nsamples: int, seqlen: int, seed: i
     if ids.numel() < seqlen:
         notes.append(f"calibration text has only {ids.numel()} tokens: seqlen lowered from {seqlen} to {ids.numel()}")
         seqlen = int(ids.numel())
-    return CalibSet(sample_windows(ids, nsamples, seqlen, seed), source=source, notes=notes)
+    return CalibSet(sample_windows(ids, nsamples, seqlen, seed), source=source, notes=notes,
+                    text_tokens=int(ids.numel()))

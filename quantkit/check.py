@@ -18,7 +18,8 @@
    per-channel scales into the weights; the plan saved beside them (awq_plan.safetensors) says
    which, and the comparison undoes those folds.
 
-`CheckReport.passed` says whether every layer passed every check that ran.
+`CheckReport.passed` says whether every layer passed every check that ran. A layer whose inputs hold NaN
+or inf (sent by a failing layer before it) is not checkable: it is reported apart, neither passed nor failed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ INTERPRETER_COLS = 128  # output columns (one interpreter tile) through the Trit
 
 @dataclass
 class LayerCheck:
-    """The result for one packed linear (extend with fields; `problems` decides `passed`)."""
+    """The result for one packed linear (extend with fields; `problems` and `not_checkable` decide `passed`)."""
 
     name: str
     out_features: int
@@ -55,10 +56,11 @@ class LayerCheck:
     kernel_cols: int = 0
     rel_error: float | None = None  # vs the original float linear; None without an original
     problems: list[str] = field(default_factory=list)
+    not_checkable: str | None = None  # why its outputs could not be compared (its inputs were not finite)
 
     @property
     def passed(self) -> bool:
-        return not self.problems
+        return not self.problems and self.not_checkable is None
 
 
 @dataclass
@@ -82,7 +84,14 @@ class CheckReport:
 
     @property
     def failures(self) -> list[LayerCheck]:
-        return [layer for layer in self.layers if not layer.passed]
+        """The layers whose own tensors or outputs are wrong."""
+        return [layer for layer in self.layers if layer.problems]
+
+    @property
+    def not_checkable(self) -> list[LayerCheck]:
+        """The layers that could not be judged: NaN or inf reached their inputs (from a failing layer before them,
+        whose own problems are in `failures`)."""
+        return [layer for layer in self.layers if layer.not_checkable is not None]
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -178,13 +187,16 @@ def check_layer(check: LayerCheck, module, x: torch.Tensor, y: torch.Tensor, set
     x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
     picked = torch.linspace(0, x.shape[0] - 1, min(setup.max_rows, x.shape[0])).long()
     x, y = x[picked], y[picked]
+    check.rows = int(x.shape[0])
+    if not torch.isfinite(x).all():  # what a layer before it sent: nothing to compare this one's outputs with
+        check.not_checkable = "NaN or inf in its inputs (from a layer before it)"
+        return
     t = LinearTensors(module.qweight.cpu(), module.qzeros.cpu(), module.scales.cpu(),
                       None if module.g_idx is None else module.g_idx.cpu())
     w = independent_dequantize(t, layout=module.layout, bits=module.bits, group_size=module.group_size)
     ref32 = x.float() @ w.to(x.device).T  # [T, N] fp32
     if module.bias is not None:
         ref32 = ref32 + module.bias.float()
-    check.rows = int(x.shape[0])
     tolerance = KERNEL_TOLERANCE[x.dtype]
     if not torch.isfinite(ref32).all():
         check.problems.append("independent dequantization gives non-finite outputs (corrupted scales or inputs)")
@@ -284,6 +296,10 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     if sound:
         _run_inputs(path, checks, sound, setup, dtype, dev, "torch" if ran == "torch" else "auto",
                     (calib, nsamples, seqlen, seed), notes, show_progress)
+    unchecked = sum(c.not_checkable is not None for c in checks.values())
+    if unchecked:
+        notes.append(f"{unchecked} layers were not checkable: NaN or inf reached their inputs, from the failing "
+                     f"layers before them; mend those first")
     if kernel_checked and any(c.kernel_diff is None and c.model_diff is not None for c in checks.values()):
         notes.append("layers that are not 4-bit have no W4A16 kernel: the model path and the error against "
                      "the original are checked")
@@ -313,7 +329,8 @@ def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setu
     from quantkit.model.quant_linear import QuantLinear
     from quantkit.progress import progress_bar
 
-    model, _ = load_model(path, dtype=dtype, device=str(dev), backend=model_backend)
+    # non-finite scales loaded all the same: the structure check has reported them, and the others are run
+    model, _ = load_model(path, dtype=dtype, device=str(dev), backend=model_backend, finite_scales=False)
     ids = calibration_ids(path, *inputs, notes)
     hooked = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear) and n in names]
     with progress_bar("check layers", len(hooked), show_progress) as advance:

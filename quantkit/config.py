@@ -78,6 +78,7 @@ class QuantizeConfig:
     load_plan: Path | None = None
     quantize_lm_head: bool = False  # GPTQModel's lm_head=True: lm_head packed like the decoder linears (RTN)
     recipe: dict | None = None  # the --config recipe (name, path, description, values), recorded in the metadata
+    strict: bool = False  # refuse what is otherwise a warning (too little calibration text)
 
     def __post_init__(self):
         if self.method not in METHODS:

@@ -102,7 +102,7 @@ class PlanColumn:
     kv_bytes_per_token_per_gpu: int
     kv_blocks_per_gpu: int
     kv_tokens: int
-    concurrent_sequences: float
+    concurrent_sequences: int  # whole sequences of max_model_len tokens: a part of one serves no request
     fits: bool
 
 
@@ -143,8 +143,8 @@ def plan_column(label: str, shape: ModelShape, weights: int, budget_bytes: int, 
     per_token = kv_bytes_per_token(shape, kv_dtype, tp)
     blocks = max(0, kv_budget) // (per_token * block_size)
     tokens = blocks * block_size
-    return PlanColumn(label, weights, per_gpu, kv_budget, per_token, blocks, tokens,
-                      round(tokens / max_model_len, 2), tokens >= max_model_len)
+    return PlanColumn(label, weights, per_gpu, kv_budget, per_token, blocks, tokens, tokens // max_model_len,
+                      tokens >= max_model_len)
 
 
 def make_plan(model: str, config: dict, gpu_memory: int, utilization: float = 0.9, max_model_len: int | None = None,
@@ -161,6 +161,10 @@ def make_plan(model: str, config: dict, gpu_memory: int, utilization: float = 0.
     shape = ModelShape.from_config(config)
     max_len = max_model_len or shape.max_position_embeddings
     notes = []
+    if max_len > shape.max_position_embeddings:
+        notes.append(f"--max-model-len {max_len} is past this model's own limit of {shape.max_position_embeddings} "
+                     f"positions (max_position_embeddings in config.json): vLLM and quantkit refuse to serve it; the "
+                     f"figures below assume sequences of {max_len} tokens all the same")
     if shape.heads % tp:
         notes.append(f"{shape.heads} attention heads do not split over --tp {tp}: vLLM refuses this degree")
     if shape.kv_heads < tp:

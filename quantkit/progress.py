@@ -75,3 +75,27 @@ def no_transformers_bars() -> Iterator[None]:
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
+
+
+# lm-eval's modules that show tqdm bars on our path (building a task's contexts, checking cached requests); each
+# bound `tqdm` at its own import.
+LM_EVAL_TQDM_MODULES = ("lm_eval.api.task", "lm_eval.api.model")
+
+
+@contextmanager
+def no_lm_eval_bars() -> Iterator[None]:
+    """lm-eval's tqdm bars off for the block, then as they were: our rich bars are the only ones a user sees.
+    TQDM_DISABLE cannot do it once tqdm is imported (torch imports it; tqdm reads its environment at import),
+    and lm-eval offers no switch for these bars, so the block swaps the name those modules call."""
+    import importlib
+    from functools import partial
+
+    modules = [importlib.import_module(name) for name in LM_EVAL_TQDM_MODULES]
+    saved = [module.tqdm for module in modules]
+    for module, bar in zip(modules, saved):
+        module.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        for module, bar in zip(modules, saved):
+            module.tqdm = bar

@@ -17,6 +17,7 @@ from quantkit.check_compare import awq_fold_scales, original_output, relative_ma
 from quantkit.cli import build_app
 from quantkit.format.arch import spec_for, tie_over_query_heads
 from quantkit.kernels.triton_w4a16 import triton_available
+from tests_support.corrupt import corrupt, nan_every_seventh
 
 CORRUPT_LAYER = "model.layers.1.mlp.up_proj"
 
@@ -71,14 +72,6 @@ def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
     bits = t.view(torch.int16).clone()
     bits.view(-1)[::3] ^= 1 << bit
     return bits.view(t.dtype)
-
-
-def corrupt(src: Path, dst: Path, key: str, fn) -> Path:
-    shutil.copytree(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
-    tensors[key] = fn(tensors[key])
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return dst
 
 
 @pytest.mark.parametrize(("suffix", "fn"), [
@@ -228,3 +221,22 @@ def test_awq_checkpoint_passes_only_with_its_folds_undone(tiny_llama, calib_file
     failed = {layer.name.split(".", 3)[3] for layer in bad.failures}
     assert failed == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+
+
+def test_non_finite_scales_fail_their_layer_and_the_layers_after_it_are_not_checkable(rtn_ckpt, tmp_path):
+    """NaN scales in layer 0's q_proj: that layer fails (its own tensors), k_proj and v_proj (same input, before
+    the NaN) pass, and every layer that the NaN reaches through the model path is reported as not checkable,
+    not as failed: 1 failure, 11 not checkable, out of 14."""
+    layer = "model.layers.0.self_attn.q_proj"
+    bad = corrupt(rtn_ckpt, tmp_path / "bad", f"{layer}.scales", nan_every_seventh)
+    report_file = tmp_path / "report.json"
+    done = run_cli("check", bad, "--backend", "torch", "--nsamples", "1", "--seqlen", "16", "--output", report_file)
+    assert done.exit_code == 1, done.output
+    layers = {entry["name"]: entry for entry in json.loads(report_file.read_text())["layers"]}
+    assert [n for n, e in layers.items() if e["problems"]] == [layer]
+    assert "scales are not finite" in layers[layer]["problems"][0]
+    downstream = [n for n, e in layers.items() if e["not_checkable"]]
+    assert len(downstream) == 11 and all(not layers[n]["passed"] and not layers[n]["problems"] for n in downstream)
+    assert [n for n, e in layers.items() if e["passed"]] == ["model.layers.0.self_attn.k_proj",
+                                                             "model.layers.0.self_attn.v_proj"]
+    assert "check failed: 1 of 14 layers" in done.output and "11 of 14 layers not checkable" in done.output

@@ -103,3 +103,25 @@ def test_cli_table_and_json(tiny_llama, tmp_path):
     assert data["tp"] == 2 and [c["label"] for c in data["columns"]] == ["fp16", "INT4 g128"]
     code, output = run_cli("plan", "no/such-model-offline")
     assert code == 2 and "offline" in output
+
+
+def test_a_length_past_the_models_positions_is_said_and_sequences_are_whole(stories_dir, tmp_path):
+    """stories260K has 512 positions: --max-model-len 8192 gets a note naming that limit, and the sequences that
+    fit are whole ones (kv tokens // 8192), in the table and the JSON. The plan is a result: stdout; notes: stderr."""
+    from typer.testing import CliRunner
+
+    from quantkit.cli import build_app
+
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(build_app(), ["plan", str(stories_dir), "--max-model-len", "8192", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["max_model_len"] == 8192
+    for col in data["columns"]:
+        assert col["concurrent_sequences"] == col["kv_tokens"] // 8192 and isinstance(col["concurrent_sequences"], int)
+    row = next(line for line in result.stdout.splitlines() if "sequences of 8192" in line)
+    assert [cell.strip() for cell in row.split("│")[2:4]] == [f"{c['concurrent_sequences']:,}" for c in data["columns"]]
+    assert "." not in row
+    note = next(line for line in result.stderr.splitlines() if "8192" in line)
+    assert "512" in note and "max_position_embeddings" in note
+    assert "KV tokens" in result.stdout and "KV tokens" not in result.stderr

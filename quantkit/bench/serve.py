@@ -71,11 +71,22 @@ class RequestResult:
 
 
 def summarize(values: list[float]) -> dict[str, float]:
-    """mean and percentiles in milliseconds (empty input: zeros)."""
+    """mean and percentiles in milliseconds, and how many values they summarize (empty input: zeros, as vLLM's
+    bench writes them; `count` 0 tells them apart from measured zeros)."""
     if not values:
-        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}}
+        return {"mean": 0.0, **{f"p{p}": 0.0 for p in PERCENTILES}, "count": 0}
     a = np.asarray(values) * 1000
-    return {"mean": float(a.mean()), **{f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES}}
+    return {"mean": float(a.mean()), **{f"p{p}": float(np.percentile(a, p)) for p in PERCENTILES}, "count": len(a)}
+
+
+def distinct_errors(results: list[RequestResult], most: int = 5) -> list[dict]:
+    """The failed requests' messages, each once with how many requests failed with it, in order of first seen."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            message = r.error or "the stream ended before data: [DONE]"
+            counts[message] = counts.get(message, 0) + 1
+    return [{"message": m, "count": n} for m, n in list(counts.items())[:most]]
 
 
 def report(cfg: BenchConfig, results: list[RequestResult], duration: float) -> dict:
@@ -86,7 +97,7 @@ def report(cfg: BenchConfig, results: list[RequestResult], duration: float) -> d
         "request_rate": cfg.request_rate if math.isfinite(cfg.request_rate) else "inf",
         "max_concurrency": cfg.max_concurrency, "duration_s": duration,
         "successful_requests": len(ok), "failed_requests": len(results) - len(ok),
-        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "errors": distinct_errors(results),
         "total_input_tokens": sum(r.prompt_tokens for r in ok), "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration if duration else 0.0,
         "output_throughput": out_tokens / duration if duration else 0.0,
@@ -101,12 +112,28 @@ def headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> str:
-    if cfg.model:
-        return cfg.model
+async def resolve_model(client: httpx.AsyncClient, cfg: BenchConfig) -> tuple[str, int | None]:
+    """(the model to ask for, its max_model_len where /v1/models gives one, as quantkit and vLLM do)."""
     r = await client.get("/v1/models")
     r.raise_for_status()
-    return r.json()["data"][0]["id"]
+    models = r.json()["data"]
+    entry = next((m for m in models if m["id"] == cfg.model), None) if cfg.model else models[0]
+    return (cfg.model or entry["id"]), (entry or {}).get("max_model_len")
+
+
+def check_lengths(cfg: BenchConfig, max_model_len: int | None) -> None:
+    """Refuse lengths that the server would refuse on every request (prompt + max_tokens past its context)."""
+    from quantkit.errors import QuantkitError
+
+    if max_model_len is None:
+        return
+    where = f"the server's max_model_len of {max_model_len} (from /v1/models): every request would fail; lower them"
+    if cfg.prompts is None and cfg.random_input_len + cfg.random_output_len > max_model_len:
+        total = cfg.random_input_len + cfg.random_output_len
+        raise QuantkitError(f"--random-input-len {cfg.random_input_len} + --random-output-len "
+                            f"{cfg.random_output_len} = {total} tokens, past {where}")
+    if cfg.prompts is not None and cfg.random_output_len >= max_model_len:
+        raise QuantkitError(f"--random-output-len {cfg.random_output_len} leaves no room for a prompt within {where}")
 
 
 async def random_prompts(client: httpx.AsyncClient, cfg: BenchConfig) -> list[list[int]]:
@@ -159,6 +186,14 @@ def is_token_chunk(obj: dict) -> bool:
     return not (delta is not None and "role" in delta and not delta.get("content"))
 
 
+def error_message(body: bytes) -> str:
+    """An error response's message: OpenAI's error.message where the body has one, else its first 200 bytes."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode(errors="replace")
+
+
 async def one_request(client: httpx.AsyncClient, cfg: BenchConfig, prompt) -> RequestResult:
     res = RequestResult()
     start = time.perf_counter()
@@ -166,7 +201,7 @@ async def one_request(client: httpx.AsyncClient, cfg: BenchConfig, prompt) -> Re
     try:
         async with client.stream("POST", cfg.endpoint, json=request_body(cfg, prompt)) as r:
             if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200].decode(errors='replace')}"
+                res.error = f"HTTP {r.status_code}: {error_message(await r.aread())}"
                 return res
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
@@ -200,7 +235,8 @@ async def run(cfg: BenchConfig) -> dict:
     limits = httpx.Limits(max_connections=cfg.max_concurrency or cfg.num_prompts)
     async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers(cfg.api_key), limits=limits,
                                  timeout=httpx.Timeout(cfg.timeout)) as client:
-        cfg.model = await resolve_model(client, cfg)
+        cfg.model, max_model_len = await resolve_model(client, cfg)
+        check_lengths(cfg, max_model_len)
         if cfg.prompts is not None:
             prompts = [cfg.prompts[i % len(cfg.prompts)] for i in range(cfg.num_prompts)]
         else:
@@ -235,6 +271,20 @@ def table(rep: dict):
         v = rep[key]
         t.add_row(key.replace("_", " "), f"{v:.2f}" if isinstance(v, float) else str(v))
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        for stat, v in rep[key].items():
-            t.add_row(f"{key[:-3].upper()} {stat} (ms)", f"{v:.2f}")
+        summary = dict(rep[key])
+        count = summary.pop("count")
+        for stat, v in summary.items():  # no sample (no request succeeded): "-", not a latency of 0.00
+            t.add_row(f"{key[:-3].upper()} {stat} (ms)", f"{v:.2f}" if count else "-")
     return t
+
+
+def failure_lines(rep: dict, max_failed: float) -> tuple[list[str], bool]:
+    """What to say about failed requests (the count, then each distinct error), and whether they fail the run:
+    more than `max_failed` (a share, 0..1) of the requests failed."""
+    failed, total = rep["failed_requests"], rep["successful_requests"] + rep["failed_requests"]
+    if not failed:
+        return [], False
+    lines = [f"{failed} of {total} requests failed" + (f" (more than --max-failed {max_failed:g})"
+                                                         if failed > max_failed * total else "")]
+    lines += [f"  {e['count']} x {e['message']}" for e in rep["errors"]]
+    return lines, failed > max_failed * total

@@ -39,14 +39,19 @@ def bench_serve(
     api_key: str | None = typer.Option(None, "--api-key", help="Default: OPENAI_API_KEY."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Local tokenizer for prompts (default: /tokenize)."),
     seed: int = typer.Option(0, "--seed"),
+    max_failed: float = typer.Option(0.0, "--max-failed", help="Share of requests (0..1) that may fail before the "
+                                     "run exits 1; by default any failed request fails it."),
     output: Path | None = typer.Option(None, "--output", help="Write the report here as JSON."),
 ) -> None:
     """Benchmark a running server (quantkit serve or vllm serve): throughput, TTFT, TPOT, ITL, E2E."""
     import httpx
+    from rich.console import Console
 
-    from quantkit.bench.serve import BenchConfig, run, table
+    from quantkit.bench.serve import BenchConfig, failure_lines, run, table
     from quantkit.commands.generate import read_prompts
 
+    if not 0 <= max_failed <= 1:
+        raise QuantkitError(f"--max-failed {max_failed:g}: expected a share of the requests, 0 to 1")
     cfg = BenchConfig(base_url.rstrip("/"), endpoint, model, num_prompts, request_rate, max_concurrency,
                       random_input_len, random_output_len,
                       read_prompts(prompts_file) if prompts_file else None, ignore_eos,
@@ -55,10 +60,15 @@ def bench_serve(
         rep = asyncio.run(run(cfg))
     except httpx.HTTPError as exc:
         raise QuantkitError(f"{base_url}: {type(exc).__name__}: {exc}") from exc
-    console.print(table(rep))
+    Console().print(table(rep))  # the measurement is the result: stdout
     if output is not None:
         write_json(output, rep)
         console.print(f"wrote {output}", highlight=False)
+    lines, failed = failure_lines(rep, max_failed)
+    for i, line in enumerate(lines):
+        console.print(("[bold red]bench serve:[/] " if i == 0 else "") + line, highlight=False, soft_wrap=True)
+    if failed:
+        raise typer.Exit(1)
 
 
 @bench_app.command("engine")

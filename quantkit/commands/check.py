@@ -50,9 +50,17 @@ def check(
     if output is not None:
         write_json({**report.to_dict(), "vllm": fast.to_dict()}, output)
     if not report.passed:
-        console.print(f"[bold red]check failed[/]: {len(report.failures)} of {len(report.layers)} layers "
-                      f"({report.failures[0].name}: {report.failures[0].problems[0]})", highlight=False)
+        console.print(f"[bold red]check failed[/]: {failure_summary(report)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def failure_summary(report) -> str:
+    """The layers that failed (the first one's problem), then those that could not be checked because of them."""
+    failed, unchecked, total = report.failures, report.not_checkable, len(report.layers)
+    parts = [f"{len(failed)} of {total} layers ({failed[0].name}: {failed[0].problems[0]})"] if failed else []
+    if unchecked:
+        parts.append(f"{len(unchecked)} of {total} layers not checkable ({unchecked[0].not_checkable})")
+    return "; ".join(parts)
 
 
 def print_report(report) -> None:
@@ -77,7 +85,7 @@ def print_report(report) -> None:
                       "ok" if not layer.structure else "[bold red]bad[/]",
                       _diff(layer.model_diff), _diff(layer.kernel_diff), f"{layer.rows}{kernel_sample}",
                       "-" if layer.rel_error is None else f"{layer.rel_error:.4f}",
-                      "[green]ok[/]" if layer.passed else "[bold red]FAIL[/]")
+                      _status(layer))
     (Console() if sys.stdout.isatty() else Console(width=160)).print(table)
     for note in report.notes:
         console.print(f"note: {note}", highlight=False)
@@ -85,6 +93,12 @@ def print_report(report) -> None:
     if errors:
         console.print(f"error vs original: mean {sum(errors) / len(errors):.4f}, max {max(errors):.4f} "
                       f"(limit {report.max_rel_error})")
+
+
+def _status(layer) -> str:
+    if layer.problems:
+        return "[bold red]FAIL[/]"
+    return "[green]ok[/]" if layer.passed else "[yellow]n/a[/]"  # n/a: not checkable (its inputs were not finite)
 
 
 def _diff(value: float | None) -> str:

@@ -43,6 +43,10 @@ def eval_command(
                                           "Off: the checkpoint's own arithmetic, as vLLM and transformers run it."),
     allow_unquantized: bool = typer.Option(False, "--allow-unquantized", help="Evaluate QUANTIZED even when its "
                                            "config.json has no quantization_config (two float models)."),
+    allow_mismatched_base: bool = typer.Option(False, "--allow-mismatched-base", help="Evaluate even when --base is "
+                                               "not the model QUANTIZED was made from (other architecture, shapes, "
+                                               "tokenizer or, from quantkit_meta.json, weights): a warning, not an "
+                                               "error."),
 ) -> None:
     """Evaluate QUANTIZED against --base: MMLU accuracy per category, perplexity, and the delta."""
     from quantkit.devices import resolve_device
@@ -62,7 +66,7 @@ def eval_command(
         dtype=("float16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype, device=device,
         cache_dir=None if no_cache else (cache_dir or default_cache_dir()), cpu_int8_lm_head=cpu_int8_lm_head,
     )
-    report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio, allow_unquantized)
+    report, failures = run(quantized, base, settings, max_drop, max_ppl_ratio, allow_unquantized, allow_mismatched_base)
     if output is not None:
         write_json(output, report.to_json())
         console.print(f"report written to {output}")
@@ -72,27 +76,28 @@ def eval_command(
         raise typer.Exit(1)
 
 
-def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unquantized: bool = False):
+def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unquantized: bool = False,
+        allow_mismatched_base: bool = False):
+    from contextlib import nullcontext
     from dataclasses import asdict
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from quantkit.eval.report import EvalReport, Gate, render_table
     from quantkit.eval.runner import Bars
-    from quantkit.eval.runner import clip_seqlen, evaluate_model, resolve_inputs, tokenizer_mismatch
+    from quantkit.eval.runner import clip_seqlen, evaluate_model, resolve_inputs
+    from quantkit.progress import no_lm_eval_bars
 
     what = quantized_kind(quantized, allow_unquantized)
+    notes = matched_base(quantized, base, allow_mismatched_base)
     inputs = resolve_inputs(settings)
-    notes, requested = [], settings.seqlen
+    requested = settings.seqlen
     if "ppl" in settings.tasks:
         settings, clipped = clip_seqlen(settings, (base, quantized))
         notes += [clipped] if clipped else []
-    if (mismatch := tokenizer_mismatch(base, quantized)) is not None:
-        console.print(f"[yellow]warning:[/] {mismatch}; perplexity comparisons need the same tokenizer",
-                      highlight=False, soft_wrap=True)
-        notes.append(f"tokenizer mismatch: {mismatch}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
+    quiet = no_lm_eval_bars() if "mmlu" in settings.tasks else nullcontext()  # ppl alone never imports lm-eval
+    with Progress(*columns, console=console, transient=False) as bar, quiet:
         base_run = evaluate_model("base", base, settings, inputs, Bars(bar))
         quant_run = evaluate_model("quantized", quantized, settings, inputs, Bars(bar))
     described = {"quantized_checkpoint": what, "seqlen_requested": requested}
@@ -115,6 +120,22 @@ def quantized_kind(quantized: str, allow_unquantized: bool) -> str:
         raise QuantkitError(f"{quantized}: not quantized (config.json has no quantization_config), so the delta "
                             f"would compare two float models; pass --allow-unquantized to do that anyway")
     return what
+
+
+def matched_base(quantized: str, base: str, allowed: bool) -> list[str]:
+    """Refuse a --base that QUANTIZED was not made from (the delta would compare two unrelated models), unless
+    allowed: then a warning, and the report's notes say so."""
+    from quantkit.eval.base_match import base_mismatches
+
+    found = base_mismatches(quantized, base)
+    if not found:
+        return []
+    if not allowed:
+        raise QuantkitError(f"{quantized} was not quantized from {base}: {'; '.join(found)}; pass "
+                            f"--allow-mismatched-base to compare them anyway")
+    console.print(f"[yellow]warning:[/] comparing with a base {quantized} was not quantized from "
+                  f"(--allow-mismatched-base): {'; '.join(found)}", highlight=False, soft_wrap=True)
+    return [f"mismatched base (--allow-mismatched-base): {m}" for m in found]
 
 
 def run_notes(settings, inputs, base_run, quant_run) -> list[str]:
@@ -146,7 +167,8 @@ def settings_dict(raw: dict, inputs) -> dict:
 
 
 def quiet_third_party() -> None:
-    """lm-eval logs a warning per truncated request and tqdm bars per step; rich bars replace them."""
+    """lm-eval logs a warning per truncated request: quiet. TQDM_DISABLE silences the tqdm bars of libraries that
+    import tqdm after this (datasets' downloads); lm-eval's own bars are turned off by `no_lm_eval_bars`."""
     import logging
     import os
 

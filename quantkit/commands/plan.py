@@ -46,6 +46,9 @@ def _gib(n: int) -> str:
 
 
 def _print(p) -> None:
+    import sys
+
+    from rich.console import Console
     from rich.table import Table
 
     s = p.shape
@@ -61,13 +64,14 @@ def _print(p) -> None:
         ("KV bytes / token", lambda c: f"{c.kv_bytes_per_token_per_gpu:,}"),
         (f"KV blocks of {p.block_size}", lambda c: f"{c.kv_blocks_per_gpu:,}"),
         ("KV tokens", lambda c: f"{c.kv_tokens:,}"),
-        (f"sequences of {p.max_model_len}", lambda c: f"{c.concurrent_sequences:g}"),
+        (f"sequences of {p.max_model_len}", lambda c: f"{c.concurrent_sequences:,}"),
         ("fits one sequence", lambda c: "yes" if c.fits else "NO"),
     ]
     for label, cell in rows:
         table.add_row(label, *[cell(c) for c in p.columns])
-    console.print(f"{s.layers} layers, hidden {s.hidden}, {s.heads} heads / {s.kv_heads} KV heads of {s.head_dim}, "
-                  f"vocab {s.vocab}", highlight=False)
-    console.print(table)
+    out = Console() if sys.stdout.isatty() else Console(width=120)  # the plan is the result: stdout
+    out.print(f"{s.layers} layers, hidden {s.hidden}, {s.heads} heads / {s.kv_heads} KV heads of {s.head_dim}, "
+              f"vocab {s.vocab}, {s.max_position_embeddings} positions", highlight=False)
+    out.print(table)
     for note in p.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)

@@ -46,6 +46,8 @@ def quantize(
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
     quantize_lm_head: bool = typer.Option(False, "--quantize-lm-head/--no-quantize-lm-head", help="Pack lm_head in 4/8 bits too (round to nearest), marked lm_head: true in quantization_config as GPTQModel's lm_head=True writes it; GPTQ layout only."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse what is otherwise a warning: too little calibration "
+                                "text for the model (fewer tokens than one window per 16 groups of its widest layer)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
     threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     low_memory: bool = typer.Option(None, "--low-memory/--no-low-memory",
@@ -68,7 +70,7 @@ def quantize(
         _print_plan(report.plan, cfg)
         return
     with staged_output(out, force) as tmp:
-        report = quantize_model(cfg, tmp)
+        report = quantize_model(cfg, tmp, warn=_warn)
     report.out = out
     _print_summary(report, cfg)
     from quantkit.commands.fast_path import fast_path_for, print_fast_paths
@@ -104,7 +106,7 @@ def _config(ctx: typer.Context):
         model=p["model"], out=p["out"], calib=calib, device=p["device"], compute_dtype=p["compute_dtype"],
         low_memory=_low_memory(p["low_memory"], p["dry_run"], p["model"]), force=p["force"], dry_run=p["dry_run"],
         max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p["load_plan"],
-        quantize_lm_head=p["quantize_lm_head"], recipe=None if recipe is None else recipe.to_dict(),
+        quantize_lm_head=p["quantize_lm_head"], recipe=None if recipe is None else recipe.to_dict(), strict=p["strict"],
         **{k: o[k] for k in same},
     )
 
@@ -149,6 +151,10 @@ def _print_recipes() -> None:
     Console().print(table)  # a result: stdout
 
 
+def _warn(message: str) -> None:
+    console.print(f"[bold yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -186,6 +192,8 @@ def _print_summary(report, cfg) -> None:
     plan = report.plan
     for note in plan.notes:
         console.print(f"note: {note}")
+    for warning in plan.warnings:  # said when it arose, and again here, where a long run's output ends
+        _warn(warning)
     if plan.skipped:
         reasons = sorted(set(plan.skipped.values()))
         console.print(f"left float ({len(plan.skipped)} linears): {'; '.join(reasons)}")

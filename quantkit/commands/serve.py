@@ -71,6 +71,7 @@ def serve(
 
     from quantkit.commands.generate import parse_size
     from quantkit.engine.config import EngineConfig
+    from quantkit.model.checkpoint import check_model_reference
     from quantkit.serve.runner import serve_until_stopped
     from quantkit.serve.settings import ServeSettings, read_chat_template
 
@@ -94,6 +95,7 @@ def serve(
     if tensor_parallel_size > 1 or pipeline_parallel_size > 1:
         raise QuantkitError("quantkit's engine runs on one device: use --engine vllm for --tensor-parallel-size "
                             "or --pipeline-parallel-size above 1")
+    check_model_reference(model)  # a path that is not there: one line now, not a traceback from the engine thread
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     bound_kernel_caches(KERNEL_CACHE_ENTRIES)  # before the model runs: RSS stays flat under traffic
     failure = serve_until_stopped(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True))

@@ -28,6 +28,7 @@ from quantkit.engine.scheduler import Scheduler, SchedulerOutput
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.structured_outputs import GrammarMatchers
 from quantkit.engine.swap import SwapSpace
+from quantkit.engine.token_text import MAX_CONTEXT, TokenTexts
 from quantkit.engine.weights import load_decoder
 from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
@@ -57,6 +58,13 @@ def eos_token_ids(path: Path, config_eos, tokenizer) -> frozenset[int]:
         if isinstance(value, list) and value:
             return frozenset(int(v) for v in value)
     return frozenset()
+
+
+def non_finite_rows(logits: torch.Tensor) -> list[int]:
+    """Rows of logits [R, V] that hold NaN or inf (a checkpoint whose scales or weights are corrupt)."""
+    if bool(torch.isfinite(logits).all()):  # the common case: one reduction, no per-row work
+        return []
+    return (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
 
 
 class LLMEngine:
@@ -96,7 +104,7 @@ class LLMEngine:
         self._groups: dict[str, RequestGroup] = {}  # live user requests, by id
         self._group_of: dict[str, RequestGroup] = {}  # child (scheduler) request id -> its user request
         self._changed: dict[str, RequestGroup] = {}  # user requests with news for the next step's outputs
-        self._token_text: dict[int, str] = {}  # decoded single tokens for logprobs (bounded by the vocabulary)
+        self._token_texts = TokenTexts(self.tokenizer)  # logprobs' token texts, as vLLM writes them
         self._ids = itertools.count()
         self.last_step = StepStats()
         self.last_error: Exception | None = None  # what failed the last step, if it failed
@@ -228,13 +236,15 @@ class LLMEngine:
 
     def _postprocess(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
         reqs = [c.request for c in out.chunks if c.samples]
-        sampled = logits[:len(reqs)]  # then the prompt-logprob rows
+        self._record_prompt_logprobs(out, logits[len(reqs):])  # the rows after the sampled ones
+        reqs, sampled = self._fail_non_finite(reqs, logits[:len(reqs)])  # raw logits: before any grammar's mask
+        if not reqs:
+            return
         ids, specs = [r.request_id for r in reqs], [r.params.structured_outputs for r in reqs]
         tokens = self.sampler.sample(self.grammars.masked(sampled, ids, specs), ids, [r.params for r in reqs],
                                      [r.all_token_ids for r in reqs], [r.output_token_ids for r in reqs])
         self.grammars.accept(ids, specs, tokens)
         self._record_logprobs(reqs, sampled, tokens)  # from the raw logits, as vLLM's default
-        self._record_prompt_logprobs(out, logits[len(reqs):])
         now = time.monotonic()
         for req, tok in zip(reqs, tokens):
             self.collector.on_token(req, now)
@@ -242,20 +252,27 @@ class LLMEngine:
             self._changed[self._group_of[req.request_id].request_id] = self._group_of[req.request_id]
             self._check_stop(req, tok)
 
-    def _decode_token(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
-        return text
+    def _fail_non_finite(self, reqs: list[Request], logits: torch.Tensor) -> tuple[list[Request], torch.Tensor]:
+        """Fail the requests whose logits hold NaN or inf (corrupt weights, an overflow): an error, never text
+        (greedy sampling of NaN picks token 0 every time); the others and their rows go on."""
+        bad = set(non_finite_rows(logits))
+        if not bad:
+            return reqs, logits
+        for i in bad:
+            reqs[i].error = "non-finite logits (NaN or inf): the model's weights or activations are corrupt"
+            self._finish(reqs[i], "error")
+        keep = [i for i in range(len(reqs)) if i not in bad]
+        return [reqs[i] for i in keep], logits[keep]
 
     def _record_logprobs(self, reqs: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if not rows:
             return
         dicts = logprob_dicts(logits[rows], [tokens[i] for i in rows], [reqs[i].params.logprobs for i in rows],
-                              self._decode_token)
+                              self._token_texts)
         for i, d in zip(rows, dicts):
-            reqs[i].logprobs.append(d)
+            # a byte-fallback piece's text in the context of the sample's tokens so far (vLLM's: outputs only)
+            reqs[i].logprobs.append(self._token_texts.correct(d, reqs[i].output_token_ids[-MAX_CONTEXT:]))
             reqs[i].cumulative_logprob += d[tokens[i]].logprob
 
     def _record_prompt_logprobs(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
@@ -265,9 +282,11 @@ class LLMEngine:
             req = chunk.request
             positions = range(chunk.start, chunk.start + count)
             dicts = logprob_dicts(logits[row:row + count], [req.prompt_token_ids[p + 1] for p in positions],
-                                  [req.params.prompt_logprobs] * count, self._decode_token)
+                                  [req.params.prompt_logprobs] * count, self._token_texts)
             for p, d in zip(positions, dicts):
-                req.prompt_logprobs[p + 1] = d
+                # the context of prompt token p + 1: the scored prompt tokens before it (token 0 is never scored)
+                context = req.prompt_token_ids[max(1, p + 1 - MAX_CONTEXT):p + 1]
+                req.prompt_logprobs[p + 1] = self._token_texts.correct(d, context)
             row += count
 
     def _check_stop(self, req: Request, tok: int) -> None:

@@ -64,12 +64,21 @@ class RequestGroup:
         return all(c.is_finished for c in self.children)
 
     def output(self) -> RequestOutput:
-        """Cumulative: every sample's text and tokens so far."""
+        """Cumulative: every sample's text and tokens so far (and its own metrics once it finished)."""
+        metrics = gather_metrics(self.children)
         outs = [CompletionOutput(i, c.visible_text, list(c.output_token_ids), c.finish_reason, c.stop_reason,
-                                 None if c.logprobs is None else list(c.logprobs), c.cumulative_logprob)
+                                 None if c.logprobs is None else list(c.logprobs), c.cumulative_logprob,
+                                 _finished_metrics(c, metrics, len(self.children)))
                 for i, c in enumerate(self.children)]
         first = self.children[0]
         error = next((c.error for c in self.children if c.error), None)
         prompt_lp = None if first.prompt_logprobs is None else list(first.prompt_logprobs)
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished,
-                             error, gather_metrics(self.children), prompt_lp)
+                             error, metrics, prompt_lp)
+
+
+def _finished_metrics(child: Request, gathered: RequestMetrics, n: int) -> RequestMetrics | None:
+    """A finished sample's metrics, a copy (the engine thread owns the child's); one sample's are the request's."""
+    if not child.is_finished:
+        return None
+    return gathered if n == 1 else dataclasses.replace(child.metrics)

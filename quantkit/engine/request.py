@@ -170,6 +170,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
+    metrics: RequestMetrics | None = None  # this sample's own, once it finished (metrics per sample, as vLLM's)
 
     @property
     def finished(self) -> bool:

@@ -232,16 +232,3 @@ def clip_seqlen(settings: EvalSettings, paths: tuple[str, ...]) -> tuple[EvalSet
     if settings.seqlen <= context:
         return settings, None
     return replace(settings, seqlen=context), f"--seqlen {settings.seqlen} clipped to the models' context of {context} tokens"
-
-
-def tokenizer_mismatch(base: str, quantized: str) -> str | None:
-    """A one-line description of how the two tokenizers differ, or None when they agree."""
-    from quantkit.model.loader import load_tokenizer
-
-    a, b = load_tokenizer(base), load_tokenizer(quantized)
-    if a.get_vocab() != b.get_vocab():
-        return f"the vocabularies differ ({len(a.get_vocab())} vs {len(b.get_vocab())} tokens)"
-    for attr in ("bos_token_id", "eos_token_id"):
-        if getattr(a, attr) != getattr(b, attr):
-            return f"{attr} differs ({getattr(a, attr)} vs {getattr(b, attr)})"
-    return None

@@ -38,11 +38,13 @@ def clip_key(linear: str) -> str:
 
 def save_plan(plan: dict[str, torch.Tensor], path: Path) -> None:
     """Write a full plan (keys already prefixed `layers.<i>.`) as fp32, through a temporary file."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in plan.items()}, str(tmp))
+    # Serialized in memory (a plan is scales and clips, small) and written through open(), so the umask sets its
+    # mode as it does the shards': safetensors' save_file creates its files 0600.
+    tmp.write_bytes(save({k: v.detach().float().contiguous().cpu() for k, v in plan.items()}))
     os.replace(tmp, path)
 
 

@@ -28,8 +28,9 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
-def resolve_model_path(name: str) -> Path:
-    """A local checkpoint folder, or a hub id downloaded into the HF cache (safetensors only)."""
+def check_model_reference(name: str) -> Path | None:
+    """A local checkpoint folder (checked), or None for a name that may be fetched from the hub; QuantkitError
+    for anything else. Reads no weights and downloads nothing: commands call it before starting work."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -38,6 +39,14 @@ def resolve_model_path(name: str) -> Path:
             raise QuantkitError(f"{name}: no config.json in this folder; is it a Hugging Face checkpoint?")
         return path
     _require_hub_id(name)
+    return None
+
+
+def resolve_model_path(name: str) -> Path:
+    """A local checkpoint folder, or a hub id downloaded into the HF cache (safetensors only)."""
+    path = check_model_reference(name)
+    if path is not None:
+        return path
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -180,6 +189,20 @@ class ShardReader:
         data = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=n, offset=e.start).copy())
         _release(mm, e.start, e.end)
         return data.view(e.dtype).reshape(e.shape)
+
+    def sample_bytes(self, key: str, size: int) -> bytes:
+        """The first and the last `size` bytes of a tensor's data (all of it when it is shorter), read through the
+        mapping without copying the tensor; its pages are then released."""
+        e = self._entry(key)
+        if e.end - e.start <= 2 * size:
+            ranges = [(e.start, e.end)]
+        else:
+            ranges = [(e.start, e.start + size), (e.end - size, e.end)]
+        mm = self._map(e.file) if e.end > e.start else None
+        out = b"".join(mm[a:b] for a, b in ranges) if mm is not None else b""
+        if mm is not None:
+            _release(mm, e.start, e.end)
+        return out
 
     def aligned(self, key: str) -> bool:
         """Whether the tensor's data starts at a multiple of its element size (then `mapped` can read it)."""

@@ -17,7 +17,9 @@ from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.format.arch import get_submodule, spec_for
-from quantkit.model.quant_format import QuantInfo, checkpoint_quant_info, packed_prefixes, read_packed, read_quant_info
+from quantkit.format import compressed_tensors as ct
+from quantkit.model.quant_format import (QuantInfo, checkpoint_quant_info, packed_prefixes, read_packed, read_quant_info,
+                                         require_finite_scales)
 
 __all__ = ["QuantInfo", "build_skeleton", "hf_config", "load_model", "load_tokenizer", "read_quant_info",
            "replace_packed_linears"]
@@ -53,15 +55,20 @@ def _rebuild_meta_buffers(model: nn.Module, config) -> None:
 
 
 def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInfo | None, dtype: torch.dtype,
-                           backend: str = "auto") -> set[str]:
-    """Every linear with packed weights in `reader` becomes a QuantLinear; returns their names."""
+                           backend: str = "auto", finite_scales: bool = True) -> set[str]:
+    """Every linear with packed weights in `reader` becomes a QuantLinear; returns their names. With
+    `finite_scales`, scales holding NaN or inf are refused, naming the tensor (`quantkit check` loads such a
+    checkpoint all the same, to report on every layer)."""
     quantized = packed_prefixes(reader.keys())
     if quantized and info is None:
         raise QuantkitError(f"{reader.path}: packed weights found but config.json has no quantization_config")
+    scales = "weight_scale" if info is not None and info.layout == ct.FORMAT else "scales"
     for prefix in sorted(quantized):
         parent_name, _, attr = prefix.rpartition(".")
         parent = get_submodule(model, parent_name) if parent_name else model  # (a quantized lm_head)
         packed = read_packed(reader, prefix, info, getattr(parent, attr, None), dtype)
+        if finite_scales:
+            require_finite_scales(packed, f"{reader.path}: {prefix}.{scales}")
         setattr(parent, attr, QuantLinear(packed, backend=backend))
     return quantized
 
@@ -73,8 +80,9 @@ def load_tokenizer(path: str | Path):
 
 
 def load_model(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               backend: str = "auto") -> tuple[nn.Module, QuantInfo | None]:
-    """A float checkpoint through transformers, or a quantized one with QuantLinear layers."""
+               backend: str = "auto", finite_scales: bool = True) -> tuple[nn.Module, QuantInfo | None]:
+    """A float checkpoint through transformers, or a quantized one with QuantLinear layers (`finite_scales`:
+    see replace_packed_linears)."""
     path = resolve_model_path(str(name))
     config_dict = read_config(path)
     spec_for(config_dict)  # unsupported architectures fail here, with the list
@@ -83,7 +91,7 @@ def load_model(name: str | Path, dtype: torch.dtype = torch.float32, device: str
     config = hf_config(path)
     model = build_skeleton(config, dtype)
     state: dict[str, torch.Tensor] = {}
-    quantized = replace_packed_linears(model, reader, info, dtype, backend)
+    quantized = replace_packed_linears(model, reader, info, dtype, backend, finite_scales)
     for key in reader.keys():
         if key.rpartition(".")[0] in quantized:
             continue

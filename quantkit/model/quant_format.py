@@ -145,6 +145,15 @@ def read_packed(reader, prefix: str, info: QuantInfo, module, dtype: torch.dtype
     return packed
 
 
+def require_finite_scales(packed: PackedLinear, where: str) -> None:
+    """QuantkitError naming `where` (the scales' checkpoint tensor) when scales hold NaN or inf: such a layer turns
+    every activation after it into NaN, and a model that runs anyway prints token 0 over and over."""
+    bad = int((~torch.isfinite(packed.scales)).sum())
+    if bad:
+        raise QuantkitError(f"{where}: {bad} of {packed.scales.numel()} scales are NaN or inf: the checkpoint is "
+                            f"corrupt (`quantkit check` reports every layer)")
+
+
 def packed_shapes(reader, info: QuantInfo) -> list[PackedShape]:
     """Each packed linear's (N, K) and scheme, from the shard headers alone (no tensor is read)."""
     out = []

@@ -15,7 +15,9 @@ streams each tensor to disk. `python -m quantkit.bench.memory` measures this.
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -27,15 +29,19 @@ from quantkit.devices import compute_dtype, resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+from quantkit.model.fingerprint import weights_fingerprint
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
 from quantkit.format.arch import ArchSpec, get_submodule, spec_for
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
+from quantkit.quant.calib_amount import CalibrationAmount
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
 from quantkit.quant.methods import LayerContext, make_method
 from quantkit.format.packing import packable
 from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
+
+log = logging.getLogger("quantkit.quant")
 
 # What vLLM 0.32 refuses (read from its source; see docs/BENCHMARKS.md "Interop"), said up front.
 VLLM_LIMITS = (
@@ -67,6 +73,7 @@ class QuantizePlan:
     seqlen: int
     notes: list[str]
     source_bytes: int
+    warnings: list[str] = field(default_factory=list)  # said loudly as they arise, and kept in quantkit_meta.json
 
     @cached_property
     def quantized_set(self) -> frozenset[str]:
@@ -139,8 +146,10 @@ def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
             raise QuantkitError(f"{prefix}.{name}: weights contain NaN or inf")
 
 
-def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progress: bool = True) -> QuantizeReport:
-    """Quantize cfg.model into `out_dir` (an empty folder). With cfg.dry_run, only plan.
+def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progress: bool = True,
+                   warn: Callable[[str], None] = log.warning) -> QuantizeReport:
+    """Quantize cfg.model into `out_dir` (an empty folder). With cfg.dry_run, only plan. `warn` says a warning
+    the moment it arises (cfg.strict turns it into a QuantkitError); the plan keeps it too.
 
     The report's seconds (quantkit_meta.json's wall_seconds) start after transformers' code for
     the model is imported (import_seconds, kept apart), as llm-compressor's `oneshot` call, which
@@ -169,6 +178,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     inputs, layer_kwargs = [], {}
     if method.needs_calibration:
         calib = _calibration(cfg, path, plan, show_progress)
+        _check_calibration_amount(cfg, plan, reader, calib, warn)
         plan.notes.extend(calib.notes)
         plan.notes.append(f"calibration forward passes in {str(dtype).removeprefix('torch.')}: {why}")
         inputs, layer_kwargs = _first_layer_inputs(model, reader, spec, calib.input_ids, device)
@@ -192,9 +202,25 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         save_plan(plan_tensors, out_dir / PLAN_FILE)
     report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
     qconfig = quantization_config(cfg, list(plan.skipped), skipped_fused_names(plan))
-    write_metadata(out_dir, path, config_dict, qconfig, {**_meta(cfg, report), "import_seconds": round(import_seconds, 3)})
+    meta = {**_meta(cfg, report), "import_seconds": round(import_seconds, 3),
+            "source_fingerprint": weights_fingerprint(reader)}  # `quantkit eval` checks its --base against it
+    write_metadata(out_dir, path, config_dict, qconfig, meta)
     report.output_bytes = sum(f.stat().st_size for f in out_dir.iterdir() if f.suffix == ".safetensors")
     return report
+
+
+def _check_calibration_amount(cfg: QuantizeConfig, plan: QuantizePlan, reader: ShardReader, calib, warn) -> None:
+    """Too little calibration text for the widest quantized linear: a warning, or under --strict an error."""
+    widest = max(plan.quantized, key=lambda name: reader.shape_of(f"{name}.weight")[1])
+    windows, window = calib.input_ids.shape
+    amount = CalibrationAmount(calib.text_tokens, windows, window, plan.seqlen, widest,
+                               reader.shape_of(f"{widest}.weight")[1], cfg.group_size)
+    if (shortfall := amount.shortfall()) is None:
+        return
+    if cfg.strict:
+        raise QuantkitError(f"{shortfall}; refused (--strict)")
+    plan.warnings.append(shortfall)
+    warn(shortfall)
 
 
 def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> tuple[list, dict]:
@@ -303,6 +329,7 @@ def _meta(cfg: QuantizeConfig, report: QuantizeReport) -> dict:
         "calibration_token_sha256": report.calib_hash,
         "seqlen": report.plan.seqlen,
         "notes": report.plan.notes,
+        "warnings": report.plan.warnings,
         "quantized_modules": report.plan.quantized,
         "skipped_modules": report.plan.skipped,
         "layers": [asdict(layer) for layer in report.layers],

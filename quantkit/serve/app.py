@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, FastAPI
 
+from quantkit.errors import QuantkitError
 from quantkit.serve.auth import APIKeyMiddleware
 from quantkit.serve.errors import install_error_handlers
 from quantkit.serve.http_metrics import HTTPMetricsMiddleware
@@ -84,5 +85,7 @@ async def _start(state: ServerState) -> None:
             return
     try:
         await state.llm.start()
+    except QuantkitError as exc:  # bad input (a corrupt checkpoint): its one line says it all, no traceback
+        log.error("the engine failed to start: %s", exc)
     except Exception:  # the front records why (state "dead"); /health says 503 and requests 500
         log.exception("the engine failed to start")

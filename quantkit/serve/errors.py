@@ -45,10 +45,22 @@ def sse_error(status: int, message: str) -> str:
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        return json_error_message(first, exc.body)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
     return (f"{param}: {msg}" if param else msg), param
+
+
+def json_error_message(error: dict, document) -> tuple[str, str]:
+    """A body that is not JSON: the decoder's complaint and where (FastAPI's error holds the offset and the
+    document), as json.JSONDecodeError words it; param "body.<offset>" as vLLM sets it."""
+    pos = error["loc"][-1]
+    doc = document.decode(errors="replace") if isinstance(document, bytes) else str(document or "")
+    line, column = doc.count("\n", 0, pos) + 1, pos - doc.rfind("\n", 0, pos)
+    what = (error.get("ctx") or {}).get("error", "not valid JSON")
+    return f"JSON decode error in the request body: {what}: line {line} column {column} (char {pos})", f"body.{pos}"
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -2,8 +2,9 @@
 
 A handler builds `Job` (its prompts' token ids and the SamplingParams), then either `respond()`s
 with a full body or `stream()`s SSE chunks. Both abort every engine request of the job when the
-client goes away: streaming through Starlette cancelling the body iterator, non-streaming through
-a watcher on the ASGI receive channel.
+client goes away: a stream once it started through Starlette cancelling the body iterator; before
+its first output, and a non-streaming request throughout, through a watcher on the ASGI receive
+channel (then the status is 499, the client closed the request).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from quantkit.engine.request import RequestOutput
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError, sse_error
-from quantkit.serve.responses import SSE_DONE, Format, sse, usage
+from quantkit.serve.responses import SSE_DONE, Format, next_text_offset, sse, usage
 from quantkit.serve.state import ServerState
 
 log = logging.getLogger("quantkit.serve")
@@ -133,14 +134,11 @@ class Job:
         for rid in self.request_ids:
             await self.state.llm.abort(rid)
 
-    async def _first(self, request: Request, it: AsyncIterator[Item]) -> Item:
-        try:
-            return await until_disconnect(request, it.__anext__())
-        except ClientGone:
-            await self.abort_all()
-            raise
-        except Exception as exc:
-            raise to_api_error(exc) from exc
+    async def _client_gone(self) -> JSONResponse:
+        """Abort what the job left in the engine; the status the access log and metrics record (nginx's 499:
+        the client closed the request). Nobody reads the body."""
+        await self.abort_all()
+        return JSONResponse({}, 499)
 
     async def respond(self, request: Request):
         """The whole response once every request finished (404/400/429/500 as APIError)."""
@@ -153,8 +151,7 @@ class Job:
         try:
             finals = await until_disconnect(request, collect())
         except ClientGone:
-            await self.abort_all()
-            return JSONResponse({}, 499)
+            return await self._client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
         n = self.params.n
@@ -170,15 +167,20 @@ class Job:
         return usage(sum(len(o.prompt_token_ids) for o in outs),
                      sum(len(c.token_ids) for o in outs for c in o.outputs))
 
-    async def stream(self, request: Request) -> StreamingResponse:
+    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
         it = self.outputs()
-        first = await self._first(request, it)  # admission errors are still proper HTTP statuses here
+        try:  # until the first output no header is sent: admission errors are still proper HTTP statuses
+            first = await until_disconnect(request, it.__anext__())
+        except ClientGone:  # left while queued or prefilling, as a non-streaming client can
+            return await self._client_gone()
+        except Exception as exc:
+            raise to_api_error(exc) from exc
         return StreamingResponse(self._events(it, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def _events(self, it: AsyncIterator[Item], first: Item) -> AsyncIterator[str]:
         n = self.params.n
-        sent: dict[int, tuple[int, int]] = {}  # choice index -> (chars, tokens) already sent
+        sent: dict[int, tuple[int, int, int]] = {}  # choice index -> (chars, tokens, next text_offset) sent
         latest: dict[int, RequestOutput] = {}
         finished = False
         try:
@@ -213,21 +215,19 @@ class Job:
         yield SSE_DONE
 
     def _delta(self, index: int, prompt_index: int, c, sent: dict, req: RequestOutput) -> dict | None:
-        chars, toks = sent.get(index, (0, 0))
+        chars, toks, offset = sent.get(index, (0, 0, 0))
         if toks < 0:
             return None  # this choice already finished
         done = c.finish_reason is not None
         text = c.text[chars:]
         if not text and not done and len(c.token_ids) == toks:
             return None  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
-        prompt_lp, echo_len = None, 0
-        if self.fmt.echo_texts:
-            echo_len = len(self.fmt.echo_texts[prompt_index])
-            if index not in sent:
-                text = self.fmt.echo_texts[prompt_index] + text
-                prompt_lp = self.fmt.prompt_logprobs(req)
-        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), echo_len + chars, done, prompt_lp)
-        sent[index] = (len(c.text), -1 if done else len(c.token_ids))
+        prompt_lp = None
+        if self.fmt.echo_texts and index not in sent:
+            text = self.fmt.echo_texts[prompt_index] + text
+            prompt_lp = self.fmt.prompt_logprobs(req)
+        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), offset, done, prompt_lp)
+        sent[index] = (len(c.text), -1 if done else len(c.token_ids), next_text_offset(choice["logprobs"], offset))
         return self.fmt.envelope([choice], chunk=True)
 
 

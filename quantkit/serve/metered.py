@@ -33,7 +33,7 @@ class MeteredLLM:
                 usage.update(out)
                 last = out
                 if out.finished:
-                    self._account(clock, last, "finished")
+                    self._account(clock, last, "finished", params.n)
                 yield out
         except Exception as exc:
             if isinstance(exc, QueueFullError):  # the front's own admission check
@@ -42,16 +42,17 @@ class MeteredLLM:
             raise
         finally:
             if last is None or not last.finished:
-                self._account(clock, last, ended)
+                self._account(clock, last, ended, params.n)
 
-    def _account(self, clock: TokenClock, last, ended: str) -> None:
-        """Once per request, however it ended: finished, aborted (the client left), or failed. A request
-        refused before any output (queue full, bad prompt) never ran and counts as no request."""
+    def _account(self, clock: TokenClock, last, ended: str, num_samples: int) -> None:
+        """Once per request, however it ended: finished, aborted (the client left), or failed; each of its
+        samples counts, as the engine counts them. A request refused before any output (queue full, bad
+        prompt) never ran and counts as no request."""
         self.metrics.observe_token_times(clock.times)
         if last is not None and last.finished:
             self.metrics.observe_finished(last)
         elif last is not None or ended == "abort":
-            self.metrics.observe_unfinished(ended)
+            self.metrics.observe_unfinished(last, ended, num_samples)
 
 
 class _Usage:

@@ -95,8 +95,9 @@ class ServerMetrics:
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.engine_finished = c(
             "quantkit:engine_finished_requests",
-            "Requests the engine finished for any reason, by its own count; equals the sum of "
-            "vllm:request_success_total whenever no request is in flight.")
+            "Requests the engine finished for any reason, by its own count, each sample of a request with n > 1 "
+            "one; equals the sum of vllm:request_success_total whenever no request is in flight.")
+        # As vLLM's: one per finished sample (a request with n samples counts n).
         success = self._family(Counter, "vllm:request_success", "Count of successfully processed requests.",
                                ("finished_reason",))
         self.request_success = {r: success.labels(**self._labels, finished_reason=r) for r in FINISH_REASONS}
@@ -153,12 +154,29 @@ class ServerMetrics:
     # -- feeding ------------------------------------------------------------------------------------
 
     def observe_finished(self, output: Any) -> None:
-        """One finished RequestOutput (per the serving contract): its reason, token counts and phase times
-        (a phase it never reached, such as the decode of a request aborted while queued, is None)."""
-        m = output.metrics
-        reason = output.outputs[0].finish_reason if output.outputs else None
+        """One finished RequestOutput (per the serving contract). As vLLM counts them, each of its samples (n of
+        them) is one finished request: its reason, token counts and phase times."""
+        for sample in output.outputs:
+            self._observe_sample(sample, output)
+
+    def observe_unfinished(self, output: Any | None, reason: str, num_samples: int) -> None:
+        """A request that ended without a finished output reaching the server: "abort" (its client left first)
+        or "error" (the engine failed under it). Its samples that had finished in `output` (the last output
+        the server read, if any) count as they finished; the others count under `reason`."""
+        done = [c for c in output.outputs if c.finished] if output is not None else []
+        for sample in done:
+            self._observe_sample(sample, output)
+        if num_samples > len(done):
+            self.request_success[reason].inc(num_samples - len(done))
+
+    def _observe_sample(self, sample: Any, output: Any) -> None:
+        """One finished sample: its reason, token counts and phase times (its own metrics where the engine gave
+        them, else the request's; a phase it never reached, such as the decode of a request aborted while
+        queued, is None)."""
+        m = sample.metrics or output.metrics
+        reason = sample.finish_reason
         self.request_success[reason if reason in self.request_success else "error"].inc()
-        num_generated = sum(len(c.token_ids) for c in output.outputs)
+        num_generated = len(sample.token_ids)
         self.request_prompt_tokens.observe(len(output.prompt_token_ids))
         self.request_generation_tokens.observe(num_generated)
         for hist, value in ((self.e2e_latency, m.e2e_time), (self.queue_time, m.queue_time),
@@ -170,11 +188,6 @@ class ServerMetrics:
             self.inference_time.observe(_nonneg(m.prefill_time + m.decode_time))
         if num_generated > 1 and m.decode_time is not None:
             self.time_per_output_token.observe(_nonneg(m.decode_time) / (num_generated - 1))
-
-    def observe_unfinished(self, reason: str) -> None:
-        """A request that ended without a finished output reaching the server: "abort" (its client
-        left first) or "error" (the engine failed under it)."""
-        self.request_success[reason].inc()
 
     def observe_token_times(self, times: Sequence[float]) -> None:
         """Inter-token latencies: the gaps between consecutive token times of one request (seconds)."""

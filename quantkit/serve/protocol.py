@@ -79,7 +79,7 @@ class ChatMessage(OpenAIModel):
 
     def text(self) -> str | None:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "\n".join(p.text for p in self.content)  # vLLM's join of text parts
         return self.content
 
 

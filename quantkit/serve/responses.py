@@ -53,6 +53,15 @@ def legacy_logprobs(tokenizer, token_ids: Sequence[int], entries: Sequence[dict 
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+def next_text_offset(lp: dict | None, offset: int) -> int:
+    """Where the token after a legacy logprobs object starts: its last token's offset plus that token's length
+    (vLLM advances text_offset by the tokens reported, not by the text, which a stop string can hold back);
+    `offset` when it reports no token (or is chat's shape, which has no offsets)."""
+    if not lp or not lp.get("tokens"):
+        return offset
+    return lp["text_offset"][-1] + len(lp["tokens"][-1])
+
+
 def join_logprobs(first: dict | None, second: dict | None) -> dict | None:
     """Two legacy logprobs objects, one after the other (an echoed prompt's, then the completion's)."""
     if first is None or second is None:
@@ -116,9 +125,10 @@ class Format:
 
     def delta_choice(self, index: int, text: str, out: CompletionOutput, start: int, end: int, offset: int,
                      finished: bool, prompt_lp: dict | None = None) -> dict:
-        """`prompt_lp`: the echoed prompt's logprobs, sent before the first tokens' (its first chunk)."""
+        """`prompt_lp`: the echoed prompt's logprobs, sent before the first tokens' (its first chunk); `offset`:
+        the text_offset of the first token reported (the prompt's, with it)."""
         reason = out.finish_reason if finished else None
-        lp = join_logprobs(prompt_lp, self.logprobs(out, start, end, offset))
+        lp = join_logprobs(prompt_lp, self.logprobs(out, start, end, next_text_offset(prompt_lp, offset)))
         if self.chat:
             return {"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": reason,
                     "stop_reason": out.stop_reason if finished else None}
@@ -127,7 +137,8 @@ class Format:
 
     def full_choice(self, index: int, prompt_index: int, out: CompletionOutput, req: RequestOutput | None = None) -> dict:
         echo = self.echo_texts[prompt_index] if self.echo_texts else ""
-        lp = join_logprobs(self.prompt_logprobs(req), self.logprobs(out, 0, len(out.token_ids), len(echo)))
+        prompt_lp = self.prompt_logprobs(req)  # text_offset runs on through the prompt's tokens, as vLLM's
+        lp = join_logprobs(prompt_lp, self.logprobs(out, 0, len(out.token_ids), next_text_offset(prompt_lp, 0)))
         if self.chat:
             return {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}

@@ -116,11 +116,39 @@ def test_text_shorter_than_a_window(tiny_llama, tmp_path):
     assert result.exit_code == 2 and "fewer than one window of --seqlen 64" in result.stderr
 
 
-def test_tokenizer_mismatch_warns(tiny_llama, stories_dir, tmp_path, text_file):
+def test_tokenizer_mismatch_warns_when_allowed(tiny_llama, stories_dir, tmp_path, text_file):
     result = invoke(tiny_llama, "--base", stories_dir, "--tasks", "ppl", "--ppl-text", text_file, "--seqlen", 64,
-                    "--no-cache", "--threads", 1, "--allow-unquantized")
+                    "--no-cache", "--threads", 1, "--allow-unquantized", "--allow-mismatched-base")
     assert result.exit_code == 0, result.output
-    assert "warning:" in result.stderr and "perplexity comparisons need the same tokenizer" in result.stderr
+    assert "warning:" in result.stderr and "--allow-mismatched-base" in result.stderr
+    assert "the vocabularies differ" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def other_tiny_llama(tmp_path_factory):
+    """tiny_llama's config and tokenizer, other weights (seed 1): a different model of the same shape."""
+    from tests_support.tiny_models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-seed1") / "m", seed=1)
+
+
+@pytest.mark.parametrize("base, says", [
+    ("stories_dir", "hidden_size 128 vs 64"),  # another shape (and tokenizer)
+    ("other_tiny_llama", "source_fingerprint"),  # same shape and tokenizer, other weights
+])
+def test_a_base_it_was_not_quantized_from_is_refused(tiny_rtn, text_file, request, base, says):
+    """QUANTIZED was made from tiny_llama: a --base that is another model would give a meaningless ratio (a
+    perplexity ratio of 0.06 in the report that found this); refused in one line, unless allowed."""
+    base_dir = request.getfixturevalue(base)
+    result = invoke(tiny_rtn, *ppl_args(base_dir, text_file, "--seqlen", 64))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
+    assert f"{tiny_rtn} was not quantized from {base_dir}" in lines[0] and says in lines[0], lines[0]
+    assert "--allow-mismatched-base" in lines[0]
+    allowed = invoke(tiny_rtn, *ppl_args(base_dir, text_file, "--seqlen", 64, "--allow-mismatched-base"))
+    assert allowed.exit_code == 0, allowed.output
+    assert "warning:" in allowed.stderr and says in allowed.stderr
 
 
 def ppl_args(base, text_file, *extra):
@@ -186,3 +214,16 @@ def test_cpu_int8_lm_head_evaluates_the_engines_head(tiny_llama, tiny_rtn, text_
     assert "int8" not in on["runtime"]["base"]["quantization"] and on["base"]["ppl"] == off["base"]["ppl"]
     q_on, q_off = on["quantized"]["ppl"], off["quantized"]["ppl"]
     assert q_on != q_off and abs(q_on / q_off - 1) < 0.02
+
+
+def test_only_our_bars_show(tiny_llama, tiny_rtn, tmp_path, mmlu_dir):
+    """lm-eval's tqdm bars (it builds each task's contexts under one) stay out of the output even in a process
+    where tqdm was imported before the command ran (torch imports it): our rich bars are the only ones."""
+    import sys
+
+    assert "tqdm" in sys.modules
+    result = invoke(tiny_rtn, "--base", tiny_llama, "--tasks", "mmlu", "--mmlu-dir", mmlu_dir, "--subjects",
+                    "anatomy", "--limit", 2, "--num-fewshot", 0, "--no-cache", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    assert "it/s]" not in result.output and "%|" not in result.output, result.output
+    assert "base: MMLU" in result.stderr and "quantized: MMLU" in result.stderr

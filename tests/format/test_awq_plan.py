@@ -38,3 +38,18 @@ def test_missing_or_damaged_file_is_a_one_line_error(tmp_path):
 
 def test_checkpoint_readers_skip_the_plan_file():
     assert PLAN_FILE in NOT_WEIGHT_FILES
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_the_plan_file_takes_the_umask_as_the_shards_do(tmp_path, umask, mode):
+    """Written through open() as the weight shards are, so the process's umask decides its mode (safetensors'
+    own writer made it 0600 whatever the umask: unreadable to the group that serves the checkpoint)."""
+    import os
+
+    old = os.umask(umask)
+    try:
+        save_plan({"layers.0.qkv.scale": torch.ones(4)}, tmp_path / PLAN_FILE)
+    finally:
+        os.umask(old)
+    assert (tmp_path / PLAN_FILE).stat().st_mode & 0o777 == mode
+    assert load_plan(tmp_path / PLAN_FILE)["layers.0.qkv.scale"].tolist() == [1.0] * 4

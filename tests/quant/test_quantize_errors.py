@@ -163,3 +163,25 @@ def test_rtn_says_it_uses_no_calibration(tiny_llama, tmp_path, monkeypatch):
     # without --calib, nothing to warn about
     code, output = quantize(tiny_llama, tmp_path / "q2", "--method", "rtn")
     assert code == 0 and "calibration" not in output, output
+
+
+def test_too_little_calibration_text_is_warned_loudly_and_refused_under_strict(tiny_llama, tmp_path):
+    """A 7-token calibration file: every window repeats the same 7 tokens, so GPTQ fits its Hessians to 7 tokens
+    and the result is no better than RTN. The run warns with the count and what it means (and records it in
+    quantkit_meta.json); --strict refuses it, leaving nothing behind. Enough text gives no warning."""
+    tiny_text = tmp_path / "tiny.txt"
+    tiny_text.write_text("Once upon a time there was")  # 7 tokens of the tiny BPE
+    out = tmp_path / "q"
+    code, output = quantize(tiny_llama, out, "--calib", tiny_text, "--seqlen", "64")
+    assert code == 0, output
+    warning = next((line for line in output.splitlines() if line.startswith("warning:")), "")
+    assert "only 7 calibration tokens" in warning and "fewer than 64" in warning and "RTN" in warning, output
+    assert json.loads((out / "quantkit_meta.json").read_text())["warnings"] == [warning.removeprefix("warning: ")]
+    strict = tmp_path / "q-strict"
+    code, output = quantize(tiny_llama, strict, "--calib", tiny_text, "--seqlen", "64", "--strict")
+    assert_clean_failure(code, output, strict, "only 7 calibration tokens")
+    assert "--strict" in output.strip().splitlines()[-1]
+    enough = tmp_path / "q-enough"
+    code, output = quantize(tiny_llama, enough, "--calib", synthetic_calib(tmp_path / "calib.txt"), "--strict")
+    assert code == 0 and "warning:" not in output, output
+    assert json.loads((enough / "quantkit_meta.json").read_text())["warnings"] == []

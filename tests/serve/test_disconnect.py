@@ -39,3 +39,38 @@ def test_disconnect_mid_request_aborts(stories_server):
     assert generated(stories_server) - before < many["n"] * many["max_tokens"]
     r = httpx.post(f"{stories_server.url}/v1/completions", json={**LONG, "max_tokens": 3}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_stream_disconnected_while_queued_is_a_clean_499(stories_dir, caplog):
+    """One sequence at a time, paced: a streaming request waits in the queue behind a long one, and its client
+    leaves before its first token. The request is aborted, counted as HTTP 499 (as a non-streaming disconnect
+    is), and nothing is logged at ERROR (no traceback from the stream's wait for its first output)."""
+    import logging
+    import threading
+
+    from tests_support.live_server import value
+    from tests_support.serving import serve_in_thread, settings_for
+
+    uvicorn_errors = logging.getLogger("uvicorn.error")  # uvicorn's own loggers do not reach the root's handler
+    uvicorn_errors.addHandler(caplog.handler)
+    caplog.set_level(logging.ERROR)
+    settings = settings_for(stories_dir, served_model_names=("stories",), max_num_seqs=1)
+    try:
+        with serve_in_thread(settings) as server, server.paced(0.02):
+            url = f"{server.url}/v1/completions"
+            ahead = threading.Thread(target=lambda: httpx.post(url, json={**LONG, "max_tokens": 100}, timeout=60))
+            ahead.start()
+            while server.state.llm.num_running() == 0:  # the long request holds the only sequence slot
+                pass
+            with pytest.raises(httpx.ReadTimeout):  # no headers before the first token: the client gives up
+                with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=httpx.Timeout(60, read=0.5)):
+                    pass
+            ahead.join(timeout=60)
+            assert_all_blocks_free(server)
+            statuses = {s: value(server.url, "http_requests", "http_requests_total", handler="/v1/completions",
+                                 status=s) for s in ("200", "499", "500")}
+            assert statuses == {"200": 1, "499": 1, "500": 0}
+            assert value(server.url, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") == 1
+    finally:
+        uvicorn_errors.removeHandler(caplog.handler)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -53,6 +53,21 @@ def test_invalid_json_is_400(stories_server):
     assert_error(r, 400)
 
 
+@pytest.mark.parametrize("body, what, where", [
+    (b'{"model": "x", "prompt": "hi",, }', "Expecting property name enclosed in double quotes", "line 1 column 31"),
+    (b'{"model": "x",\n "prompt": "hi"', "Expecting ',' delimiter", "line 2 column 16"),
+])
+def test_malformed_json_says_what_and_where(stories_server, body, what, where):
+    """vLLM's 400 names the decoder's complaint and the offset (param "body.<char>"); ours says both, and the
+    line and column, in the message."""
+    r = httpx.post(f"{stories_server.url}/v1/completions", content=body, timeout=60,
+                   headers={"content-type": "application/json"})
+    err = assert_error(r, 400)
+    pos = body.index(b",,") + 1 if b",," in body else len(body)
+    assert what in err["message"] and where in err["message"] and f"char {pos}" in err["message"], err
+    assert err["param"] == f"body.{pos}"
+
+
 def test_context_overflow_uses_vllms_wording(stories_server):
     r = httpx.post(f"{stories_server.url}/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 600})
     assert_error(r, 400, "This model's maximum context length is 512 tokens. However, you requested 605 tokens "

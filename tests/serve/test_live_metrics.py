@@ -120,3 +120,37 @@ def test_real_prometheus_scrapes_the_server(server, tmp_path):
         prom.terminate()
         prom.wait(20)
         log.close()
+
+
+def _success_total(url: str) -> float:
+    return value(url, "vllm:request_success", "vllm:request_success_total")
+
+
+def test_a_request_of_n_samples_counts_n_as_vllm_does(server):
+    """vLLM counts each sample of a request as a finished request (measured on vLLM 0.32's CPU build: one
+    completion with n=3 added 3 to vllm:request_success_total and 3 observations to the per-request histograms):
+    so does the server, and the engine's own count stays equal to the sum (checked after the test)."""
+    families = ("vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:e2e_request_latency_seconds")
+    before = {f: value(server.url, f, f + "_count") for f in families} | {"success": _success_total(server.url)}
+    r = httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                   json={"prompt": "Once upon a time", "n": 3, "max_tokens": 8, "ignore_eos": True,
+                         "temperature": 1.0, "seed": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3 * 8
+    assert _success_total(server.url) - before["success"] == 3
+    for f in families:
+        assert value(server.url, f, f + "_count") - before[f] == 3, f
+    engine = value(server.url, "quantkit:engine_finished_requests", "quantkit:engine_finished_requests_total")
+    assert engine == _success_total(server.url)
+
+
+def test_n_samples_left_mid_stream_count_n_aborts(server):
+    """A client that leaves a stream of n=2 samples: both are aborted, and counted as two aborts."""
+    aborts = value(server.url, "vllm:request_success", "vllm:request_success_total", finished_reason="abort")
+    with server.paced(0.01), httpx.stream(
+            "POST", f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+            json={"prompt": "Once upon a time", "n": 2, "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        assert sum(next(lines).startswith("data: ") for _ in range(6)) >= 3
+    assert_quiescent(server)
+    assert value(server.url, "vllm:request_success", "vllm:request_success_total", finished_reason="abort") \
+        - aborts == 2

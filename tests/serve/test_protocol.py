@@ -60,3 +60,13 @@ def test_sse_framing_is_compact_json_events():
     ev = sse_error(500, "boom")
     assert ev.startswith("data: ") and ev.endswith("\n\n")
     assert json.loads(ev[6:])["error"] == {"message": "boom", "type": "server_error", "param": None, "code": 500}
+
+
+def test_chat_text_parts_join_with_a_newline_as_vllms():
+    """vLLM joins a message's text parts with "\\n" (checked against vLLM 0.32's /tokenize: the parts tokenize as
+    "Hello\\nthere", not "Hellothere")."""
+    from quantkit.serve.protocol import ChatMessage
+
+    parts = ChatMessage(role="user", content=[{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}])
+    assert parts.text() == "Hello\nthere"
+    assert ChatMessage(role="user", content=[{"type": "text", "text": "one"}]).text() == "one"

@@ -29,3 +29,14 @@ def test_help_lists_vllms_flag_names(monkeypatch):
     for flag in ("--served-model-name", "--api-key", "--max-model-len", "--max-num-batched-tokens",
                  "--gpu-memory-utilization", "--enable-prefix-caching", "--max-queued-requests", "--chat-template"):
         assert flag in output
+
+
+def test_a_missing_model_path_is_one_line_before_the_server_starts(tmp_path):
+    """A real `quantkit serve` process on a path that does not exist: exit 2 with one line, no traceback, and no
+    server started (nothing from uvicorn), within seconds rather than after loading torch's kernels."""
+    from tests_support.serving import serve_until_it_exits
+
+    missing = tmp_path / "no-such-model"
+    code, output = serve_until_it_exits(missing, timeout=120)
+    assert code == 2, output
+    assert output.strip() == f"error: {missing}: no such folder", output

@@ -122,3 +122,14 @@ def start_subprocess(model, port: int, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "quantkit.cli", "serve", str(model), "--port", str(port),
                              "--threads", "1", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def serve_until_it_exits(model, timeout: float) -> tuple[int, str]:
+    """(exit status, combined output) of a `quantkit serve MODEL` expected to stop by itself (a refused model);
+    one that runs past `timeout` seconds is killed, and TimeoutExpired raised."""
+    proc = start_subprocess(model, free_port())
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, output

@@ -44,3 +44,25 @@ def make_tiny_model(out: Path, family: str = "llama", hidden: int = 128, interme
     model.save_pretrained(out)
     build_tokenizer(vocab_size=vocab).save_pretrained(out)
     return Path(out)
+
+
+def with_metaspace_tokenizer(src: Path, out: Path) -> Path:
+    """`src` (a Llama checkpoint with a SentencePiece tokenizer.json, such as stories260K's, whose normalizer adds
+    the "▁" markers: the legacy way) as a checkpoint whose tokenizer marks spaces with a Metaspace pre-tokenizer
+    instead, as Llama 2's and Mistral's tokenizer.json files do. Same vocabulary and ids; the weights and config
+    are links to `src`'s, not copies."""
+    import json
+    import shutil
+
+    out.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix in (".safetensors", ".json") and f.name not in ("tokenizer.json", "tokenizer_config.json"):
+            (out / f.name).symlink_to(f.resolve())
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok["normalizer"] = None
+    tok["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**config, "legacy": False}))
+    shutil.copymode(src / "tokenizer.json", out / "tokenizer.json")
+    return out
