@@ -70,6 +70,19 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def parse_json_option(text: str | None, flag: str) -> dict | None:
+    """A flag's JSON object (None when not given); a one-line error otherwise."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QuantkitError(f"{flag}: not JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(value, dict):
+        raise QuantkitError(f"{flag}: expected a JSON object")
+    return value
+
+
 def structured_outputs(json_schema: Path | None, regex: str | None):
     """--json-schema / --regex as the engine's StructuredOutputsParams (None: free text)."""
     from quantkit.engine import StructuredOutputsParams
@@ -120,6 +133,10 @@ def generate(
     json_schema: Path | None = typer.Option(None, "--json-schema", help="A JSON schema file: every output is JSON "
                                             "that matches it (a token mask at each step)."),
     regex: str | None = typer.Option(None, "--regex", help="Every output matches this regular expression."),
+    speculative_config: str | None = typer.Option(
+        None, "--speculative-config", help="vLLM's JSON, n-gram prompt lookup: '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (greedy output unchanged, fewer steps where the "
+        "output repeats its prompt)."),
 ) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
     if (prompt is None) == (prompts_file is None):
@@ -135,7 +152,8 @@ def generate(
               kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
               num_threads=threads, cpu_int8_activations=cpu_int8_activations,
-              cpu_int8_lm_head=cpu_int8_lm_head)
+              cpu_int8_lm_head=cpu_int8_lm_head, speculative_config=parse_json_option(speculative_config,
+                                                                                      "--speculative-config"))
     console.print(WeightMemory.of(llm.engine.model).describe(), highlight=False, soft_wrap=True)
     if params.structured_outputs is not None:  # a schema that does not compile: one line before any generation
         llm.engine.grammars.compile(params.structured_outputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantkit.devices import check_device_name
+from quantkit.engine.spec_decode import SpeculativeConfig
 from quantkit.errors import QuantkitError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -34,8 +35,12 @@ class EngineConfig:
     # half the bytes a decode step reads for it. None (auto): on for checkpoints whose linears are quantized,
     # where the int8 kernel is built; False: the checkpoint's float head; True: also for float checkpoints
     cpu_int8_lm_head: bool | None = None
+    # speculative decoding (vLLM's --speculative-config): n-gram prompt lookup, K drafts verified per step
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self):
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise QuantkitError(f"{name} must be at least 1 (got {getattr(self, name)})")

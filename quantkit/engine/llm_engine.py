@@ -25,6 +25,7 @@ from quantkit.engine.request import Request, RequestOutput, RequestStatus
 from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.scheduler import Scheduler, SchedulerOutput
+from quantkit.engine.spec_decode import propose_ngram
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.structured_outputs import GrammarMatchers
 from quantkit.engine.swap import SwapSpace
@@ -235,9 +236,25 @@ class LLMEngine:
         self.kv.pool.reset_prefix_cache()
 
     def _postprocess(self, out: SchedulerOutput, logits: torch.Tensor) -> None:
-        reqs = [c.request for c in out.chunks if c.samples]
-        self._record_prompt_logprobs(out, logits[len(reqs):])  # the rows after the sampled ones
-        reqs, sampled = self._fail_non_finite(reqs, logits[:len(reqs)])  # raw logits: before any grammar's mask
+        chunks = [c for c in out.chunks if c.samples]
+        num_rows = sum(c.num_sample_rows for c in chunks)
+        self._record_prompt_logprobs(out, logits[num_rows:])  # the rows after the sampled ones
+        plain, plain_rows, row = [], [], 0
+        for c in chunks:
+            if c.drafts:
+                self._verify(c, logits[row:row + c.num_sample_rows])
+            else:
+                plain.append(c.request)
+                plain_rows.append(row)
+            row += c.num_sample_rows
+        if plain:
+            self._sample(plain, logits[plain_rows])
+        if self.cfg.speculative_config is not None:
+            self._propose([c.request for c in chunks])
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        """One token for each request, from its row of logits [len(reqs), V]."""
+        reqs, sampled = self._fail_non_finite(reqs, logits)  # raw logits: before any grammar's mask
         if not reqs:
             return
         ids, specs = [r.request_id for r in reqs], [r.params.structured_outputs for r in reqs]
@@ -247,10 +264,44 @@ class LLMEngine:
         self._record_logprobs(reqs, sampled, tokens)  # from the raw logits, as vLLM's default
         now = time.monotonic()
         for req, tok in zip(reqs, tokens):
-            self.collector.on_token(req, now)
-            req.append_token(tok, now)
-            self._changed[self._group_of[req.request_id].request_id] = self._group_of[req.request_id]
-            self._check_stop(req, tok)
+            self._emit(req, tok, now)
+
+    def _emit(self, req: Request, tok: int, now: float) -> None:
+        self.collector.on_token(req, now)
+        req.append_token(tok, now)
+        self._changed[self._group_of[req.request_id].request_id] = self._group_of[req.request_id]
+        self._check_stop(req, tok)
+
+    def _verify(self, chunk, rows: torch.Tensor) -> None:
+        """Speculative decoding: rows [1 + K, V] at the last known token and the K drafts; the kept drafts and the
+        target's own token are emitted in order (until one stops the request), and the kept drafts' KV counts."""
+        req = chunk.request
+        if non_finite_rows(rows):
+            self._fail_corrupt(req)
+            return
+        tokens = self.sampler.verify(rows, req.request_id, req.params, req.all_token_ids, req.output_token_ids,
+                                     chunk.drafts)
+        req.num_computed_tokens += len(tokens) - 1  # the kept drafts were computed in this step's forward
+        self.collector.on_speculation(len(chunk.drafts), len(tokens) - 1)
+        now = time.monotonic()
+        for j, tok in enumerate(tokens):
+            self._record_logprobs([req], rows[j:j + 1], [tok])
+            self._emit(req, tok, now)
+            if req.is_finished:
+                return
+
+    def _propose(self, reqs: list[Request]) -> None:
+        """Next step's drafts for each running request (none under a grammar, whose mask the drafts would skip)."""
+        spec = self.cfg.speculative_config
+        for req in reqs:
+            req.draft_token_ids = []
+            if req.is_finished or req.params.structured_outputs is not None:
+                continue
+            room = min(spec.num_speculative_tokens, req.params.max_tokens - req.num_output_tokens - 1,
+                       self.max_model_len - req.num_tokens - 1)
+            if room > 0:
+                req.draft_token_ids = propose_ngram(req.all_token_ids, room, spec.prompt_lookup_max,
+                                                    spec.prompt_lookup_min)
 
     def _fail_non_finite(self, reqs: list[Request], logits: torch.Tensor) -> tuple[list[Request], torch.Tensor]:
         """Fail the requests whose logits hold NaN or inf (corrupt weights, an overflow): an error, never text
@@ -259,10 +310,13 @@ class LLMEngine:
         if not bad:
             return reqs, logits
         for i in bad:
-            reqs[i].error = "non-finite logits (NaN or inf): the model's weights or activations are corrupt"
-            self._finish(reqs[i], "error")
+            self._fail_corrupt(reqs[i])
         keep = [i for i in range(len(reqs)) if i not in bad]
         return [reqs[i] for i in keep], logits[keep]
+
+    def _fail_corrupt(self, req: Request) -> None:
+        req.error = "non-finite logits (NaN or inf): the model's weights or activations are corrupt"
+        self._finish(req, "error")
 
     def _record_logprobs(self, reqs: list[Request], logits: torch.Tensor, tokens: list[int]) -> None:
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
@@ -339,5 +393,5 @@ class LLMEngine:
             prompt_tokens=c.prompt_tokens, generation_tokens=c.generation_tokens, num_finished=c.num_finished,
             finished_by_reason=dict(c.finished_by_reason),
             time_to_first_token=c.ttft.copy(), inter_token_latency=c.itl.copy(), e2e_latency=c.e2e.copy(),
-            iteration_tokens=c.iteration_tokens.copy(),
+            iteration_tokens=c.iteration_tokens.copy(), spec=c.spec.copy(),
         )

@@ -52,18 +52,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Swap blocks out, then in, then run the forward. Returns logits [sampling chunks + prompt
-        logprob rows, vocab] fp32."""
+        """Swap blocks out, then in, then run the forward. Returns logits [the sampling chunks' rows (one each, or
+        1 + drafts with speculative decoding) + prompt logprob rows, vocab] fp32."""
         self._copy_blocks(out.blocks_to_swap_out, to_cpu=True)
         self._copy_blocks(out.blocks_to_swap_in, to_cpu=False)
         ids: list[int] = []
         positions: list[int] = []
         rows: list[int] = []
         for chunk in out.chunks:
-            ids.extend(chunk.request.all_token_ids[chunk.start:chunk.start + chunk.num_tokens])
+            known = chunk.num_tokens - len(chunk.drafts)
+            ids.extend(chunk.request.all_token_ids[chunk.start:chunk.start + known])
+            ids.extend(chunk.drafts)
             positions.extend(range(chunk.start, chunk.start + chunk.num_tokens))
-            if chunk.samples:
-                rows.append(len(ids) - 1)
+            rows.extend(range(len(ids) - chunk.num_sample_rows, len(ids)))  # the last known token's, the drafts
         rows.extend(out.prompt_logprob_rows())  # after the sampled rows: prompt logprobs
         meta = build_metadata([c.start + c.num_tokens for c in out.chunks], [c.num_tokens for c in out.chunks],
                               [c.block_ids for c in out.chunks], self.block_size, self.device, self.dtype,

@@ -93,6 +93,7 @@ class Request:
     cumulative_logprob: float | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # one per prompt token; entry 0 None
     text: str = ""
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative decoding's guesses for the next step
 
     def __post_init__(self):
         self._all = list(self.prompt_token_ids)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from quantkit.engine.sampling_params import SamplingParams
+from quantkit.engine.spec_decode import accept_or_resample
 from quantkit.kernels.cpu_fused import argmax_rows
 
 
@@ -72,22 +73,30 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, seen: Sequence[int],
-               generator: torch.Generator | None, output: Sequence[int] = (),
-               banned: Sequence[int] = ()) -> int:
-    """One token id from logits [V] fp32. `seen`: prompt and output ids; `output`: the output ids;
-    `banned`: ids masked out (EOS and stop ids while min_tokens is not reached)."""
+def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: Sequence[int], output: Sequence[int] = (),
+                     banned: Sequence[int] = ()) -> torch.Tensor:
+    """logits [V] fp32 as the draw sees them: masks and penalties, then (unless greedy) temperature, top-k, top-p and
+    min-p. `seen`: prompt and output ids; `output`: the output ids; `banned`: ids masked out (EOS and stop ids
+    while min_tokens is not reached)."""
     logits = mask_tokens(logits, banned)
     logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     logits = apply_presence_frequency(logits, output, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
-        return int(logits.argmax())
+        return logits
     # an extreme penalty or temperature (1e-308 is a valid float) overflows to +inf, and softmax of inf - inf is
     # nan: the largest finite value keeps those tokens the likeliest (-inf, a masked token, stays masked)
     logits = (logits / params.temperature).nan_to_num(posinf=torch.finfo(logits.dtype).max, neginf=float("-inf"))
-    logits = apply_min_p(apply_top_p(apply_top_k(logits, params.top_k), params.top_p), params.min_p)
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return apply_min_p(apply_top_p(apply_top_k(logits, params.top_k), params.top_p), params.min_p)
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, seen: Sequence[int],
+               generator: torch.Generator | None, output: Sequence[int] = (),
+               banned: Sequence[int] = ()) -> int:
+    """One token id from logits [V] fp32 (see processed_logits)."""
+    logits = processed_logits(logits, params, seen, output, banned)
+    if params.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
 
 
 class Sampler:
@@ -131,3 +140,28 @@ class Sampler:
             gen = None if p.greedy else self.generator(rid, p)
             out[i] = sample_row(logits[i], p, histories[i], gen, outputs[i], banned)
         return out
+
+    def verify(self, logits: torch.Tensor, request_id: str, params: SamplingParams, history: Sequence[int],
+               output: Sequence[int], drafts: Sequence[int]) -> list[int]:
+        """Speculative decoding's verification (quantkit.engine.spec_decode): logits [K + 1, V] at the last known
+        token and each of the K drafts -> the kept drafts and one token of the target's. Position j is processed
+        with the kept drafts before it as output."""
+        logits = logits.float().cpu()
+        gen = None if params.greedy else self.generator(request_id, params)
+        kept: list[int] = []
+        for j in range(len(drafts) + 1):
+            banned = self.banned_ids(params, len(output) + len(kept))
+            row = processed_logits(logits[j], params, [*history, *kept], [*output, *kept], banned)
+            if j == len(drafts):  # every draft kept: the bonus token
+                kept.append(int(row.argmax()) if params.greedy else
+                            int(torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)))
+                break
+            if params.greedy:
+                token = int(row.argmax())
+                ok = token == drafts[j]
+            else:
+                token, ok = accept_or_resample(torch.softmax(row, dim=-1), drafts[j], gen)
+            kept.append(token)
+            if not ok:
+                break
+        return kept

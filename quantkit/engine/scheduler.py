@@ -34,6 +34,12 @@ class ScheduledChunk:
     num_tokens: int
     block_ids: list[int]
     samples: bool  # the chunk reaches the end of the known tokens: its last logits are sampled
+    drafts: list[int] = field(default_factory=list)  # speculative tokens after the known ones (verified, not known)
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Rows of logits this chunk hands to sampling: the last known token's, and one per draft."""
+        return 1 + len(self.drafts) if self.samples else 0
 
 
 @dataclass
@@ -106,6 +112,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n == 1 and req.draft_token_ids and budget > 1:  # a decode with drafts: all of them, if they fit
+                drafts = req.draft_token_ids[:budget - 1]
+                if self.kv.allocate_slots(req, 1 + len(drafts)) is not None:
+                    out.chunks.append(self._chunk(req, 1 + len(drafts), drafts))
+                    budget -= 1 + len(drafts)
+                    i += 1
+                    continue  # without room for them, a plain decode below
             if n > 1:  # a prompt chunk (or a recompute): cut to what fits, or wait a step
                 n = min(n, self.kv.num_fitting_tokens(req, reserve_blocks=self._decode_reserve(i)))
                 if n == 0:
@@ -168,9 +181,10 @@ class Scheduler:
             out.chunks.append(self._chunk(req, n))
             budget -= n
 
-    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
-        start = req.num_computed_tokens
-        return ScheduledChunk(req, start, n, self.kv.block_ids(req.request_id), start + n == req.num_tokens)
+    def _chunk(self, req: Request, n: int, drafts: list[int] | None = None) -> ScheduledChunk:
+        start, drafts = req.num_computed_tokens, drafts or []
+        return ScheduledChunk(req, start, n, self.kv.block_ids(req.request_id),
+                              start + n - len(drafts) == req.num_tokens, list(drafts))
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Put `req` back at the head of the waiting queue, its KV swapped to CPU or dropped."""
@@ -191,9 +205,10 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def update_from_output(self, out: SchedulerOutput) -> None:
-        """Advance each scheduled request's computed tokens (sampled tokens are appended by the engine)."""
+        """Advance each scheduled request's computed tokens (sampled tokens are appended by the engine; the drafts it
+        keeps add to the computed ones then)."""
         for chunk in out.chunks:
-            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
+            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens - len(chunk.drafts)
 
     def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
         """End `req` in any state (running, waiting, preempted, swapped): every KV and swap block it holds

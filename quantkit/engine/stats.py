@@ -43,6 +43,29 @@ class Histogram:
 
 
 @dataclass
+class SpecStats:
+    """Speculative decoding's counters (vLLM's spec_decode metrics)."""
+
+    num_drafts: int = 0  # verifications (a sequence's drafts checked in one step)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [k]: drafts kept at position k
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafts:
+            self.accepted_per_position += [0] * (num_drafts - len(self.accepted_per_position))
+        for k in range(num_accepted):
+            self.accepted_per_position[k] += 1
+
+    def copy(self) -> SpecStats:
+        return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                         list(self.accepted_per_position))
+
+
+@dataclass
 class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
@@ -67,6 +90,7 @@ class EngineStats:
     inter_token_latency: Histogram = field(default_factory=Histogram)  # seconds, between consecutive tokens
     e2e_latency: Histogram = field(default_factory=Histogram)  # seconds, arrival to finish
     iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_BUCKETS))  # per step
+    spec: SpecStats = field(default_factory=lambda: SpecStats())  # speculative decoding
 
     @property
     def kv_token_utilization(self) -> float:
@@ -100,6 +124,10 @@ class StatsCollector:
         self.itl = Histogram()
         self.e2e = Histogram()
         self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
+        self.spec = SpecStats()
+
+    def on_speculation(self, num_drafts: int, num_accepted: int) -> None:
+        self.spec.record(num_drafts, num_accepted)
 
     @property
     def num_finished(self) -> int:

@@ -101,6 +101,13 @@ class ServerMetrics:
         success = self._family(Counter, "vllm:request_success", "Count of successfully processed requests.",
                                ("finished_reason",))
         self.request_success = {r: success.labels(**self._labels, finished_reason=r) for r in FINISH_REASONS}
+        # speculative decoding, as vLLM's (zero without --speculative-config)
+        self.spec_drafts = c("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_draft_tokens = c("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_accepted_tokens = c("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._spec_per_position = self._family(
+            Counter, "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+            ("position",))
         rejected = self._family(
             Counter, "quantkit:requests_rejected",
             "Requests refused before reaching the engine (queue full, missing or wrong API key, rate limits), "
@@ -210,7 +217,12 @@ class ServerMetrics:
             "prefix_cache_queries": (self.prefix_cache_queries, stats.prefix_cache_queries),
             "prefix_cache_hits": (self.prefix_cache_hits, stats.prefix_cache_hits),
             "num_finished": (self.engine_finished, stats.num_finished),
+            "spec_drafts": (self.spec_drafts, stats.spec.num_drafts),
+            "spec_draft_tokens": (self.spec_draft_tokens, stats.spec.num_draft_tokens),
+            "spec_accepted_tokens": (self.spec_accepted_tokens, stats.spec.num_accepted_tokens),
         }
+        for pos, total in enumerate(stats.spec.accepted_per_position):
+            totals[f"spec_pos_{pos}"] = (self._spec_per_position.labels(**self._labels, position=str(pos)), total)
         with self._lock:
             for key, (counter, total) in totals.items():
                 delta = counter_delta(total, self._engine_totals.get(key, 0))

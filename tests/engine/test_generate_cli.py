@@ -159,3 +159,14 @@ def test_json_schema_and_regex_flags_hold_every_output(app, stories_dir, tmp_pat
 def test_a_bad_structured_output_flag_is_one_line(app, stories_dir, args, words):
     res = run(app, stories_dir, "--prompt", "Once", *args)
     assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
+
+
+def test_speculative_config_flag(app, stories_dir):
+    args = ["--prompt", "Tom had a big red ball. Tom had a big red ball. Tom had", "--max-tokens", 20, "--dtype", "float32"]
+    plain = run(app, stories_dir, *args)
+    spec = run(app, stories_dir, *args, "--speculative-config", '{"num_speculative_tokens": 3}')
+    assert plain.exit_code == spec.exit_code == 0
+    assert plain.output.strip().splitlines()[-1] == spec.output.strip().splitlines()[-1]
+    for bad, words in (("{nope", "not JSON"), ('{"num_speculative_tokens": 2, "method": "eagle"}', "not supported")):
+        res = run(app, stories_dir, *args, "--speculative-config", bad)
+        assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output

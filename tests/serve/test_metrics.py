@@ -195,3 +195,21 @@ def test_token_clock_from_cumulative_outputs():
     for n, t in ((1, 5.0), (1, 5.0), (2, 5.5), (5, 7.0)):  # the last output brings 3 tokens at once
         clock.update(finished(None, num_tokens=n, last_token_time=t))
     assert clock.times == [5.0, 5.5, 6.0, 6.5, 7.0]
+
+
+def test_speculative_decoding_counters_carry_vllms_names():
+    from quantkit.engine.stats import SpecStats
+
+    m = ServerMetrics("m", max_model_len=64)
+    spec = SpecStats()
+    spec.record(4, 2)
+    spec.record(4, 0)
+    m.update_from_stats(EngineStats(spec=spec))
+    spec.record(3, 3)
+    m.update_from_stats(EngineStats(spec=spec))
+    fams = scrape(m)
+    assert sample(fams, "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_drafts_total") == 3
+    assert sample(fams, "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_draft_tokens_total") == 11
+    assert sample(fams, "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_total") == 5
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    assert [sample(fams, name, name + "_total", position=str(p)) for p in range(3)] == [2, 2, 1]
