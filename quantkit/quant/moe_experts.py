@@ -5,8 +5,9 @@
   -> for each expert in turn: the tokens routed to it -> the method quantizes its gate/up, then
      its down on act(gate(x)) * up(x) with gate/up already quantized -> its Hessians are dropped.
 
-Memory: the layer's weights (as for a dense layer), the block's input [T, hidden] fp32, and one
-expert's statistics at a time (GPTQ: one [H, H] and one [I, I] Hessian), never every expert's.
+Memory: the layer's weights (as for a dense layer), the block's input [T, hidden] fp32, the prior's
+[H, H] Hessian (shared by every expert's gate/up), and one expert's statistics at a time (GPTQ: one
+[H, H] and one [I, I] Hessian), never every expert's.
 
 Each expert's statistics come from the tokens routed to it, with a prior: GPTQ's Hessian of a
 linear of input width K is (n H_routed + K H_prior) / (n + K), H_prior that of an evenly strided
@@ -67,6 +68,7 @@ class ExpertWork:
     x: torch.Tensor  # [n, hidden] fp32: the tokens routed to it
     prior: torch.Tensor  # [p, hidden] fp32: an evenly strided sample of every token of the block
     layer: LayerContext
+    input_prior: Callable[[], torch.Tensor] | None = None  # the prior's Hessian of x [hidden, hidden], shared
 
     @property
     def routed(self) -> int:
@@ -78,7 +80,10 @@ class ExpertWork:
 
     def hessian(self, through: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """GPTQ's Hessian [K, K] of z = through(x) (x itself without): (n H_routed + K H_prior) / (n + K)."""
-        h = self.layer_gram(self.prior, through)
+        if through is None and self.input_prior is not None:  # the same for every expert: made once a layer
+            h = self.input_prior().clone()
+        else:
+            h = self.layer_gram(self.prior, through)
         w = prior_weight(self.routed, h.shape[0])
         if self.routed:
             h.mul_(w).add_(self.layer_gram(self.x, through), alpha=1 - w)
@@ -152,10 +157,17 @@ class MoEContext:
         tokens = self.tokens
         batches = {b.expert: b for b in expert_batches(tokens.weights, tokens.experts, self.block.shape.num_experts)}
         prior = _strided(tokens.x, self.prior_tokens)
+        cached: list[torch.Tensor] = []
+
+        def input_prior() -> torch.Tensor:  # one [hidden, hidden] kept for the layer, made on first use
+            if not cached:
+                cached.append(gram(self.layer, prior))
+            return cached[0]
+
         for e, (gate, up, down) in self.expert_linears():
             batch = batches.get(e)
             x = tokens.x[:0] if batch is None else tokens.x[batch.rows]
-            yield ExpertWork(e, gate, up, down, self.block.expert_list[e], x, prior, self.layer)
+            yield ExpertWork(e, gate, up, down, self.block.expert_list[e], x, prior, self.layer, input_prior)
 
 
 def capture_block_input(ctx: LayerContext, block_path: str) -> torch.Tensor:

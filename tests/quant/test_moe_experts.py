@@ -89,7 +89,7 @@ def test_statistics_blend_the_routed_tokens_with_the_blocks_prior(tiny_family, t
 
 
 def test_gptq_keeps_one_experts_hessian_alive_at_a_time(tiny_family, tmp_path, monkeypatch):
-    """Peak memory: the Hessians of the expert being quantized, never every expert's."""
+    """Peak memory: the Hessian of the expert being quantized (and the layer's prior), never every expert's."""
     from quantkit.quant.gptq_layer import GPTQMethod
 
     ctx = layer_context(tiny_family("qwen3_moe"), tmp_path)
@@ -112,7 +112,7 @@ def test_gptq_keeps_one_experts_hessian_alive_at_a_time(tiny_family, tmp_path, m
     monkeypatch.setattr(GPTQMethod, "_quantize_stack", stack)
     result = moe_experts.quantize_experts(ctx, GPTQMethod(ctx.config), calibrated=True)
     assert set(result.weights) == set(ctx.experts)
-    assert len(peaks) == 2 * 8 and max(peaks) == 1
+    assert len(peaks) == 2 * 8 and max(peaks) == 2  # the expert's own, and the layer's prior for gate/up
     assert sum(result.stats["expert_tokens"]) == 4 * 64 * 2
 
 
@@ -150,3 +150,50 @@ def test_gemma_norm_fold_respects_the_one_plus_weight(tiny_family, tmp_path):
     s = torch.rand(128, generator=torch.Generator().manual_seed(1)) + 0.5
     fold_scale(layer, spec.groups[2], s, model.config, spec.norms.offset)
     torch.testing.assert_close(layer.mlp(norm(x)), mlp_in, rtol=1e-4, atol=1e-5)
+
+
+def test_a_saved_awq_plan_replays_an_moe_checkpoint_bit_for_bit(quantized_family, tiny_family, tmp_path):
+    """--load-plan covers the experts: the joint norm scale, each expert's down scale and every clip."""
+    from quantkit.calibration.synthetic import make_corpus
+    from quantkit.config import CalibConfig
+    from quantkit.format.awq_plan import load_plan
+    from quantkit.quant.pipeline import quantize_model
+
+    first = quantized_family("qwen3_moe", "awq", "awq")
+    plan = load_plan(first / "awq_plan.safetensors")
+    assert "layers.1.mlp.experts.gate_up.scale" in plan and "layers.1.mlp.experts.7.down.scale" in plan
+    assert "layers.0.mlp.experts.3.up_proj.clip" in plan
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n\n".join(make_corpus(64, seed=9)))  # other text: only the plan can make the same weights
+    out = tmp_path / "again"
+    out.mkdir()
+    cfg = QuantizeConfig(model=str(tiny_family("qwen3_moe")), out=out, method="awq", format="awq", bits=4,
+                         group_size=32, calib=CalibConfig(source=str(calib), nsamples=8, seqlen=64), device="cpu",
+                         load_plan=first / "awq_plan.safetensors")
+    quantize_model(cfg, out_dir=out, show_progress=False)
+    assert (out / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
+
+
+def test_each_layer_gets_its_own_rope_and_mask_in_the_capture(tiny_family):
+    """Gemma 3's sliding layer and full layer are called with different RoPE (bases 1e4, 1e6) and masks: the
+    pipeline captures each layer's arguments, not layer 0's for all."""
+    from quantkit.model.loader import load_model
+    from quantkit.quant.capture import capture_layer_inputs
+
+    model, _ = load_model(tiny_family("gemma3"))
+    ids = torch.randint(3, 512, (2, 64), generator=torch.Generator().manual_seed(0))
+    inputs, kwargs = capture_layer_inputs(model.model, model.model.layers, ids, torch.device("cpu"))
+    assert len(inputs) == 2 and len(kwargs) == 2
+    (cos0, _), (cos1, _) = kwargs[0]["position_embeddings"], kwargs[1]["position_embeddings"]
+    assert not torch.equal(cos0, cos1)
+    m0, m1 = kwargs[0]["attention_mask"], kwargs[1]["attention_mask"]
+    assert m0 is not None and (m1 is None or not torch.equal(m0, m1))  # 64 tokens run past the 24-token window
+    seen = []  # transformers' own forward of sample 0: what its layers 0 and 1 output
+    hooks = [layer.register_forward_hook(lambda _m, _a, out: seen.append(out)) for layer in model.model.layers]
+    with torch.no_grad():
+        model(ids[:1])
+        for h in hooks:
+            h.remove()
+        hidden = model.model.layers[0](inputs[0], **kwargs[0])
+        torch.testing.assert_close(hidden, seen[0])
+        torch.testing.assert_close(model.model.layers[1](hidden, **kwargs[1]), seen[1])
