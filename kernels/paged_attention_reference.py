@@ -31,6 +31,43 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache.index_select(0, block_table[:n].long()).reshape(n * block_size, *cache.shape[2:])[:length]
 
 
+def gather_kv_range(cache: torch.Tensor, block_table: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, int]:
+    """Tokens start .. end - 1 of one sequence, from the block holding `start` on: ([n, kv_heads, head_dim],
+    the position of its first row, a block boundary at or before `start`)."""
+    block_size = cache.shape[1]
+    first = start // block_size
+    n = -(-end // block_size) - first
+    rows = cache.index_select(0, block_table[first:first + n].long()).reshape(n * block_size, *cache.shape[2:])
+    return rows[:end - first * block_size], first * block_size
+
+
+def paged_masked_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                     block_table: torch.Tensor, seq_len: int, scale: float, window: int | None = None,
+                                     softcap: float | None = None) -> torch.Tensor:
+    """One sequence's chunk q [n, heads, head_dim] (positions seq_len - n .. seq_len - 1) under a sliding window
+    and/or logit soft-capping, as transformers computes them: the query at position p sees keys j with
+    p - window < j <= p (every j <= p without a window); with `softcap` c the scores s = q.k * scale become
+    c * tanh(s / c) before the softmax (fp32). Only the blocks the window reaches are read. -> [n, heads, D]."""
+    n, heads = q.shape[0], q.shape[1]
+    first_query = seq_len - n
+    start = 0 if window is None else max(0, first_query - window + 1)
+    k, base = gather_kv_range(key_cache, block_table, start, seq_len)  # [L, kv_heads, D] from position `base`
+    v, _ = gather_kv_range(value_cache, block_table, start, seq_len)
+    rows = torch.arange(n, device=q.device)[:, None] + first_query  # [n, 1] query positions
+    cols = torch.arange(k.shape[0], device=q.device)[None, :] + base  # [1, L] key positions
+    visible = cols <= rows
+    if window is not None:
+        visible &= cols > rows - window
+    qt, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads | kv_heads, ., D]
+    if softcap is None:
+        return F.scaled_dot_product_attention(qt, k, v, attn_mask=visible, scale=scale, enable_gqa=True).transpose(0, 1)
+    rep = heads // k.shape[0]
+    k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
+    scores = torch.tanh((qt @ k.transpose(1, 2)) * scale / softcap) * softcap  # [heads, n, L]
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    return (probs @ v).transpose(0, 1)
+
+
 def paged_prefill_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                       block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
     """One sequence's chunk of queries. q [n, heads, head_dim] holds positions seq_len - n .. seq_len - 1.

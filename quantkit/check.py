@@ -115,6 +115,7 @@ class _Setup:
     original: object | None  # ShardReader of the original checkpoint
     plan: dict[str, torch.Tensor] | None
     heads: tuple[int, int] | None = None  # (attention heads, KV heads)
+    awq_groups: tuple = ()  # the layers' AWQ groups (ArchSpec.awq_groups), experts included
 
 
 def resolve_backend(backend: str, device: torch.device) -> tuple[str, bool]:
@@ -172,9 +173,9 @@ def _stored_tensors(reader, name: str, info, scheme) -> tuple[LinearTensors | No
 def _model_order(name: str, spec) -> tuple:
     """Sort key putting linears in the order the model runs them: layer index, then spec order."""
     index, _, linear = name[len(spec.layers) + 1:].partition(".")
-    if not name.startswith(spec.layers + ".") or not index.isdigit() or linear not in spec.linears:
-        return (1, 0, 0, name)
-    return (0, int(index), spec.linears.index(linear), name)
+    if not name.startswith(spec.layers + ".") or not index.isdigit():
+        return (1, 0, (0, 0), name)
+    return (0, int(index), spec.order_of(linear), name)
 
 
 def evenly_spaced(x: torch.Tensor, count: int) -> torch.Tensor:
@@ -252,7 +253,7 @@ def _error_vs_original(name: str, x: torch.Tensor, y_q: torch.Tensor, setup: _Se
     col = row = None
     if setup.plan:
         index, _, linear = name[len(setup.spec.layers) + 1:].partition(".")
-        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear, setup.heads)
+        col, row = awq_fold_scales(setup.spec, setup.plan, int(index), linear, setup.heads, setup.awq_groups)
         col = None if col is None else col.to(x.device)
         row = None if row is None else row.to(x.device)
     return relative_output_error(y_q, original_output(x, weight, bias, col, row))
@@ -284,7 +285,8 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     if not checks:
         raise QuantkitError(f"{path}: no packed linears found")
     notes = _backend_notes(ran, kernel_checked, dev)
-    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None, head_counts(config))
+    setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None, head_counts(config),
+                   spec.awq_groups(config))
     if original is not None:
         setup.original = ShardReader(resolve_model_path(str(original)))
         setup.plan = _awq_plan(path, info, notes)
@@ -341,12 +343,45 @@ def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setu
             return run
 
         handles = [m.register_forward_hook(hook(n)) for n, m in hooked]
+        blocks = _moe_block_inputs(model, handles)
         try:
             with torch.no_grad():
                 model(ids.to(dev))
+                unreached = _run_unreached_experts(blocks, checks, names)
         finally:
             for h in handles:
                 h.remove()
+    if unreached:
+        notes.append(f"{unreached} experts got no token of the check's inputs from the router: they were run on "
+                     f"every token of their layer's MoE block instead")
+
+
+def _moe_block_inputs(model, handles: list) -> list[tuple[str, object, list]]:
+    """(name, block, [its input]) of each MoE block (quantkit.model.moe.SparseMoeBlock), the input recorded on the
+    forward by a pre-hook whose handle joins `handles`."""
+    from quantkit.model.moe import SparseMoeBlock
+
+    blocks = []
+    for name, m in model.named_modules():
+        if isinstance(m, SparseMoeBlock):
+            seen: list = []
+            handles.append(m.register_forward_pre_hook(lambda _m, args, seen=seen: seen.append(args[0])))
+            blocks.append((name, m, seen))
+    return blocks
+
+
+def _run_unreached_experts(blocks, checks: dict[str, LayerCheck], names: set[str]) -> int:
+    """Run each expert none of whose packed linears got a row (the router sent it no token) on every token its
+    block saw, so that its linears are compared too; returns how many experts that was."""
+    count = 0
+    for name, block, seen in blocks:
+        x = torch.cat([t.reshape(-1, t.shape[-1]) for t in seen])
+        for e, expert in enumerate(block.expert_list):
+            linears = [f"{name}.{block.spec.experts}.{e}.{leaf}" for leaf in expert.names]
+            if any(n in names for n in linears) and all(checks[n].rows == 0 for n in linears if n in names):
+                expert(x)
+                count += 1
+    return count
 
 
 def _awq_plan(path: Path, info, notes: list[str]) -> dict[str, torch.Tensor] | None:

@@ -31,8 +31,8 @@ def original_output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     """What the original linear gives, in the quantized layer's units.
 
     x [T, K] is the quantized model's input, which AWQ divided by col_scale [K]; the quantized
-    linear's output rows were divided by row_scale [N] (it feeds a folded group). So the
-    original sees x * col_scale, and its output is divided by row_scale to compare.
+    linear's output rows (its last ones, for a fused feeder) were divided by row_scale [<= N] (it feeds a
+    folded group). So the original sees x * col_scale, and its output is divided by row_scale to compare.
     """
     x = x.float()
     if col_scale is not None:
@@ -40,22 +40,24 @@ def original_output(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     y = x @ weight.float().T
     if bias is not None:
         y = y + bias.float()
-    if row_scale is not None:
-        y = y / row_scale.float()
+    if row_scale is not None:  # a fused feeder (Phi-3's gate_up_proj) folds its last rows only
+        y[:, y.shape[1] - row_scale.numel():] /= row_scale.float()
     return y
 
 
 def awq_fold_scales(spec, plan: dict[str, torch.Tensor], layer_index: int, linear: str,
-                    heads: tuple[int, int] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                    heads: tuple[int, int] | None = None,
+                    groups=None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(col_scale [K], row_scale [N]) folded into `linear` (relative to its decoder layer) by AWQ.
 
     col_scale: the scale of the group the linear belongs to; row_scale: the scale of the group
     this linear feeds (when the feeder is a linear, e.g. up_proj -> down_proj). None: not folded.
     heads: (num_attention_heads, num_key_value_heads), for a v -> o scale tied over query heads (GQA).
+    groups: the layer's AWQ groups (ArchSpec.awq_groups, with an MoE family's experts); default the dense ones.
     """
     prefix = layer_prefix(layer_index)
     col = row = None
-    for group in spec.groups:
+    for group in spec.groups if groups is None else groups:
         scale = plan.get(prefix + scale_key(group.name))
         if scale is None:
             continue

@@ -19,15 +19,6 @@ from quantkit.format.packing import AWQ_ORDER
 
 FLOAT_SCALES = (torch.float16, torch.bfloat16, torch.float32)
 
-# (out_features, in_features) of each linear, in config dimensions: "q" = heads x head_dim,
-# "kv" = kv heads x head_dim. The same for every family quantkit reads (format/arch.py).
-LINEAR_DIMS: dict[str, tuple[str, str]] = {
-    "self_attn.q_proj": ("q", "hidden"), "self_attn.k_proj": ("kv", "hidden"),
-    "self_attn.v_proj": ("kv", "hidden"), "self_attn.o_proj": ("hidden", "q"),
-    "mlp.gate_proj": ("intermediate", "hidden"), "mlp.up_proj": ("intermediate", "hidden"),
-    "mlp.down_proj": ("hidden", "intermediate"),
-}
-
 
 @dataclass
 class LinearTensors:
@@ -40,21 +31,14 @@ class LinearTensors:
     g_idx: torch.Tensor | None = None
 
 
-def config_dims(config: dict) -> dict[str, int]:
-    """hidden, intermediate, q and kv widths from a transformers config dict."""
-    cfg = config.get("text_config", config)
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    return {"hidden": hidden, "intermediate": int(cfg["intermediate_size"]), "q": heads * head_dim,
-            "kv": kv_heads * head_dim}
-
-
 def expected_shapes(config: dict) -> dict[str, tuple[int, int]]:
-    """(N, K) of each linear of a decoder layer, by its name relative to the layer."""
+    """(N, K) of each linear of a decoder layer (an MoE family's experts included), by its name relative to
+    the layer, from the family's spec (format/arch.py) and the config's widths."""
+    from quantkit.format.arch import config_dims, spec_for
+
+    spec = spec_for(config)
     dims = config_dims(config)
-    return {name: (dims[n], dims[k]) for name, (n, k) in LINEAR_DIMS.items()}
+    return {name: (dims[n], dims[k]) for name in spec.layer_linears(config) for n, k in [spec.dims_of(name)]}
 
 
 # --- independent unpacking (the oracle) ------------------------------------------------------------

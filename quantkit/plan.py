@@ -14,6 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from quantkit.errors import QuantkitError
+from quantkit.format.arch import LayerNorms, moe_shape
 
 GiB = 1024**3
 KV_DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "auto": 2,
@@ -47,37 +48,77 @@ class ModelShape:
     tied: bool
     qkv_bias: bool
     max_position_embeddings: int
+    experts: int = 0  # an MoE's experts per layer (0: a dense MLP)
+    top_k: int = 0  # experts a token runs through
+    expert_intermediate: int = 0
+    norms_per_layer: int = 2  # hidden-wide norms per layer (Gemma 3: four)
+    qk_norm: bool = False  # per-head q and k norms [head_dim] each
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelShape":
         c = config.get("text_config", config)
+        spec = _spec(config)
         try:
             heads = int(c["num_attention_heads"])
             hidden = int(c["hidden_size"])
+            moe = moe_shape(spec, c) if spec is not None else None
+            norms = spec.norms if spec is not None else LayerNorms()
             return cls(int(c["num_hidden_layers"]), hidden, int(c["intermediate_size"]), heads,
                        int(c.get("num_key_value_heads") or heads), int(c.get("head_dim") or hidden // heads),
                        int(c["vocab_size"]), bool(c.get("tie_word_embeddings", False)),
                        bool(c.get("attention_bias", False)) or c.get("model_type") == "qwen2",
-                       int(c.get("max_position_embeddings") or 4096))
+                       int(c.get("max_position_embeddings") or 4096),
+                       moe.num_experts if moe else 0, moe.top_k if moe else 0, moe.intermediate if moe else 0,
+                       sum(n is not None for n in (norms.attn_in, norms.mlp_in, norms.attn_out, norms.mlp_out)),
+                       bool(spec is not None and spec.qk_norm))
         except (KeyError, TypeError, ValueError) as exc:
             raise QuantkitError(f"config.json lacks what a plan needs ({exc})") from exc
 
-    def linears(self) -> list[tuple[int, int]]:
-        """(out, in) of each quantizable linear of one decoder layer."""
+    def attention_linears(self) -> list[tuple[int, int]]:
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        h, i = self.hidden, self.intermediate
-        return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+        return [(q, self.hidden), (kv, self.hidden), (kv, self.hidden), (self.hidden, q)]
+
+    def expert_linears(self) -> list[tuple[int, int]]:
+        """(out, in) of one expert's gate, up and down (an MoE), or of the dense MLP's."""
+        h, i = self.hidden, self.expert_intermediate if self.experts else self.intermediate
+        return [(i, h), (i, h), (h, i)]
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(out, in) of each quantizable linear of one decoder layer (every expert's, for an MoE)."""
+        return self.attention_linears() + self.expert_linears() * max(1, self.experts)
 
     def other_params(self) -> int:
-        """Parameters that stay in fp16 whatever the weights: embeddings, lm_head, norms, biases."""
-        per_layer = 2 * self.hidden + (self.heads + 2 * self.kv_heads) * self.head_dim * self.qkv_bias
+        """Parameters that stay in fp16 whatever the weights: embeddings, lm_head, norms, biases, MoE routers."""
+        per_layer = self.norms_per_layer * self.hidden + 2 * self.head_dim * self.qk_norm \
+            + (self.heads + 2 * self.kv_heads) * self.head_dim * self.qkv_bias + self.experts * self.hidden
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
+
+
+def _spec(config: dict):
+    """The family's spec where quantkit knows the architecture (norms, experts); None for the others, which are
+    planned as a Llama-style dense model."""
+    from quantkit.format.arch import spec_for
+
+    try:
+        return spec_for(config)
+    except QuantkitError:
+        return None
 
 
 def layer_linear_bytes(shape: ModelShape, bits: int | None, group_size: int = 128) -> int:
     """The linears of one decoder layer; bits None: fp16. Packed: codes + fp16 scales + packed zeros per group."""
+    return linear_bytes(shape.linears(), bits, group_size)
+
+
+def weight_bytes(shape: ModelShape, bits: int | None, group_size: int = 128) -> int:
+    """All weights; embeddings, lm_head and norms stay fp16."""
+    return shape.layers * layer_linear_bytes(shape, bits, group_size) + 2 * shape.other_params()
+
+
+def linear_bytes(linears: list[tuple[int, int]], bits: int | None, group_size: int = 128) -> int:
+    """Bytes of these linears (out, in); bits None: fp16. Packed: codes + fp16 scales + packed zeros per group."""
     total = 0
-    for n, k in shape.linears():
+    for n, k in linears:
         if bits is None:
             total += 2 * n * k
         else:
@@ -86,9 +127,28 @@ def layer_linear_bytes(shape: ModelShape, bits: int | None, group_size: int = 12
     return total
 
 
-def weight_bytes(shape: ModelShape, bits: int | None, group_size: int = 128) -> int:
-    """All weights; embeddings, lm_head and norms stay fp16."""
-    return shape.layers * layer_linear_bytes(shape, bits, group_size) + 2 * shape.other_params()
+@dataclass(frozen=True)
+class MoEPlan:
+    """An MoE's parameters: all of them against those one token runs through (top_k of each layer's experts), and
+    the experts' weights, which are most of the model."""
+
+    experts: int
+    top_k: int
+    total_params: int
+    active_params: int
+    expert_bytes_fp16: int  # every layer's experts
+    expert_bytes_packed: int
+
+    @classmethod
+    def of(cls, shape: ModelShape, bits: int, group_size: int) -> "MoEPlan | None":
+        if not shape.experts:
+            return None
+        one_expert = sum(n * k for n, k in shape.expert_linears())
+        total = shape.layers * sum(n * k for n, k in shape.linears()) + shape.other_params()
+        idle = shape.layers * (shape.experts - shape.top_k) * one_expert
+        every = shape.expert_linears() * shape.experts
+        return cls(shape.experts, shape.top_k, total, total - idle, shape.layers * linear_bytes(every, None),
+                   shape.layers * linear_bytes(every, bits, group_size))
 
 
 @dataclass(frozen=True)
@@ -120,6 +180,7 @@ class DeploymentPlan:
     shape: ModelShape
     columns: tuple[PlanColumn, ...]
     notes: tuple[str, ...]
+    moe: MoEPlan | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,4 +237,4 @@ def make_plan(model: str, config: dict, gpu_memory: int, utilization: float = 0.
                         kv_dtype, block_size, max_len, kv_cache_memory))
     notes.append("vLLM also holds activation and CUDA-graph memory it profiles at start-up: expect somewhat fewer tokens")
     return DeploymentPlan(model, gpu_memory, utilization, max_len, tp, kv_dtype, block_size, bits, group_size,
-                          shape, cols, tuple(notes))
+                          shape, cols, tuple(notes), MoEPlan.of(shape, bits, group_size))

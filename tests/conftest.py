@@ -59,6 +59,39 @@ def tiny_qwen3(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), family="qwen3")
 
 
+NEW_FAMILIES = ("phi3", "gemma3", "mixtral", "qwen3_moe")  # issue 39: every CLI path is tested on each
+
+
+@pytest.fixture(scope="session")
+def tiny_family(tmp_path_factory):
+    """tiny_family(name) -> the folder of a tiny random model of that family (tests_support.tiny_models.FAMILIES),
+    made once per session."""
+    from tests_support.tiny_models import make_tiny_model
+
+    made: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in made:
+            made[family] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family=family)
+        return made[family]
+    return get
+
+
+@pytest.fixture(scope="session")
+def quantized_family(tiny_family, tmp_path_factory):
+    """quantized_family(family, method, layout) -> a 4-bit (group 32) checkpoint of that tiny model, made once."""
+    from tests_support.int4_checkpoints import quantize_tiny
+
+    made: dict[tuple, Path] = {}
+
+    def get(family: str, method: str, layout: str) -> Path:
+        key = (family, method, layout)
+        if key not in made:
+            made[key] = quantize_tiny(tiny_family(family), tmp_path_factory, method, layout, 32)
+        return made[key]
+    return get
+
+
 def cpu_levels_here() -> list[str]:
     """The CPU levels of the C++ kernels (quantkit.kernels.cpu_build) that this machine runs, up to QUANTKIT_CPU_ISA's
     cap where it is set."""

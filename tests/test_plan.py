@@ -125,3 +125,45 @@ def test_a_length_past_the_models_positions_is_said_and_sequences_are_whole(stor
     note = next(line for line in result.stderr.splitlines() if "8192" in line)
     assert "512" in note and "max_position_embeddings" in note
     assert "KV tokens" in result.stdout and "KV tokens" not in result.stderr
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma3", "mixtral", "qwen3_moe"])
+def test_fp16_weight_bytes_count_every_parameter_of_the_new_families(family, tiny_family):
+    """Phi-3's fused projections, Gemma's four norms and q/k norms (tied head), the MoE routers and experts."""
+    path = tiny_family(family)
+    reader = ShardReader(path)
+    params = sum(torch.Size(reader.shape_of(k)).numel() for k in reader.keys())
+    shape = ModelShape.from_config(read_config(path))
+    assert weight_bytes(shape, None) == 2 * params
+    plan = make_plan("m", read_config(path), 80 * GiB)
+    assert (plan.moe is None) == (family in ("phi3", "gemma3"))
+    if plan.moe is not None:
+        assert plan.moe.total_params == params
+
+
+QWEN3_30B_A3B = {  # Qwen/Qwen3-30B-A3B's config.json, the fields a plan reads
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+    "tie_word_embeddings": False, "max_position_embeddings": 40960, "norm_topk_prob": True,
+}
+
+
+def test_moe_active_and_total_parameters_of_qwen3_30b_a3b():
+    """Qwen3-30B-A3B: 30.5B parameters, 3.3B activated (its model card); the experts are most of the weight."""
+    plan = make_plan("Qwen3-30B-A3B", QWEN3_30B_A3B, 80 * GiB, bits=4, group_size=128)
+    m = plan.moe
+    assert (m.experts, m.top_k) == (128, 8)
+    assert m.total_params == pytest.approx(30.5e9, rel=0.01)
+    assert m.active_params == pytest.approx(3.3e9, rel=0.02)
+    assert m.expert_bytes_fp16 == 48 * 128 * 3 * 2048 * 768 * 2
+    assert 0.25 < m.expert_bytes_packed / m.expert_bytes_fp16 < 0.3  # 4 bits + scales and zeros per 128
+    assert plan.columns[0].weight_bytes_total == 2 * m.total_params
+
+
+def test_plan_cli_prints_the_moe_line(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN3_30B_A3B))
+    code, output = run_cli("plan", config, "--gpu-memory", "80GiB")
+    assert code == 0, output
+    assert "MoE: 128 experts a layer, 8 per token: 3.3" in " ".join(output.split())

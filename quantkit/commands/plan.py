@@ -73,5 +73,11 @@ def _print(p) -> None:
     out.print(f"{s.layers} layers, hidden {s.hidden}, {s.heads} heads / {s.kv_heads} KV heads of {s.head_dim}, "
               f"vocab {s.vocab}, {s.max_position_embeddings} positions", highlight=False)
     out.print(table)
+    if p.moe is not None:
+        m = p.moe
+        out.print(f"MoE: {m.experts} experts a layer, {m.top_k} per token: {m.active_params / 1e9:.3g}B of "
+                  f"{m.total_params / 1e9:.3g}B parameters active per token; the experts' weights "
+                  f"{_gib(m.expert_bytes_fp16)} in fp16, {_gib(m.expert_bytes_packed)} in INT{p.bits} "
+                  f"g{p.group_size}", highlight=False)
     for note in p.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)

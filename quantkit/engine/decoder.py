@@ -1,12 +1,13 @@
-"""The engine's own decoder for the Llama family (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with
-q/k norms), built from the HF config and an ArchSpec.
+"""The engine's own decoder, built from the HF config and the family's ArchSpec: Llama, Mistral, Qwen2 (q/k/v bias),
+Qwen3 (q/k norms), Phi-3 (q/k/v and gate/up stored fused), Gemma 3 (scaled embeddings, (1 + w) norms around each
+block, sliding-window layers with their own RoPE, soft-capped logits) and the MoE families (engine/moe.py).
 
-Module names mirror transformers' (model.layers.N.self_attn.q_proj, ...) so checkpoints load by
+Module names mirror the checkpoint's (model.layers.N.self_attn.q_proj, ...) so checkpoints load by
 name. Every forward works on a flat batch: x [T, hidden], all scheduled tokens of all requests
-together, with attention going through the paged cache. On CPU, once loaded (`Decoder.bind`), a step runs
-the layers through `bound_layers_forward`: the same ops, each layer's parts fetched once instead of
-through nn.Module's __call__ and attribute lookups at every layer (0.3-1.1 ms a step on the 8-layer
-benchmark model, docs/BENCHMARKS.md).
+together, with attention going through the paged cache. On CPU, once loaded (`Decoder.bind`), a step of a model
+whose layers are all plain (pre-norm, fused projections, dense SiLU MLP, no q/k norm, window or cap) runs the layers
+through `bound_layers_forward`: the same ops, each layer's parts fetched once instead of through nn.Module's
+__call__ and attribute lookups at every layer (0.3-1.1 ms a step on the 8-layer benchmark model, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -16,56 +17,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quantkit.engine.attention import AttentionMetadata, attend, paged_attention
-from quantkit.engine.rope import StepRope, inv_frequencies, rope_parameters, rope_table
-from quantkit.errors import QuantkitError
-from quantkit.format.arch import spec_for
+from quantkit.engine.attention import AttentionMetadata, attend, attend_masked, paged_attention
+from quantkit.engine.decoder_shape import DecoderShape
+from quantkit.engine.moe import GatedMLP, MoEBlock
+from quantkit.engine.rope import StepRope, inv_frequencies, rope_table
 from quantkit.kernels import cpu_fused, fused_ops_reference
+from quantkit.kernels.paged_attention_reference import write_kv
+
+__all__ = ["Decoder", "DecoderLayer", "DecoderShape", "bound_layers_forward"]
 
 
 def ops_for(x: torch.Tensor):
     """The elementwise ops for this forward: fused C++ on fp32 CPU where built, else torch (same signatures)."""
     return cpu_fused if cpu_fused.available(x) else fused_ops_reference
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    """What the decoder needs from an HF config, normalised."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    qk_norm: bool
-    rope: dict
-    sliding_window: int | None = None
-
-    @classmethod
-    def from_config(cls, config) -> DecoderShape:
-        spec = spec_for(config)
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise QuantkitError(f"unsupported hidden_act {act!r} (the engine's decoder uses SiLU)")
-        heads = config.num_attention_heads
-        use_window = getattr(config, "use_sliding_window", True)
-        return cls(
-            vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size, num_layers=config.num_hidden_layers,
-            num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-            rms_norm_eps=config.rms_norm_eps, max_position_embeddings=config.max_position_embeddings,
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=spec.qkv_bias or bool(getattr(config, "attention_bias", False)), qk_norm=spec.qk_norm,
-            rope=rope_parameters(config),
-            sliding_window=getattr(config, "sliding_window", None) if use_window else None,
-        )
 
 
 class RMSNorm(nn.Module):
@@ -80,22 +44,35 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, s: DecoderShape):
+    def __init__(self, s: DecoderShape, layer: int = 0):
         super().__init__()
         self.s = s
-        self.scale = s.head_dim ** -0.5
-        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=s.qkv_bias)
-        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
-        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
-        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=False)
-        self.qkv_proj: nn.Module | None = None  # set by fuse(): q, k, v in one linear
+        self.scale = s.attn_scale or s.head_dim ** -0.5
+        self.window, self.softcap = s.window(layer), s.attn_softcap
+        q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        self.qkv_proj: nn.Module | None = None  # q, k, v in one linear: stored so (Phi-3), or set by fuse()
+        if s.fused_qkv:
+            self.qkv_proj = nn.Linear(s.hidden_size, q + 2 * kv, bias=s.qkv_bias)
+            self.fusable: tuple[str, ...] = ()
+        else:
+            self.q_proj = nn.Linear(s.hidden_size, q, bias=s.qkv_bias)
+            self.k_proj = nn.Linear(s.hidden_size, kv, bias=s.qkv_bias)
+            self.v_proj = nn.Linear(s.hidden_size, kv, bias=s.qkv_bias)
+            self.fusable = ("q_proj", "k_proj", "v_proj")  # fused at load (weights.fuse_projections) in this order
+        self.o_proj = nn.Linear(q, s.hidden_size, bias=False)
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
+    @property
+    def plain(self) -> bool:
+        """Full causal attention without soft-capping: what the C++ kernel computes."""
+        return self.window is None and self.softcap is None
+
     def fuse(self, qkv: nn.Module) -> None:
         """Run q/k/v as `qkv` from now on (built at load from the loaded three: x -> [q | k | v])."""
         del self.q_proj, self.k_proj, self.v_proj
+        self.fusable = ()
         self.qkv_proj = qkv
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,7 +87,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: StepRope, kv: tuple[torch.Tensor, torch.Tensor],
                 meta: AttentionMetadata, ops=fused_ops_reference) -> torch.Tensor:
         t, s = x.shape[0], self.s
-        if rope.table is not None and self.qkv_proj is not None and not s.qk_norm:
+        if rope.table is not None and self.qkv_proj is not None and not s.qk_norm and self.plain:
             # rotary and the cache write in one op on the fused projection's output (the table covers the step)
             q = ops.rope_and_cache(self.qkv_proj(x), rope.positions, rope.table, kv[0], kv[1], meta.slot_mapping,
                                    s.num_heads, s.num_kv_heads)
@@ -120,53 +97,61 @@ class Attention(nn.Module):
         q = q.view(t, s.num_heads, s.head_dim)  # [T, heads, D]
         k = k.view(t, s.num_kv_heads, s.head_dim)  # [T, kv_heads, D]
         v = v.view(t, s.num_kv_heads, s.head_dim)
-        if s.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
+        if s.qk_norm:  # Qwen3, Gemma 3: per-head RMSNorm before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ops.rotary(q, k, cos, sin)
-        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
+        if self.plain:
+            out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
+        else:
+            write_kv(kv[0], kv[1], k, v, meta.slot_mapping)
+            out = attend_masked(q, kv[0], kv[1], meta, self.scale, self.window, self.softcap)
         return self.o_proj(out.reshape(t, s.num_heads * s.head_dim))
 
 
-class MLP(nn.Module):
-    def __init__(self, s: DecoderShape):
-        super().__init__()
-        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
-        self.gate_up_proj: nn.Module | None = None  # set by fuse(): gate and up in one linear
-
-    def fuse(self, gate_up: nn.Module) -> None:
-        """Run gate/up as `gate_up` from now on (built at load from the loaded two: x -> [gate | up])."""
-        del self.gate_proj, self.up_proj
-        self.gate_up_proj = gate_up
-
-    def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
-        if self.gate_up_proj is None:
-            return self.down_proj(ops.silu_and_mul(self.gate_proj(x), self.up_proj(x)))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # views of [T, 2I]: the op reads them strided
-        return self.down_proj(ops.silu_and_mul(gate, up))
+def make_mlp(s: DecoderShape) -> nn.Module:
+    """The layer's feed-forward block: an MoE block (ExpertsSpec) or a dense gated MLP under Llama's names."""
+    if s.moe is not None:
+        return MoEBlock(s)
+    return GatedMLP(s.hidden_size, s.intermediate_size, s.act, ("gate_proj", "up_proj", "down_proj"),
+                    "gate_up_proj" if s.fused_gate_up else None)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, s: DecoderShape):
+    """One decoder layer, its norms under the spec's names (LayerNorms): pre-norm, and for Gemma 3 the attention
+    and MLP outputs normalized too before the residual add."""
+
+    def __init__(self, s: DecoderShape, index: int = 0):
         super().__init__()
-        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.self_attn = Attention(s)
-        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mlp = MLP(s)
+        self.norms = s.norms
+        for name in (s.norms.attn_in, s.norms.mlp_in, s.norms.attn_out, s.norms.mlp_out):
+            if name is not None:
+                setattr(self, name, RMSNorm(s.hidden_size, s.rms_norm_eps))
+        self.self_attn = Attention(s, index)
+        self.mlp_name = s.experts.block if s.moe is not None else "mlp"
+        setattr(self, self.mlp_name, make_mlp(s))
+        self.plain = (s.norms.attn_out is None and s.norms.mlp_out is None and s.moe is None and not s.qk_norm
+                      and self.self_attn.plain and s.act == "silu" and s.rope_index(index) == 0)
 
     def forward(self, x, residual, rope, kv, meta, ops):
         """x: the previous layer's MLP output, residual: the stream before it (None at layer 0, where x is
         the embedding). Returns this layer's (MLP output, residual stream): the add is fused into the next norm."""
-        norm = self.input_layernorm
+        n = self.norms
+        norm = getattr(self, n.attn_in)
         if residual is None:
             h, residual = ops.rms_norm(x, norm.weight, norm.eps), x
         else:
             h, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
         a = self.self_attn(h, rope, kv, meta, ops)
-        norm = self.post_attention_layernorm
+        if n.attn_out is not None:
+            norm = getattr(self, n.attn_out)
+            a = ops.rms_norm(a, norm.weight, norm.eps)
+        norm = getattr(self, n.mlp_in)
         h, residual = ops.add_rms_norm(a, residual, norm.weight, norm.eps)
-        return self.mlp(h, ops), residual
+        m = getattr(self, self.mlp_name)(h, ops)
+        if n.mlp_out is not None:
+            norm = getattr(self, n.mlp_out)
+            m = ops.rms_norm(m, norm.weight, norm.eps)
+        return m, residual
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +172,14 @@ class BoundLayer:
 
     @classmethod
     def of(cls, layer: DecoderLayer) -> BoundLayer | None:
-        """None where the layer's forward takes another way: q/k/v or gate/up not fused, or per-head q/k norms."""
-        attn, mlp = layer.self_attn, layer.mlp
-        if attn.qkv_proj is None or mlp.gate_up_proj is None or attn.s.qk_norm:
+        """None where the layer's forward takes another way: q/k/v or gate/up not fused, or a layer that is not
+        plain (DecoderLayer.plain: q/k norms, sandwich norms, experts, a window or cap, another RoPE, GELU)."""
+        attn, mlp = layer.self_attn, getattr(layer, layer.mlp_name)
+        if not layer.plain or attn.qkv_proj is None or mlp.gate_up_proj is None:
             return None
-        return cls(layer.input_layernorm.weight, layer.input_layernorm.eps, attn.qkv_proj, attn.o_proj,
-                   layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, mlp.gate_up_proj,
-                   mlp.down_proj, attn.scale)
+        pre, post = getattr(layer, layer.norms.attn_in), getattr(layer, layer.norms.mlp_in)
+        return cls(pre.weight, pre.eps, attn.qkv_proj, attn.o_proj, post.weight, post.eps, mlp.gate_up_proj,
+                   getattr(mlp, mlp.down_name), attn.scale)
 
 
 def bound_layers_forward(layers: list[BoundLayer], s: DecoderShape, x: torch.Tensor, rope: StepRope,
@@ -222,7 +208,7 @@ class Backbone(nn.Module):
     def __init__(self, s: DecoderShape):
         super().__init__()
         self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(s, i) for i in range(s.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
 
@@ -234,8 +220,10 @@ class Decoder(nn.Module):
         self.shape = s
         self.model = Backbone(s)
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
-        self.register_buffer("inv_freq", inv_frequencies(s.rope, s.head_dim, s.max_position_embeddings),
-                             persistent=False)
+        # RoPE frequencies: inv_freq for ropes[0] (the one a rope table may hold), inv_freq_<r> for the others
+        for r, params in enumerate(s.all_ropes):
+            self.register_buffer(rope_buffer(r), inv_frequencies(params, s.head_dim, s.max_position_embeddings),
+                                 persistent=False)
         self.rope_limit: int | None = None  # use_rope_table: positions a rope table may cover (None: no table)
         self.rope_table: torch.Tensor | None = None  # cos | sin by position, grown as sequences grow
         self.bound_layers: list[BoundLayer] | None = None  # set by bind()
@@ -270,17 +258,30 @@ class Decoder(nn.Module):
                 logits_rows: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] int64 -> logits [len(logits_rows), vocab] fp32."""
         # x: [T, hidden] in the compute dtype (the norms'); the table may be held in 16 bits (weights.table_dtype)
+        s = self.shape
         x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)
-        rope = StepRope(self.inv_freq, positions, x.dtype, self._rope_rows(max(meta.seq_lens, default=0), x.dtype))
+        if s.embed_scale is not None:  # Gemma: times sqrt(hidden) rounded to the compute dtype, as transformers
+            x = x * torch.tensor(s.embed_scale, dtype=x.dtype)
+        table = self._rope_rows(max(meta.seq_lens, default=0), x.dtype)
+        ropes = [StepRope(getattr(self, rope_buffer(r)), positions, x.dtype, table if r == 0 else None)
+                 for r in range(len(s.all_ropes))]
         ops = ops_for(x)
-        if self.bound_layers is not None and rope.table is not None:
-            x, residual = bound_layers_forward(self.bound_layers, self.shape, x, rope, kv_caches, meta, ops)
+        if self.bound_layers is not None and table is not None:
+            x, residual = bound_layers_forward(self.bound_layers, s, x, ropes[0], kv_caches, meta, ops)
         else:
             residual = None
-            for layer, kv in zip(self.model.layers, kv_caches):
-                x, residual = layer(x, residual, rope, kv, meta, ops)
+            for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches)):
+                x, residual = layer(x, residual, ropes[s.rope_index(i)], kv, meta, ops)
         norm = self.model.norm
         # index_select, not x[rows]: the same rows, a quarter of the time at decode sizes (advanced indexing)
         x, _ = ops.add_rms_norm(x.index_select(0, logits_rows), residual.index_select(0, logits_rows), norm.weight,
                                 norm.eps)
-        return self.lm_head(x).float()
+        logits = self.lm_head(x).float()
+        if s.final_softcap is not None:  # Gemma: c * tanh(logits / c)
+            logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
+        return logits
+
+
+def rope_buffer(index: int) -> str:
+    """The Decoder buffer holding the inv_freq of RoPE setting `index` (DecoderShape.all_ropes)."""
+    return "inv_freq" if index == 0 else f"inv_freq_{index}"

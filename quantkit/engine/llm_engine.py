@@ -117,9 +117,6 @@ class LLMEngine:
         n = cfg.max_model_len or limit
         if n > limit:
             raise QuantkitError(f"max_model_len {n} exceeds the model's max_position_embeddings {limit}")
-        if s.sliding_window is not None and n > s.sliding_window:
-            raise QuantkitError(f"max_model_len {n} exceeds the model's sliding window {s.sliding_window}, "
-                                f"which the engine does not implement; pass max_model_len <= {s.sliding_window}")
         return n
 
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:

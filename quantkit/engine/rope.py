@@ -16,9 +16,10 @@ from quantkit.kernels.fused_ops_reference import apply_rope, rotate_half  # noqa
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
-def rope_parameters(config) -> dict:
-    """The config's RoPE settings as one dict (transformers 5 keeps them in `rope_parameters`)."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
+def rope_parameters(config, params: dict | None = None) -> dict:
+    """The config's RoPE settings as one dict (transformers 5 keeps them in `rope_parameters`); `params`: one
+    layer type's settings of a config that has several (layer_rope_parameters)."""
+    params = dict((getattr(config, "rope_parameters", None) or {}) if params is None else params)
     legacy = getattr(config, "rope_scaling", None) or {}
     for key, value in dict(legacy).items():
         params.setdefault(key, value)
@@ -27,6 +28,18 @@ def rope_parameters(config) -> dict:
     params.setdefault("rope_type", "default")
     params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     return params
+
+
+def layer_rope_parameters(config) -> tuple[tuple[dict, ...], tuple[int, ...]]:
+    """(the distinct RoPE settings, which of them each layer uses). Gemma 3 keys its rope_parameters by layer
+    type (sliding layers rotate with base 10^4, full ones with 10^6 and maybe a linear factor); every other
+    family has one setting for all layers."""
+    params = getattr(config, "rope_parameters", None) or {}
+    types = list(getattr(config, "layer_types", None) or [])
+    if types and all(isinstance(params.get(t), dict) for t in set(types)):
+        names = sorted(set(types))
+        return tuple(rope_parameters(config, params[n]) for n in names), tuple(names.index(t) for t in types)
+    return (rope_parameters(config),), (0,) * int(config.num_hidden_layers)
 
 
 def inv_frequencies(params: dict, head_dim: int, max_position_embeddings: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.engine.decoder import Decoder, DecoderShape
+from quantkit.engine.decoder import Decoder, DecoderShape, RMSNorm, rope_buffer
 from quantkit.engine.rope import inv_frequencies
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config
@@ -39,7 +39,7 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing;
     None: where the checkpoint's linears are quantized, see `int8_head_wanted`)."""
     config_dict = read_config(path)
-    spec_for(config_dict)  # unsupported architectures fail here, with the supported list
+    spec = spec_for(config_dict)  # unsupported architectures fail here, with the supported list
     info = checkpoint_quant_info(path, config_dict)
     shape = DecoderShape.from_config(hf_config(path))
     reader = ShardReader(path)
@@ -70,8 +70,11 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta:
         raise QuantkitError(f"{path}: tensors missing from the checkpoint: {', '.join(still_meta[:5])}")
-    # RoPE frequencies are not in checkpoints: the meta buffer is rebuilt for real.
-    model.inv_freq = inv_frequencies(shape.rope, shape.head_dim, shape.max_position_embeddings)
+    # RoPE frequencies are not in checkpoints: the meta buffers are rebuilt for real.
+    for r, params in enumerate(shape.all_ropes):
+        setattr(model, rope_buffer(r), inv_frequencies(params, shape.head_dim, shape.max_position_embeddings))
+    if spec.norms.offset:
+        offset_norms(model, spec.norms.offset)
     model = model.to(device).eval()
     if device.type == "cpu":
         repack_quant_linears(model, dtype, int8_activations)
@@ -87,6 +90,14 @@ def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_acti
     model.bind()  # the modules are final: each layer's parts fetched once for the forward
     log.info(WeightMemory.of(model).describe())
     return model, info
+
+
+def offset_norms(model: torch.nn.Module, offset: float) -> None:
+    """Every RMSNorm weight w becomes offset + w, computed in fp32 (Gemma's norms scale by 1 + w: the engine's norm
+    ops then multiply by the stored weight, as for every other family)."""
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.weight.data = (m.weight.data.float() + offset).to(m.weight.dtype)
 
 
 def int8_head_wanted(asked: bool | None, quantized: bool, device: torch.device, dtype: torch.dtype,
@@ -199,15 +210,15 @@ def fuse_quantized_projections(model: torch.nn.Module) -> int:
 
 
 def fuse_projections(model: torch.nn.Module, kind: type, concat) -> int:
-    """Each layer's q/k/v and gate/up, where all are exactly `kind`, into `concat([...])` (None: left apart)."""
+    """Each module's linears that read one input (its `fusable` names: q/k/v, a dense MLP's or an expert's
+    gate/up), where all are exactly `kind`, into `concat([...])` (None: left apart)."""
     n = 0
-    for layer in model.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for owner, parts in ((attn, ("q_proj", "k_proj", "v_proj")), (mlp, ("gate_proj", "up_proj"))):
-            modules = [getattr(owner, name, None) for name in parts]
-            if all(type(m) is kind for m in modules) and (fused := concat(modules)) is not None:
-                owner.fuse(fused)
-                n += 1
+    for owner in list(model.modules()):
+        parts = getattr(owner, "fusable", ())
+        modules = [getattr(owner, name, None) for name in parts]
+        if parts and all(type(m) is kind for m in modules) and (fused := concat(modules)) is not None:
+            owner.fuse(fused)
+            n += 1
     return n
 
 

@@ -8,6 +8,7 @@ load as they are. No transformers quantizer is involved: this is quantkit's own 
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+from quantkit.model.moe import linearize_experts
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.format.arch import get_submodule, spec_for
 from quantkit.format import compressed_tensors as ct
@@ -35,23 +37,33 @@ def hf_config(path: Path):
 
 
 def build_skeleton(config, dtype: torch.dtype) -> nn.Module:
-    """A CausalLM with every parameter on the meta device and real (CPU) RoPE buffers."""
+    """A CausalLM with every parameter on the meta device and real (CPU) RoPE buffers; an MoE family's
+    experts as one linear each, under the checkpoint's names (quantkit.model.moe)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    linearize_experts(model, spec_for(config), config, dtype)
     _rebuild_meta_buffers(model, config)
     return model
 
 
 def _rebuild_meta_buffers(model: nn.Module, config) -> None:
-    """Non-persistent buffers (RoPE inv_freq) are not in checkpoints: rebuild their owners on CPU."""
+    """Non-persistent buffers (RoPE inv_freq, Gemma's embedding scale) are not in checkpoints: each owner is
+    rebuilt on CPU from the config where its constructor takes one (rotary embeddings), else its buffers are
+    made real and filled by the model's own initializer (transformers' `_init_weights` computes them)."""
     owners = {name.rpartition(".")[0] for name, buf in model.named_buffers() if buf.is_meta}
     for owner in sorted(owners):
         parent_name, _, attr = owner.rpartition(".")
         parent = get_submodule(model, parent_name) if parent_name else model
         module = getattr(parent, attr)
-        setattr(parent, attr, type(module)(config=config))
+        if "config" in inspect.signature(type(module)).parameters:
+            setattr(parent, attr, type(module)(config=config))
+            continue
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if buf.is_meta:
+                module._buffers[name] = torch.empty(buf.shape, dtype=buf.dtype)
+        model._init_weights(module)
 
 
 def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInfo | None, dtype: torch.dtype,

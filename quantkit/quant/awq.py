@@ -27,6 +27,7 @@ import torch
 from quantkit.config import QuantizeConfig
 from quantkit.format.arch import LinearGroup, get_submodule, head_counts, tie_over_query_heads
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
+from quantkit.quant.awq_experts import expected_expert_plan, quantize_experts_awq
 from quantkit.quant.awq_capture import Capture, capture, merge_calls, strided_samples
 from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
@@ -56,12 +57,13 @@ class AWQMethod:
     def __init__(self, config: QuantizeConfig):
         self.config = config
         self._plan_file: PlanFile | None = None
+        self._layer_plan: dict[str, torch.Tensor] | None = None  # the loaded plan of the layer being quantized
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult:
         quantized = [n for n in ctx.linears if n not in ctx.skipped]
         groups, skipped_groups = self._scaled_groups(ctx, quantized)
-        expected = self._expected_plan(ctx, groups, quantized)
-        loaded = self._load_layer_plan(ctx, expected)
+        expected = {**self._expected_plan(ctx, groups, quantized), **expected_expert_plan(ctx)}
+        loaded = self._layer_plan = self._load_layer_plan(ctx, expected)
         search_inputs = strided_samples(ctx.inputs, self.config.awq_search_tokens)
         # one float run gives each group's input (scale statistics, clip samples) and, unless the
         # search runs on a subset, the inspected modules' calls
@@ -80,15 +82,20 @@ class AWQMethod:
                 stats["groups"][g.name] = _scale_stats(s)
             plan[key] = s.detach().float().cpu()
         for g in groups:
-            fold_scale(ctx.layer, g, plan[scale_key(g.name)], ctx.model_config)
+            fold_scale(ctx.layer, g, plan[scale_key(g.name)], ctx.model_config, ctx.spec.norms.offset)
         weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan, cap)
         stats["clip"] = clip_stats
         stats["loss_rtn"] = loss_rtn
         outputs = ctx.run_layer()
         stats["loss_awq"] = _mse(outputs, cap.outputs)
-        if self.config.awq_next_inputs == "float":
-            outputs = cap.outputs
-        return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan, outputs=outputs)
+        floats = self.config.awq_next_inputs == "float"
+        return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan,
+                           outputs=cap.outputs if floats else outputs, outputs_are_float=floats)
+
+    def quantize_experts(self, moe) -> LayerResult:
+        """An MoE layer's experts after quantize_layer (quantkit.quant.awq_experts), with the plan loaded for the
+        layer, if any."""
+        return quantize_experts_awq(moe, self.config, self._layer_plan, quantize_linear)
 
     # ---- which groups are scaled, and what a plan must hold -------------------------------------
 
@@ -187,21 +194,8 @@ class AWQMethod:
         weights, losses, clip_stats = {}, {}, {}
         clipped = set(_clipped(ctx, quantized))
         for name in quantized:
-            lin = get_submodule(ctx.layer, name)
-            x = samples[by_linear[name].name].to(lin.weight.device)
-            w = lin.weight.data.float()
-            key = clip_key(name)
-            if name in clipped and (loaded is None or key in loaded):  # a loaded plan may leave it unclipped
-                max_val = loaded[key] if loaded is not None else search_clip(w, x, ctx.scheme, self.config.awq_grid)
-                plan[key] = max_val.detach().float().cpu()
-                apply_clip(lin, plan[key])
-                org_max = _group_abs_max(w, max_val.shape[1])
-                clip_stats[name] = float((max_val.to(w.device) / org_max.clamp(min=1e-12)).mean())
-            qw = rtn_quantize(lin.weight.data, ctx.scheme)
-            w_hat = qw.dequantize().to(lin.weight.device)
-            lin.weight.data = w_hat.to(lin.weight.dtype)
-            weights[name] = qw
-            losses[name] = float((x @ w_hat.T - x @ w.T).pow(2).mean())
+            quantize_linear(ctx, name, samples[by_linear[name].name], name in clipped, loaded, plan, self.config.awq_grid,
+                            weights, losses, clip_stats)
         return weights, losses, clip_stats
 
     def _rtn_block_loss(self, ctx: LayerContext, quantized: list[str], refs: list[torch.Tensor]) -> float:
@@ -215,6 +209,28 @@ class AWQMethod:
         finally:
             for lin, w in zip(linears, originals):
                 lin.weight.data = w
+
+
+def quantize_linear(ctx: LayerContext, name: str, x: torch.Tensor, clip: bool, loaded: dict | None, plan: dict,
+                    grid: int, weights: dict, losses: dict, clip_stats: dict) -> None:
+    """One linear of the layer (its scale already folded): clip (searched on x [T, K], the linear's input as the
+    folded layer feeds it, or loaded; not where `clip` is False or a loaded plan has none), RTN-quantize, leave
+    the dequantized weight in place; the integer weight, output loss and clip ratio into the dicts."""
+    lin = get_submodule(ctx.layer, name)
+    x = x.to(lin.weight.device)
+    w = lin.weight.data.float()
+    key = clip_key(name)
+    if clip and (loaded is None or key in loaded):
+        max_val = loaded[key] if loaded is not None else search_clip(w, x, ctx.scheme, grid)
+        plan[key] = max_val.detach().float().cpu()
+        apply_clip(lin, plan[key])
+        org_max = _group_abs_max(w, max_val.shape[1])
+        clip_stats[name] = float((max_val.to(w.device) / org_max.clamp(min=1e-12)).mean())
+    qw = rtn_quantize(lin.weight.data, ctx.scheme)
+    w_hat = qw.dequantize().to(lin.weight.device)
+    lin.weight.data = w_hat.to(lin.weight.dtype)
+    weights[name] = qw
+    losses[name] = float((x @ w_hat.T - x @ w.T).pow(2).mean())
 
 
 def _clipped(ctx: LayerContext, quantized: list[str]) -> list[str]:

@@ -19,13 +19,15 @@ def fold_reason(layer: nn.Module, group: LinearGroup, model_config) -> str | Non
     """None when the group's scale can be folded into its feeder, else why not."""
     feeder = get_submodule(layer, group.feeder)
     out_channels = feeder.weight.shape[0]
+    rep = 1
     if group.feeder_repeats_kv:
         heads, kv_heads = head_counts(model_config)
-        out_channels *= heads // kv_heads  # GQA: o_proj reads each v_proj row once per query head of its group
+        rep = heads // kv_heads  # GQA: o_proj reads each v_proj row once per query head of its group
     for name in group.linears:
         k = get_submodule(layer, name).weight.shape[1]
-        if k != out_channels:
-            return f"{group.feeder} has {out_channels} output channels but {name} reads {k}"
+        fits = k // rep <= out_channels if group.feeder_tail else k == out_channels * rep
+        if not fits or k % rep:
+            return f"{group.feeder} has {out_channels * rep} output channels but {name} reads {k}"
     return None
 
 
@@ -36,27 +38,46 @@ def feeder_scale(group: LinearGroup, s: torch.Tensor, model_config) -> torch.Ten
 
 
 @torch.no_grad()
-def fold_scale(layer: nn.Module, group: LinearGroup, s: torch.Tensor, model_config) -> None:
-    """Divide the feeder's output channels by s [K] and multiply the group's input columns by s."""
+def fold_scale(layer: nn.Module, group: LinearGroup, s: torch.Tensor, model_config, norm_offset: float = 0.0,
+               also_scaled: tuple[str, ...] = ()) -> None:
+    """Divide the feeder's output channels by s [K] and multiply the group's input columns by s.
+
+    norm_offset: a norm that scales by (offset + weight) (Gemma's 1 + w) gets (offset + w) / s - offset.
+    also_scaled: float linears that read the group's input too (an MoE router): their columns are
+    multiplied by s as well, so they see the same input as before the fold."""
     feeder = get_submodule(layer, group.feeder)
     s = s.to(feeder.weight.device)
     f = feeder_scale(group, s, model_config)
     if group.feeder_is_norm:
-        _scale_param(feeder, "weight", 1 / f)  # norm weight: [K]
+        _scale_norm(feeder, "weight", 1 / f, norm_offset)  # norm weight: [K]
         _scale_param(feeder, "bias", 1 / f)  # LayerNorm-style feeders only
     else:
-        _scale_param(feeder, "weight", (1 / f).unsqueeze(1))  # feeding linear: rows [K_f, K_prev]
-        _scale_param(feeder, "bias", 1 / f)
-    for name in group.linears:
+        rows = slice(feeder.weight.shape[0] - f.numel(), None) if group.feeder_tail else slice(None)
+        _scale_rows(feeder, "weight", (1 / f).unsqueeze(1), rows)  # feeding linear: rows [K_f, K_prev]
+        _scale_rows(feeder, "bias", 1 / f, rows)
+    for name in (*group.linears, *also_scaled):
         _scale_param(get_submodule(layer, name), "weight", s.unsqueeze(0))  # [N, K] columns
 
 
 def _scale_param(module: nn.Module, attr: str, factor: torch.Tensor) -> None:
     """param *= factor, computed in fp32 and stored back in the parameter's dtype."""
+    _scale_rows(module, attr, factor, slice(None))
+
+
+def _scale_rows(module: nn.Module, attr: str, factor: torch.Tensor, rows: slice) -> None:
+    """param[rows] *= factor (all rows: slice(None)), in fp32, stored back in the parameter's dtype."""
     p = getattr(module, attr, None)
     if p is None:
         return
-    p.data = (p.data.float() * factor.float()).to(p.dtype)
+    data = p.data.float()
+    data[rows] = data[rows] * factor.float()
+    p.data = data.to(p.dtype)
+
+
+def _scale_norm(module: nn.Module, attr: str, factor: torch.Tensor, offset: float) -> None:
+    """A norm's (offset + weight) multiplied by factor, in fp32: weight = (offset + weight) * factor - offset."""
+    p = getattr(module, attr)
+    p.data = ((p.data.float() + offset) * factor.float() - offset).to(p.dtype)
 
 
 @torch.no_grad()

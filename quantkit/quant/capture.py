@@ -1,5 +1,5 @@
-"""Capturing what the first decoder layer sees: hidden states per calibration sample and the
-keyword arguments (RoPE cos/sin, mask, positions) the model passes to every layer."""
+"""Capturing what the decoder layers see: layer 0's hidden states per calibration sample and the
+keyword arguments (RoPE cos/sin, mask, positions) the model passes to each layer."""
 
 from __future__ import annotations
 
@@ -11,27 +11,42 @@ BATCH_TOKENS = 4096  # tokens per call of a decoder layer: samples are run toget
 
 
 class _Captured(Exception):
-    """Raised by the pre-hook to stop the forward pass at layer 0 (the other layers are not loaded)."""
+    """Raised by the last layer's stand-in to stop the forward pass (the real layers are not loaded)."""
 
 
-def capture_layer_inputs(base_model: nn.Module, first_layer: nn.Module, input_ids: torch.Tensor,
-                         device: torch.device) -> tuple[list[torch.Tensor], dict]:
+class _Recorder(nn.Module):
+    """Stands in for decoder layer `index` during the capture: records what the model passes it (hidden
+    states at layer 0, keyword arguments at every layer) and hands the hidden states on unchanged."""
+
+    def __init__(self, index: int, inputs: list, layer_kwargs: list[dict], last: bool):
+        super().__init__()
+        self.index, self.inputs, self.layer_kwargs, self.last = index, inputs, layer_kwargs, last
+
+    def forward(self, *args, **kwargs):
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        if self.index == 0:
+            self.inputs.append(hidden.detach().float())
+        self.layer_kwargs[self.index] = kwargs
+        if self.last:
+            raise _Captured
+        return hidden
+
+
+def capture_layer_inputs(base_model: nn.Module, layers: nn.ModuleList, input_ids: torch.Tensor,
+                         device: torch.device) -> tuple[list[torch.Tensor], list[dict]]:
     """Run the embedding part of `base_model` (e.g. LlamaModel) on each row of input_ids [n, seq].
 
-    Returns one [1, seq, hidden] fp32 tensor per sample and the layer kwargs of the last call
-    (all samples share seqlen, so RoPE and mask are the same for each).
+    Returns one [1, seq, hidden] fp32 tensor per sample (layer 0's input) and, per layer, the keyword
+    arguments the model passes it on the last call: RoPE, mask, positions. All samples share seqlen, so
+    these are the same for each; they differ between layers where the layers differ (Gemma 3's sliding
+    and full attention layers get their own RoPE and mask). Each layer is replaced by a `_Recorder` for
+    the run, so no layer computes.
     """
     inputs: list[torch.Tensor] = []
-    layer_kwargs: dict = {}
-
-    def pre_hook(_module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        inputs.append(hidden.detach().float())
-        layer_kwargs.clear()
-        layer_kwargs.update({k: v for k, v in kwargs.items() if k != "hidden_states"})
-        raise _Captured
-
-    handle = first_layer.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    layer_kwargs: list[dict] = [{} for _ in layers]
+    real = list(layers)
+    for i in range(len(real)):
+        layers[i] = _Recorder(i, inputs, layer_kwargs, last=i == len(real) - 1)
     try:
         with torch.no_grad():
             for row in input_ids:
@@ -40,10 +55,12 @@ def capture_layer_inputs(base_model: nn.Module, first_layer: nn.Module, input_id
                 except _Captured:
                     pass
     finally:
-        handle.remove()
-    layer_kwargs["use_cache"] = False
-    layer_kwargs.pop("cache", None)
-    layer_kwargs.pop("past_key_values", None)
+        for i, layer in enumerate(real):
+            layers[i] = layer
+    for kwargs in layer_kwargs:
+        kwargs["use_cache"] = False
+        kwargs.pop("cache", None)
+        kwargs.pop("past_key_values", None)
     return inputs, layer_kwargs
 
 

@@ -41,6 +41,17 @@ class GPTQMethod:
                 self._quantize_stack(ctx, stack, hessians[stack[0]], result)
         return result
 
+    def quantize_experts(self, moe) -> LayerResult:
+        """Each expert in turn (quantkit.quant.moe_experts.MoEContext): gate/up stacked on the Hessian of the
+        tokens routed to it (with the block's prior), then down on act(gate(x)) * up(x) with gate/up quantized
+        (true-sequential, as the dense MLP), each Hessian dropped before the next is made."""
+        ctx = moe.layer
+        result = LayerResult(weights={})
+        for ex in moe.experts():
+            self._quantize_stack(ctx, [ex.gate, ex.up], ex.hessian(), result)
+            self._quantize_stack(ctx, [ex.down], ex.hessian(ex.module.hidden), result)
+        return result
+
     def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult) -> None:
         """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
         in one pass (rows are independent given H), so the column loop and the Cholesky run once."""
@@ -86,12 +97,7 @@ class GPTQMethod:
         hooked = [n for n in ctx.spec.linears if n in set(shared.values())]  # in the order the layer calls them
         handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
         try:
-            with torch.no_grad(), ctx.autocast():
-                for x in ctx.inputs:
-                    try:
-                        ctx.layer(x, **ctx.layer_kwargs)
-                    except _HaveInputs:
-                        pass
+            ctx.run_for_hooks(_HaveInputs)
         finally:
             for h in handles:
                 h.remove()

@@ -40,10 +40,21 @@ class LayerContext:
     device: torch.device = torch.device("cpu")
     # dtype of the layer's forward passes (bf16: under autocast, the weights and the residual stream stay fp32)
     compute_dtype: torch.dtype = torch.float32
+    experts: frozenset[str] = frozenset()  # an MoE layer's expert linears to quantize after these (quantize_experts)
 
     def autocast(self):
         """The context every forward pass of the layer runs in: autocast to compute_dtype (off for fp32)."""
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
+
+    def run_for_hooks(self, stop: type[Exception]) -> None:
+        """Run the layer on every calibration input for its hooks' sake; a hook raising `stop` ends that run
+        (what comes after the hooked module is not needed)."""
+        with torch.no_grad(), self.autocast():
+            for x in self.inputs:
+                try:
+                    self.layer(x, **self.layer_kwargs)
+                except stop:
+                    pass
 
     def run_layer(self, inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Outputs of the layer, as it is now, for each input (default: the calibration inputs), fp32."""
@@ -64,12 +75,27 @@ class LayerResult:
     # the layer's outputs on ctx.inputs with the quantized weights, when the method ran them anyway
     # (the pipeline then feeds these to the next layer instead of running the layer again)
     outputs: list[torch.Tensor] | None = None
+    outputs_are_float: bool = False  # `outputs` are the float layer's (AWQ --awq-next-inputs float)
+
+
+def merge_results(first: LayerResult, then: LayerResult) -> LayerResult:
+    """One layer's result from two stages (the dense linears, then an MoE layer's experts). The first stage's
+    outputs were computed before the second changed the layer, so only float outputs (`outputs_are_float`)
+    are kept."""
+    stats = {**first.stats, "experts": then.stats} if then.stats else first.stats
+    return LayerResult({**first.weights, **then.weights}, {**first.losses, **then.losses}, stats,
+                       {**first.plan, **then.plan}, first.outputs if first.outputs_are_float else None,
+                       first.outputs_are_float)
 
 
 class LayerMethod(Protocol):
     name: str
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult: ...
+
+    def quantize_experts(self, moe) -> LayerResult:
+        """An MoE layer's experts, after quantize_layer (quantkit.quant.moe_experts.MoEContext)."""
+        ...
 
 
 def make_method(cfg: QuantizeConfig) -> LayerMethod:

@@ -32,12 +32,13 @@ from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_pa
 from quantkit.model.fingerprint import weights_fingerprint
 from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
 from quantkit.progress import progress_bar
-from quantkit.format.arch import ArchSpec, get_submodule, spec_for
+from quantkit.format.arch import ArchSpec, get_submodule, moe_shape, spec_for
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.calib_amount import CalibrationAmount
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
-from quantkit.quant.methods import LayerContext, make_method
+from quantkit.quant.methods import LayerContext, make_method, merge_results
+from quantkit.quant.moe_experts import quantize_experts
 from quantkit.format.packing import packable
 from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
 
@@ -102,8 +103,8 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
     num_layers = int(config_dict["num_hidden_layers"])
     quantized, skipped = [], {}
     for i in range(num_layers):
-        for group in spec.groups:
-            names = [f"{spec.layers}.{i}.{n}" for n in group.linears]
+        for linears in packing_units(spec, config_dict):
+            names = [f"{spec.layers}.{i}.{n}" for n in linears]
             reasons = {}
             for full in names:
                 shape = reader.shape_of(f"{full}.weight")
@@ -129,6 +130,14 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
     return QuantizePlan(path, spec, num_layers, quantized, skipped, seqlen, notes, reader.total_bytes())
 
 
+def packing_units(spec: ArchSpec, config) -> list[tuple[str, ...]]:
+    """Linears of a layer packed together or not at all: each spec group (serving engines fuse them), and each
+    expert's gate, up and down (vLLM's fused MoE holds every expert in one layout)."""
+    moe = moe_shape(spec, config)
+    experts = [spec.experts.linears_of(e) for e in range(moe.num_experts)] if moe else []
+    return [g.linears for g in spec.groups] + experts
+
+
 def skipped_fused_names(plan: QuantizePlan) -> list[str]:
     """Fused module names (as vLLM sees them, e.g. model.layers.0.mlp.gate_up_proj) whose members are all float."""
     out = []
@@ -138,6 +147,11 @@ def skipped_fused_names(plan: QuantizePlan) -> list[str]:
             if group.fused and all(m in plan.skipped for m in members):
                 out.append(f"{plan.spec.layers}.{i}.{group.fused}")
     return out
+
+
+def float_modules(plan: QuantizePlan) -> list[str]:
+    """Full names of the linears kept float by design (MoE routers), which readers must not take for packed."""
+    return [f"{plan.spec.layers}.{i}.{n}" for i in range(plan.num_layers) for n in plan.spec.float_linears()]
 
 
 def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
@@ -175,7 +189,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     layers = get_submodule(model, spec.layers)
 
     calib = None
-    inputs, layer_kwargs = [], {}
+    inputs, layer_kwargs = [], [{} for _ in range(plan.num_layers)]
     if method.needs_calibration:
         calib = _calibration(cfg, path, plan, show_progress)
         _check_calibration_amount(cfg, plan, reader, calib, warn)
@@ -188,7 +202,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     with progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
             report, tensors, layer_plan, inputs = _quantize_one_layer(
-                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device, dtype)
+                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, dtype)
             writer.add(tensors)
             plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
@@ -201,7 +215,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     if plan_tensors:
         save_plan(plan_tensors, out_dir / PLAN_FILE)
     report = QuantizeReport(plan, reports, out_dir, time.perf_counter() - start, 0, calib.token_hash if calib else None)
-    qconfig = quantization_config(cfg, list(plan.skipped), skipped_fused_names(plan))
+    qconfig = quantization_config(cfg, list(plan.skipped) + float_modules(plan), skipped_fused_names(plan))
     meta = {**_meta(cfg, report), "import_seconds": round(import_seconds, 3),
             "source_fingerprint": weights_fingerprint(reader)}  # `quantkit eval` checks its --base against it
     write_metadata(out_dir, path, config_dict, qconfig, meta)
@@ -223,12 +237,13 @@ def _check_calibration_amount(cfg: QuantizeConfig, plan: QuantizePlan, reader: S
     warn(shortfall)
 
 
-def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> tuple[list, dict]:
-    """The calibration samples' hidden states entering layer 0 (batched) and the layer's other
+def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> tuple[list, list[dict]]:
+    """The calibration samples' hidden states entering layer 0 (batched) and each layer's other
     arguments: the embeddings are loaded for this one pass, then dropped (not needed past layer 0)."""
     _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
-    inputs, layer_kwargs = capture_layer_inputs_on(get_submodule(model, spec.layers.rpartition(".")[0]),
-                                                   get_submodule(model, spec.layers)[0], input_ids, device)
+    with progress_bar("capture layer 0 inputs", None, False):
+        inputs, layer_kwargs = capture_layer_inputs(get_submodule(model, spec.layers.rpartition(".")[0]),
+                                                    get_submodule(model, spec.layers), input_ids, device)
     get_submodule(model, spec.embed).to("meta")
     return batch_samples(inputs), layer_kwargs
 
@@ -254,12 +269,6 @@ def import_model_code(path: Path) -> float:
     if config_class in MODEL_FOR_CAUSAL_LM_MAPPING:
         MODEL_FOR_CAUSAL_LM_MAPPING[config_class]  # imports the modeling module (a lazy mapping)
     return time.perf_counter() - t0
-
-
-def capture_layer_inputs_on(base, first_layer, input_ids, device):
-
-    with progress_bar("capture layer 0 inputs", None, False):
-        return capture_layer_inputs(base, first_layer, input_ids, device)
 
 
 def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan, show_progress: bool = True):
@@ -292,13 +301,19 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     layer = layers[i]
     layer.load_state_dict({k: source.pop(k).float().to(device) for k in list(source)}, strict=True, assign=True)
     linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
+    moe = moe_shape(spec, hf_cfg)
+    experts = frozenset(n for n in spec.expert_linears(moe.num_experts if moe else 0)
+                        if f"{prefix}.{n}" in plan.quantized_set)
     ctx = LayerContext(
         index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
         scheme=cfg.scheme, config=cfg, linears=linears,
         skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
-        device=device, compute_dtype=dtype,
+        device=device, compute_dtype=dtype, experts=experts,
     )
     result = method.quantize_layer(ctx)
+    if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
+        linears += tuple(sorted(experts, key=spec.order_of))
+        result = merge_results(result, quantize_experts(ctx, method, bool(inputs)))
     missing = set(linears) - set(result.weights)
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from quantkit.kernels.paged_attention_reference import (
     paged_decode_attention_reference,
+    paged_masked_attention_reference,
     paged_prefill_attention_reference,
 )
 from tests_support.kernel_inputs import random_paged
@@ -63,6 +64,36 @@ def test_prefill_reference_exact_causal_mask_for_chunks(seq_len, chunk):
     out = paged_prefill_attention_reference(q, kc, vc, tables[0], seq_len, d ** -0.5)
     want = dense_attention(q, *dense[0], d ** -0.5, causal_offset=seq_len - chunk)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def dense_masked_attention(q, k, v, scale, causal_offset, window, softcap):
+    """dense_attention with a sliding window (query at p sees p - window < j <= p) and scores capped to
+    c * tanh(s / c): transformers' eager attention for Gemma, naive, fp64."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).double()
+    v = v.repeat_interleave(group, dim=1).double()
+    scores = torch.einsum("nhd,lhd->hnl", q.double(), k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    pos = torch.arange(q.shape[0])[:, None] + causal_offset
+    keys = torch.arange(k.shape[0])[None, :]
+    mask = (keys <= pos) & ((keys > pos - window) if window is not None else True)
+    return torch.einsum("hnl,lhd->nhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v).float()
+
+
+@pytest.mark.parametrize("seq_len,chunk,window,softcap", [
+    (40, 40, 8, None), (40, 5, 8, None), (41, 1, 16, None), (23, 1, 30, None),  # window past the start
+    (40, 9, None, 2.0), (40, 1, 7, 1.5), (33, 33, 5, 3.0)])
+def test_masked_reference_honours_the_window_and_the_cap(seq_len, chunk, window, softcap):
+    heads, kv_heads, d, bs = 4, 2, 16, 8
+    kc, vc, tables, dense = random_paged([seq_len], heads, kv_heads, d, bs, num_blocks=16, seed=5)
+    q = torch.randn(chunk, heads, d, generator=torch.Generator().manual_seed(1)) * 3  # scores large enough to cap
+    out = paged_masked_attention_reference(q, kc, vc, tables[0], seq_len, d ** -0.5, window, softcap)
+    want = dense_masked_attention(q, *dense[0], d ** -0.5, seq_len - chunk, window, softcap)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    if window is not None and seq_len - chunk >= window:  # it does differ from full causal attention
+        full = dense_masked_attention(q, *dense[0], d ** -0.5, seq_len - chunk, None, softcap)
+        assert not torch.allclose(out, full, atol=1e-3)
 
 
 @pytest.mark.parametrize("heads,kv_heads,d,block_size,dtype", [

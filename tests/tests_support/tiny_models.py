@@ -16,6 +16,16 @@ FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    # a sliding layer (window 24: the test prompts run past it) then a full one, each with its own RoPE base;
+    # the final logits soft-capped; query_pre_attn_scalar apart from head_dim
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 32, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"],
+        "final_logit_softcapping": 5.0, "query_pre_attn_scalar": 24}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+        "norm_topk_prob": True}),
 }
 
 

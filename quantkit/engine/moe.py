@@ -1,0 +1,84 @@
+"""The engine's mixture-of-experts block (Mixtral, Qwen3-MoE) over a flat batch x [T, hidden].
+
+A step routes every token (the float router, softmax in fp32, top k, renormalized where the family
+does: quantkit.model.moe.route), groups the tokens by expert (one sort: expert_batches), and runs
+each expert that got tokens once on all of its tokens: gate and up fused into one linear (at load,
+like a dense MLP's: QuantLinear.concat for 4-bit experts, so one int4 kernel call), the activation,
+down, then the routing weight, added into the output rows in ascending expert order (as
+transformers does). Module names mirror the checkpoint's, so packed experts load by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from quantkit.engine.decoder_shape import DecoderShape
+from quantkit.kernels import fused_ops_reference
+from quantkit.model.moe import expert_batches, route
+
+
+def gelu_tanh_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Gemma's gate activation (transformers' gelu_pytorch_tanh) times up, in torch."""
+    return nn.functional.gelu(gate, approximate="tanh") * up
+
+
+def act_and_mul(ops, act: str):
+    """The op computing act(gate) * up for the shape's activation: the fused C++ SiLU where `ops` has it."""
+    return ops.silu_and_mul if act == "silu" else gelu_tanh_and_mul
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with its linears under `names` (gate, up, down); gate and up may arrive fused
+    as `fused_name` (Phi-3's gate_up_proj) or be fused at load (`fuse`)."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str, names: tuple[str, str, str],
+                 fused_name: str | None = None):
+        super().__init__()
+        self.act, self.down_name = act, names[2]
+        self.gate_up_proj: nn.Module | None = None
+        if fused_name is not None:  # stored fused: x -> [gate | up]
+            self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+            self.fusable: tuple[str, ...] = ()
+        else:
+            for name in names[:2]:
+                setattr(self, name, nn.Linear(hidden, intermediate, bias=False))
+            self.fusable = names[:2]  # fused at load (weights.fuse_projections) in this order
+        setattr(self, names[2], nn.Linear(intermediate, hidden, bias=False))
+
+    def fuse(self, gate_up: nn.Module) -> None:
+        """Run gate/up as `gate_up` from now on (built at load from the loaded two: x -> [gate | up])."""
+        for name in self.fusable:
+            delattr(self, name)
+        self.fusable = ()
+        self.gate_up_proj = gate_up
+
+    def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
+        mul = act_and_mul(ops, self.act)
+        if self.gate_up_proj is None:
+            gate, up = (getattr(self, n)(x) for n in self.fusable)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # views of [T, 2I]: the op reads them strided
+        return getattr(self, self.down_name)(mul(gate, up))
+
+
+class MoEBlock(nn.Module):
+    """Router + experts under the family's names (ExpertsSpec): x [T, hidden] -> [T, hidden]."""
+
+    def __init__(self, s: DecoderShape):
+        super().__init__()
+        spec, moe = s.experts, s.moe
+        self.spec, self.moe = spec, moe
+        setattr(self, spec.router, nn.Linear(s.hidden_size, moe.num_experts, bias=False))
+        names = (spec.gate, spec.up, spec.down)
+        setattr(self, spec.experts, nn.ModuleList(GatedMLP(s.hidden_size, moe.intermediate, s.act, names)
+                                                  for _ in range(moe.num_experts)))
+
+    def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
+        weights, chosen = route(getattr(self, self.spec.router)(x), self.moe.top_k, self.moe.renormalize)
+        experts = getattr(self, self.spec.experts)
+        out = torch.zeros_like(x)
+        for b in expert_batches(weights, chosen, self.moe.num_experts):
+            y = experts[b.expert](x.index_select(0, b.rows), ops)  # [n, hidden]
+            out.index_add_(0, b.rows, (y * b.weights[:, None]).to(out.dtype))
+        return out

@@ -1,0 +1,214 @@
+"""The experts of a mixture-of-experts layer, quantized one at a time (after the layer's attention).
+
+  capture the MoE block's input on every calibration token (the layer re-run with the attention
+  already quantized, stopped at the block) -> the float router's choices for each token
+  -> for each expert in turn: the tokens routed to it -> the method quantizes its gate/up, then
+     its down on act(gate(x)) * up(x) with gate/up already quantized -> its Hessians are dropped.
+
+Memory: the layer's weights (as for a dense layer), the block's input [T, hidden] fp32, the prior's
+[H, H] Hessian (shared by every expert's gate/up), and one expert's statistics at a time (GPTQ: one
+[H, H] and one [I, I] Hessian), never every expert's.
+
+Each expert's statistics come from the tokens routed to it, with a prior: GPTQ's Hessian of a
+linear of input width K is (n H_routed + K H_prior) / (n + K), H_prior that of an evenly strided
+sample of every token of the block (`PRIOR_TOKENS`, routed anywhere), worth K pseudo-tokens. An
+expert with n >> K tokens keeps its own statistics; one the router starves (n near 0, whose routed
+Hessian is singular noise) falls back on the block's. Measured on real trained MLPs and their inputs
+with a simulated router (`python -m quantkit.bench.moe_starved`, docs/BENCHMARKS.md, "MoE: experts
+with few tokens"): better than the routed tokens alone at every count tried (8 to 1024 tokens),
+than RTN (which the routed Hessian loses to below ~128), and from 32 tokens on than every token's
+Hessian for all experts (llm-compressor's "calibrate all experts"; within 2% of it below). AWQ
+blends its statistics (mean |x|, Gram matrix, clip samples) with the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from quantkit.format.arch import get_submodule
+from quantkit.model.moe import SparseMoeBlock, expert_batches
+from quantkit.quant.gptq import accumulate_hessian, empty_hessian
+from quantkit.quant.methods import LayerContext, LayerResult
+
+PRIOR_TOKENS = 2048  # the block's tokens (evenly strided) whose statistics are every expert's prior
+CHUNK_TOKENS = 4096  # tokens per pass when a statistic is accumulated over many tokens
+
+
+class _HaveBlockInput(Exception):
+    """Raised by the block's pre-hook: the rest of the layer is not needed."""
+
+
+@dataclass
+class RoutedTokens:
+    """The MoE block's input on the calibration tokens and the float router's choices for them."""
+
+    x: torch.Tensor  # [T, hidden] fp32
+    weights: torch.Tensor  # [T, top_k] fp32
+    experts: torch.Tensor  # [T, top_k] int64
+
+
+def prior_weight(routed: int, width: int) -> float:
+    """The prior's share of an expert's statistic for an input of `width` channels: K / (n + K)."""
+    return width / (routed + width)
+
+
+@dataclass
+class ExpertWork:
+    """One expert's turn: its linears (names relative to the layer), the tokens routed to it and the prior's
+    tokens, and its statistics blended from the two (see the module docstring)."""
+
+    index: int
+    gate: str
+    up: str
+    down: str
+    module: torch.nn.Module  # quantkit.model.moe.Expert
+    x: torch.Tensor  # [n, hidden] fp32: the tokens routed to it
+    prior: torch.Tensor  # [p, hidden] fp32: an evenly strided sample of every token of the block
+    layer: LayerContext
+    input_prior: Callable[[], torch.Tensor] | None = None  # the prior's Hessian of x [hidden, hidden], shared
+
+    @property
+    def routed(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def linears(self) -> tuple[str, str, str]:
+        return self.gate, self.up, self.down
+
+    def hessian(self, through: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """GPTQ's Hessian [K, K] of z = through(x) (x itself without): (n H_routed + K H_prior) / (n + K)."""
+        if through is None and self.input_prior is not None:  # the same for every expert: made once a layer
+            h = self.input_prior().clone()
+        else:
+            h = self.layer_gram(self.prior, through)
+        w = prior_weight(self.routed, h.shape[0])
+        if self.routed:
+            h.mul_(w).add_(self.layer_gram(self.x, through), alpha=1 - w)
+        return h
+
+    def layer_gram(self, x: torch.Tensor, through=None) -> torch.Tensor:
+        return gram(self.layer, x, through)
+
+    def blended(self, stat: Callable[[torch.Tensor], torch.Tensor], through=None) -> torch.Tensor:
+        """A per-token mean `stat` of z = through(x) (over [n, K] -> any shape), blended as the Hessian is."""
+        with torch.no_grad(), self.layer.autocast():
+            prior = self.prior if through is None else through(self.prior).float()
+            own = self.x if through is None else through(self.x).float()
+        w = prior_weight(self.routed, prior.shape[1])
+        out = stat(prior) * w
+        return out + stat(own) * (1 - w) if self.routed else out
+
+    def sample(self, tokens: int, through=None) -> torch.Tensor:
+        """About `tokens` rows of z = through(x), routed and prior ones in the blend's proportions: [<= tokens, K]."""
+        with torch.no_grad(), self.layer.autocast():
+            width = self.x.shape[1] if through is None else through(self.x[:1]).shape[1]
+            own = round(tokens * (1 - prior_weight(self.routed, width)))
+            parts = [_strided(self.x, own), _strided(self.prior, tokens - own)]
+            z = torch.cat([p for p in parts if p.shape[0]])
+            return z if through is None else through(z).float()
+
+
+def _strided(x: torch.Tensor, count: int) -> torch.Tensor:
+    """min(count, rows) evenly spaced rows of x (all of them where it has no more)."""
+    if count >= x.shape[0]:
+        return x
+    return x[torch.linspace(0, x.shape[0] - 1, max(count, 0)).long()]
+
+
+def gram(ctx: LayerContext, x: torch.Tensor, through: Callable[[torch.Tensor], torch.Tensor] | None = None
+         ) -> torch.Tensor:
+    """GPTQ's H = 2/n sum_t z_t z_t^T [K, K] fp32 of z = through(x) (x itself without), in chunks of tokens."""
+    h, n = None, 0
+    with torch.no_grad(), ctx.autocast():
+        for start in range(0, x.shape[0], CHUNK_TOKENS):
+            z = x[start:start + CHUNK_TOKENS]
+            z = z if through is None else through(z)
+            if h is None:
+                h = empty_hessian(z.shape[-1], z.device)
+            h, n = accumulate_hessian(h, n, z)
+    return h
+
+
+@dataclass
+class MoEContext:
+    """What a method's `quantize_experts` sees: the layer, its MoE block, and (for calibrated methods) the
+    routed calibration tokens."""
+
+    layer: LayerContext
+    block: SparseMoeBlock
+    block_path: str  # relative to the layer
+    quantized: frozenset[str]  # expert linears to quantize (relative to the layer); the others stay float
+    tokens: RoutedTokens | None = None
+    prior_tokens: int = PRIOR_TOKENS
+
+    def expert_linears(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
+        """(expert, (gate, up, down)) of each expert whose linears are all quantized, in order."""
+        spec = self.layer.spec.experts
+        for e in range(self.block.shape.num_experts):
+            names = spec.linears_of(e)
+            if all(n in self.quantized for n in names):
+                yield e, names
+
+    def experts(self) -> Iterator[ExpertWork]:
+        """Each quantized expert with its calibration tokens, one at a time (each x made only on its turn)."""
+        tokens = self.tokens
+        batches = {b.expert: b for b in expert_batches(tokens.weights, tokens.experts, self.block.shape.num_experts)}
+        prior = _strided(tokens.x, self.prior_tokens)
+        cached: list[torch.Tensor] = []
+
+        def input_prior() -> torch.Tensor:  # one [hidden, hidden] kept for the layer, made on first use
+            if not cached:
+                cached.append(gram(self.layer, prior))
+            return cached[0]
+
+        for e, (gate, up, down) in self.expert_linears():
+            batch = batches.get(e)
+            x = tokens.x[:0] if batch is None else tokens.x[batch.rows]
+            yield ExpertWork(e, gate, up, down, self.block.expert_list[e], x, prior, self.layer, input_prior)
+
+
+def capture_block_input(ctx: LayerContext, block_path: str) -> torch.Tensor:
+    """The MoE block's input [T, hidden] fp32 on every calibration token, the layer as it is now (its
+    attention quantized): each run stops at the block."""
+    block = get_submodule(ctx.layer, block_path)
+    seen: list[torch.Tensor] = []
+
+    def hook(_module, args):
+        seen.append(args[0].reshape(-1, args[0].shape[-1]).float())
+        raise _HaveBlockInput
+
+    handle = block.register_forward_pre_hook(hook)
+    try:
+        ctx.run_for_hooks(_HaveBlockInput)
+    finally:
+        handle.remove()
+    return torch.cat(seen)
+
+
+def route_tokens(ctx: LayerContext, block: SparseMoeBlock, x: torch.Tensor) -> RoutedTokens:
+    """The float router's top-k choices for x [T, hidden], in chunks, as the layer computes them."""
+    weights, experts = [], []
+    with torch.no_grad(), ctx.autocast():
+        for start in range(0, x.shape[0], CHUNK_TOKENS):
+            w, e = block.route(x[start:start + CHUNK_TOKENS])
+            weights.append(w.float())
+            experts.append(e)
+    return RoutedTokens(x, torch.cat(weights), torch.cat(experts))
+
+
+def quantize_experts(ctx: LayerContext, method, calibrated: bool) -> LayerResult:
+    """The layer's experts (ctx.experts) through `method.quantize_experts` (calibrated methods: with routed
+    tokens)."""
+    spec = ctx.spec.experts
+    block = get_submodule(ctx.layer, spec.block)
+    moe = MoEContext(ctx, block, spec.block, ctx.experts)
+    if calibrated:
+        moe.tokens = route_tokens(ctx, block, capture_block_input(ctx, spec.block))
+    result = method.quantize_experts(moe)
+    if calibrated:  # tokens routed to each expert: the prior's share of its statistics is K / (n + K)
+        counts = torch.bincount(moe.tokens.experts.reshape(-1), minlength=block.shape.num_experts)
+        result.stats["expert_tokens"] = counts.tolist()
+    return result
