@@ -25,7 +25,7 @@ from quantkit.engine.request import Request, RequestOutput, RequestStatus
 from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.scheduler import Scheduler, SchedulerOutput
-from quantkit.engine.spec_decode import propose_ngram
+from quantkit.engine.spec_decode import NgramIndex
 from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.structured_outputs import GrammarMatchers
 from quantkit.engine.swap import SwapSpace
@@ -297,8 +297,9 @@ class LLMEngine:
             room = min(spec.num_speculative_tokens, req.params.max_tokens - req.num_output_tokens - 1,
                        self.max_model_len - req.num_tokens - 1)
             if room > 0:
-                req.draft_token_ids = propose_ngram(req.all_token_ids, room, spec.prompt_lookup_max,
-                                                    spec.prompt_lookup_min)
+                if req.ngram_index is None:
+                    req.ngram_index = NgramIndex(spec.prompt_lookup_max, spec.prompt_lookup_min)
+                req.draft_token_ids = req.ngram_index.propose(req.all_token_ids, room)
 
     def _fail_non_finite(self, reqs: list[Request], logits: torch.Tensor) -> tuple[list[Request], torch.Tensor]:
         """Fail the requests whose logits hold NaN or inf (corrupt weights, an overflow): an error, never text

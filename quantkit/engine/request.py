@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from quantkit.engine.block_pool import BlockHash, hash_block_tokens
 from quantkit.engine.sampling_params import SamplingParams
+from quantkit.engine.spec_decode import NgramIndex
 
 
 class RequestStatus(enum.Enum):
@@ -94,6 +95,7 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # one per prompt token; entry 0 None
     text: str = ""
     draft_token_ids: list[int] = field(default_factory=list)  # speculative decoding's guesses for the next step
+    ngram_index: NgramIndex | None = field(default=None, repr=False)  # where the guesses are looked up
 
     def __post_init__(self):
         self._all = list(self.prompt_token_ids)

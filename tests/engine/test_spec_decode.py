@@ -8,7 +8,8 @@ import torch
 
 from quantkit.engine import LLM, SamplingParams
 from quantkit.engine.sampler import Sampler
-from quantkit.engine.spec_decode import SpeculativeConfig, accept_or_resample, propose_ngram, verify_greedy
+from quantkit.engine.spec_decode import (NgramIndex, SpeculativeConfig, accept_or_resample, propose_ngram,
+                                         verify_greedy)
 from quantkit.errors import QuantkitError
 
 
@@ -64,6 +65,34 @@ def test_the_sampler_verifies_in_order_with_penalties_seeing_the_kept_drafts():
 def test_a_bad_speculative_config_is_one_line(d, words):
     with pytest.raises(QuantkitError, match=words):
         SpeculativeConfig.from_dict(d)
+
+
+@pytest.mark.parametrize("n_max,n_min", [(4, 1), (4, 4), (2, 1), (5, 3)])
+def test_the_index_drafts_as_the_reference_scan(n_max, n_min):
+    """NgramIndex, fed a list as it grows (a few tokens at a time, as accepted drafts arrive), drafts at every length
+    what propose_ngram's scan of the whole list drafts; a list that shrinks starts it afresh."""
+    g = torch.Generator().manual_seed(n_max * 10 + n_min)
+    for vocab in (3, 8, 50):
+        tokens = torch.randint(0, vocab, (300,), generator=g).tolist()
+        index, length = NgramIndex(n_max, n_min), 0
+        while length < len(tokens):
+            length += int(torch.randint(1, 4, (1,), generator=g))
+            assert index.propose(tokens[:length], 4) == propose_ngram(tokens[:length], 4, n_max, n_min), length
+        other = torch.randint(0, vocab, (40,), generator=g).tolist()
+        assert index.propose(other, 3) == propose_ngram(other, 3, n_max, n_min)
+
+
+@pytest.mark.parametrize("d,window", [({}, (5, 5)), ({"prompt_lookup_max": 3}, (3, 3)),
+                                      ({"prompt_lookup_min": 2}, (2, 2)),
+                                      ({"prompt_lookup_min": 1, "prompt_lookup_max": 4}, (4, 1))])
+def test_the_lookup_window_defaults_as_vllms(d, window):
+    cfg = SpeculativeConfig.from_dict({"num_speculative_tokens": 3, **d})
+    assert (cfg.prompt_lookup_max, cfg.prompt_lookup_min) == window
+
+
+def test_a_zero_lookup_bound_is_refused_not_defaulted():
+    with pytest.raises(QuantkitError, match="prompt_lookup_min"):
+        SpeculativeConfig.from_dict({"num_speculative_tokens": 3, "prompt_lookup_min": 0, "prompt_lookup_max": 3})
 
 
 REPEATING = ["Once upon a time there was a little girl named Lily. She loved to play with her toys. One day, Lily went "
