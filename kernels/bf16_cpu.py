@@ -6,7 +6,7 @@ line one `vdpbf16ps` operand as stored). Where the CPU has AMX tiles and Linux g
 layout is read as TDPBF16PS B operands (16 lines a tile, kernels/csrc/amx_bf16.h) from one row of x on (`has_amx`,
 `set_amx` on the extension). The engine runs a bf16 model's float linears through it instead of oneDNN's prepacked
 GEMM: it reads the weights of a decode step closer to the memory's pace and comes within 0.9x of oneDNN on
-prefill-sized batches (python -m quantkit.bench.bf16_dot, docs/BENCHMARKS.md).
+prefill-sized batches (python benchmarks/bf16_dot.py, docs/BENCHMARKS.md).
 
 `Bf16Linear`, for CPUs without native bf16 (AVX-512 or AVX2 + FMA):
 
@@ -15,8 +15,8 @@ read per decoded token (131 MB for a 32000 x 1024 head). Held as the checkpoint'
 widens to fp32 exactly inside the kernel: the result is fp32 F.linear on the widened weight (up to the
 order of the sums) from half the bytes. The kernel reads the weight in panels of 16 rows laid out k-major
 (`pack_weight`, done once by `Bf16Linear`), so one tile serves several rows of x and W is read once per call at
-any M. `Bf16Linear` is a drop-in for nn.Linear (no bias: lm_heads have none); whether it pays is measured
-(python -m quantkit.bench.bf16_head), not assumed.
+any M. `Bf16Linear` is a drop-in for nn.Linear (no bias: lm_heads have none); whether it pays was measured
+(at commit e02ec4c, python -m quantkit.bench.bf16_head; docs/cpu-kernels.md), not assumed.
 """
 
 from __future__ import annotations

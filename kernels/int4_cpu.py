@@ -33,8 +33,8 @@ from quantkit.kernels.cpu_int import group_order
 EXTENSION = "quantkit_int4"
 SOURCES = ("int4_cpu.cpp",)
 ROWS = 16  # output rows per block
-# From M = DENSE_FROM_M on, dequantize-a-tile-then-matmul beats the kernel (python -m
-# quantkit.bench.int4_cpu on this project's CPU, 2 threads, the four shapes; docs/BENCHMARKS.md).
+# From M = DENSE_FROM_M on, dequantize-a-tile-then-matmul beats the kernel (python
+# benchmarks/int4_cpu.py on this project's CPU, 2 threads, the four shapes; docs/BENCHMARKS.md).
 DENSE_FROM_M = 512
 # bf16 activations on a CPU whose oneDNN computes bf16 natively (AVX-512 BF16 / AMX): the dense path
 # is a bf16 GEMM on the dequantized tile, ahead of the AVX2 kernel from M = 64 (behind at 32), and of
@@ -42,11 +42,11 @@ DENSE_FROM_M = 512
 # "4-bit linears in bf16").
 DENSE_FROM_M_BF16 = 48
 # With the AVX-512 BF16 kernel, the dense path dequantizes into the bf16 kernel's layout and runs it: the two cross at
-# 128-160 rows over the benchmark model's linears (python -m quantkit.bench.int4_tiles; docs/BENCHMARKS.md).
+# 128-160 rows over the benchmark model's linears (measured at commit e02ec4c, python -m quantkit.bench.int4_tiles; docs/cpu-kernels.md).
 DENSE_FROM_M_BF16_KERNEL = 160
 # With AMX tiles (kernels/csrc/int4_amx.h), the kernel's exact per-group sums lose to the dense path's single pass over
 # bf16 tiles (bf16_dot_linear on AMX too) from 256 rows over the benchmark model's linears (808 against 838 GMAC/s; 797
-# against 913 at 384; python -m quantkit.bench.int4_tiles --switch amx; docs/BENCHMARKS.md).
+# against 913 at 384; measured at commit e02ec4c, python -m quantkit.bench.int4_tiles --switch amx; docs/cpu-kernels.md).
 DENSE_FROM_M_AMX = 256
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 

@@ -14,7 +14,7 @@ linear of input width K is (n H_routed + K H_prior) / (n + K), H_prior that of a
 sample of every token of the block (`PRIOR_TOKENS`, routed anywhere), worth K pseudo-tokens. An
 expert with n >> K tokens keeps its own statistics; one the router starves (n near 0, whose routed
 Hessian is singular noise) falls back on the block's. Measured on real trained MLPs and their inputs
-with a simulated router (`python -m quantkit.bench.moe_starved`, docs/BENCHMARKS.md, "MoE: experts
+with a simulated router (`python benchmarks/moe_starved.py`, docs/BENCHMARKS.md, "MoE: experts
 with few tokens"): better than the routed tokens alone at every count tried (8 to 1024 tokens),
 than RTN (which the routed Hessian loses to below ~128), and from 32 tokens on than every token's
 Hessian for all experts (llm-compressor's "calibrate all experts"; within 2% of it below). AWQ

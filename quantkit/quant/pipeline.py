@@ -9,7 +9,7 @@
 
 Only one decoder layer and the activations are in memory at a time (the embeddings too, until
 layer 0's inputs are captured): the reader releases the source pages it has read and the writer
-streams each tensor to disk. `python -m quantkit.bench.memory` measures this.
+streams each tensor to disk. `python benchmarks/memory.py` measures this.
 """
 
 from __future__ import annotations

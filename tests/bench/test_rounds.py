@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from quantkit.bench.kernel_revision import timed_rounds
 from quantkit.bench.rounds import per_round, round_order
 
 
@@ -10,12 +9,6 @@ def test_rounds_reverse_the_order_every_other_time():
     runs = ["float", "4-bit", "4-bit + head"]
     assert [round_order(runs, r) for r in range(3)] == [runs, runs[::-1], runs]
     assert round_order((1, 2), 1) == [2, 1]
-
-
-def test_timed_rounds_runs_the_passes_in_that_order():
-    calls = []
-    got = timed_rounds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
-    assert calls == ["a", "b", "b", "a", "a", "b"] and [len(v) for v in got.values()] == [3, 3]
 
 
 def test_per_round_ratios_give_their_median_and_quartiles():

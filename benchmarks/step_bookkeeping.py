@@ -1,6 +1,6 @@
 """A decode step's bookkeeping (scheduling and the attention metadata, no model) as sequences grow, one process.
 
-  python -m quantkit.bench.step_bookkeeping [--batch 64] [--lengths 256,2000] [--shared 0,1600]
+  python benchmarks/step_bookkeeping.py [--batch 64] [--lengths 256,2000] [--shared 0,1600]
                                             [--rounds 7] [--steps 40] [--threads 2]
 
 For each context length L (and each shared prefix length S < L): `--batch` requests of L prompt tokens, the first S

@@ -1,6 +1,6 @@
 """MoE experts with few calibration tokens: which statistics their GPTQ should use, measured.
 
-  python -m quantkit.bench.moe_starved [MODEL] [--experts 8] [--top-k 2] [--prior-tokens 2048] [--threads 2]
+  python benchmarks/moe_starved.py [MODEL] [--experts 8] [--top-k 2] [--prior-tokens 2048] [--threads 2]
 
 No trained MoE is at hand, so the experts are real trained MLPs with their real inputs: each decoder
 layer's MLP of MODEL (default: stories260K-hf) on the post-attention norm's output for wikitext2

@@ -5,7 +5,7 @@ Beside perplexity, each variant's next-token distributions are compared with the
 the mean KL divergence KL(float || variant) per prediction, and how often the two argmax tokens agree (what
 llama.cpp's perplexity tool reports as KLD and "same top p").
 
-  python -m quantkit.bench.int8_activations [--model tiny|stories] [--method gptq] [--threads 2]
+  python benchmarks/int8_activations.py [--model tiny|stories] [--method gptq] [--threads 2]
 
 The model is quantized as quantkit.bench.vs_llmcompressor does (calibration 32 x 256 tokens of
 wikitext2/valid.txt, seed 0; the GQA model at group 128, stories260K at group 64) and scored on the first

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.bench.step_bookkeeping import Case, make_scheduler, measure, step
+from step_bookkeeping import Case, make_scheduler, measure, step
 
 
 def test_measure_times_both_ways():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from quantkit.bench.bf16_dot import onednn_linears, step_shapes
+from bf16_dot import onednn_linears, step_shapes
 from quantkit.bench.engine_vs_vllm import SHAPE
 from quantkit.kernels import bf16_cpu
 
@@ -35,7 +35,7 @@ def test_onednn_switch_changes_what_loads_and_is_restored(tiny_llama):
 @pytest.mark.skipif(not bf16_cpu.bf16_dot_available() or not bf16_cpu.extension().has_amx(),
                     reason="the AMX path needs a CPU with AMX-BF16 whose Linux grants the tiles (none here)")
 def test_amx_switch_turns_the_tiles_off_within_the_block_and_back_on():
-    from quantkit.bench.bf16_dot import amx_switched
+    from bf16_dot import amx_switched
 
     ext = bf16_cpu.extension()
     with amx_switched(False):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.bench.int4_engine import variants
+from int4_engine import variants
 
 MODELS = {"float": Path("f"), "4-bit GPTQ": Path("g"), "4-bit GPTQ + lm_head": Path("h")}
 
@@ -25,20 +25,3 @@ def test_each_flag_adds_the_runs_it_changes():
     assert sorted(runs) == sorted(["float", "4-bit GPTQ", "4-bit GPTQ + lm_head", "4-bit GPTQ, int8 activations",
                                    "4-bit GPTQ + lm_head, int8 activations", "float, int8 lm_head",
                                    "4-bit GPTQ, float lm_head", "4-bit GPTQ, int8 activations, float lm_head"])
-
-
-def test_int8_head_bench_runs_at_toy_size():
-    from quantkit.kernels.cpu_linear import prepack_supported
-    from quantkit.kernels.int8_cpu import int8_kernel_available
-
-    if not (int8_kernel_available() and prepack_supported(torch.bfloat16)):
-        pytest.skip("the int8 head benchmark needs a CPU with AVX-512 BF16")
-    out = subprocess.run([sys.executable, "-m", "quantkit.bench.int8_head", "--shape", "64x256", "--ms", "1,8",
-                          "--reps", "2", "--rounds", "1", "--threads", "1"], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    from quantkit.kernels.int4_cpu import extension
-
-    columns = 8 if extension().has_amx() else 6  # with AMX: the head with its AMX path off, and that ratio
-    rows = [line.split() for line in out.stdout.splitlines()[2:]]
-    assert [r[0] for r in rows] == ["1", "8"] and all(len(r) == columns for r in rows)

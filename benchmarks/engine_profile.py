@@ -1,6 +1,6 @@
 """Where an engine step's time goes, on the workloads of the vLLM comparison (engine_vs_vllm.py).
 
-  python -m quantkit.bench.engine_profile [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
+  python benchmarks/engine_profile.py [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
                                          [--decode-batch 8] [--prefill 8:256] [--model PATH]
                                          [--int8-activations] [--lm-head auto|int8|float]
                                          [--float-linears auto|onednn]
@@ -9,7 +9,7 @@
 --prefill N:LEN adds "prefill NxLEN": N random prompts of LEN tokens, one token out (one prefill step when
 N x LEN fits the step's token budget), on fresh prompts each repeat (no prefix-cache hits).
 --float-linears onednn loads the float linears as oneDNN-prepacked where the engine would run quantkit's bf16
-kernel (quantkit.bench.bf16_dot).
+kernel (benchmarks/bf16_dot.py).
 --model PATH profiles that checkpoint instead of the random 1024-hidden Llama (`--workloads ""` with it
 when its vocabulary is smaller than (a)-(c)'s token ids).
 
@@ -190,7 +190,7 @@ def prefill(n: int, length: int, vocab: int, seed: int):
 
 
 def main() -> None:
-    from quantkit.bench.bf16_dot import onednn_linears
+    from bf16_dot import onednn_linears
     from quantkit.bench.engine_vs_vllm import MAX_MODEL_LEN, make_dense, workloads
     from quantkit.engine import LLM, SamplingParams
     from quantkit.devices import auto_cpu_dtype

@@ -1,9 +1,7 @@
 """Decode attention over a KV cache read from memory: the C++ paged attention of one decode step of every
-layer, with 0 to 4 cache blocks prefetched ahead of the one being folded (`set_prefetch_blocks`), one process;
-or, with --against REV, the working tree's kernel against the same kernel as git revision REV built it.
+layer, with 0 to 4 cache blocks prefetched ahead of the one being folded (`set_prefetch_blocks`), one process.
 
-  python -m quantkit.bench.decode_attention [--threads 2] [--batches 1,8,32] [--keys 192] [--rounds 20]
-                                            [--against REV]
+  python benchmarks/decode_attention.py [--threads 2] [--batches 1,8,32] [--keys 192] [--rounds 20]
 
 Shapes of the vLLM comparison's model (8 layers, 16 heads, 8 KV heads, head_dim 64, bf16 cache, block 16).
 Each layer has its own cache, in a pool 4x the blocks in use, each sequence's blocks at random places in it
@@ -11,10 +9,6 @@ Each layer has its own cache, in a pool 4x the blocks in use, each sequence's bl
 the cache of the call before. Rounds alternate the settings (in reverse every other round); per setting: the median
 and best ms of a step (the 8 layers' calls), and the median of each round's ratio to no prefetch. The outputs of
 every setting are checked to be bit-equal.
-
---against REV (quantkit.bench.kernel_revision) times both builds at their default prefetch, alternating, each
-step after 64 MiB of other writes (as an engine step's linears evict the cache between layers), and prints the
-median ms of each, the median per-round ratio (REV / this tree) and the largest difference between their outputs.
 """
 
 from __future__ import annotations
@@ -52,15 +46,12 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--keys", type=int, default=192, help="cached tokens per sequence")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--against", metavar="REV", help="time this tree's kernel against git revision REV's build")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     mod = cpu_attention()
     if mod is None:
         raise SystemExit("the C++ attention is not built on this machine")
     batches = [int(b) for b in args.batches.split(",")]
-    if args.against:
-        return against(mod, args.against, batches, args.keys, args.rounds, args.threads)
     none_i32, none_f32 = torch.empty(0, dtype=torch.int32), torch.empty(0)
     default = mod.set_prefetch_blocks(0)
     print(f"{args.threads} threads, {args.keys} cached tokens a sequence, {LAYERS} layers a step; default: "
@@ -89,29 +80,6 @@ def main() -> None:
                       f"{min(ms[a]):.3f}), none / this per round {ratio:.2f}x", flush=True)
     finally:
         mod.set_prefetch_blocks(default)
-
-
-def against(mod, rev: str, batches: list[int], keys: int, rounds: int, threads: int) -> None:
-    """This tree's decode attention (mod) against revision `rev`'s build of it, one process, alternating."""
-    from quantkit.bench.kernel_revision import RevisionError, compare, extension_at
-    from quantkit.kernels.paged_attention_cpu import EXTENSION, SOURCES
-
-    try:
-        old = extension_at(rev, EXTENSION, SOURCES)
-    except RevisionError as exc:
-        raise SystemExit(f"--against {rev}: {exc}") from None
-    none_i32, none_f32 = torch.empty(0, dtype=torch.int32), torch.empty(0)
-    print(f"{threads} threads, {keys} cached tokens a sequence, {LAYERS} layers a step; this tree against {rev}")
-    for batch in batches:
-        caches, tables, lens, starts, q = step_inputs(batch, keys)
-
-        def step(m):
-            return [m.paged_attention(q, k, v, tables, lens, starts, HEAD_DIM ** -0.5, none_i32, none_f32, none_f32,
-                                      none_f32) for k, v in caches]
-
-        c = compare(lambda: step(mod), lambda: step(old), rounds)
-        print(f"batch {batch:>3}: this tree {c.ours_ms:.3f} ms, {rev} {c.theirs_ms:.3f} ms, {rev} / this tree per "
-              f"round {c.ratio:.2f}x; outputs differ by at most {c.max_diff:.2e}", flush=True)
 
 
 if __name__ == "__main__":

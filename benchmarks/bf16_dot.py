@@ -1,7 +1,7 @@
 """quantkit's bf16 linear (Bf16DotLinear: AMX tiles where the CPU has them, AVX-512 BF16 otherwise) against oneDNN's
 prepacked bf16 GEMM (PrepackedLinear), one process, alternating rounds: the kernels alone, then the engine built on each.
 
-  python -m quantkit.bench.bf16_dot [--threads 2] [--ms 1,2,4,8,16,64,512,2048] [--rounds 5]
+  python benchmarks/bf16_dot.py [--threads 2] [--ms 1,2,4,8,16,64,512,2048] [--rounds 5]
                                     [--models-dir out/int4-models] [--batches 1,8] [--engine-rounds 7]
                                     [--skip-kernels] [--skip-engine]
 
@@ -13,7 +13,7 @@ AMX path is built and granted, the same modules run a third time with it switche
 
 Engine: the float checkpoint (`--models-dir`'s bf16, made where missing) loaded twice, once as the engine runs it
 and once with the bf16 kernel switched off at load (oneDNN's prepacked linears). Decode tokens/s as
-quantkit.bench.int4_engine measures it, and the prefill of 8 prompts of 128 tokens (wall time to one token).
+benchmarks/int4_engine.py measures it, and the prefill of 8 prompts of 128 tokens (wall time to one token).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def kernels(ms: list[int], rounds: int) -> None:
 
 
 def engine(models_dir: Path, batches: list[int], rounds: int, threads: int) -> None:
-    from quantkit.bench.int4_engine import _wall, checkpoints, decode_tok_s
+    from int4_engine import _wall, checkpoints, decode_tok_s
     from quantkit.engine import LLM
     from quantkit.engine.weights import WeightMemory
     from quantkit.kernels.bf16_cpu import Bf16DotLinear

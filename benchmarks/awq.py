@@ -1,7 +1,7 @@
 """AWQ benchmark: perplexity, wall time and peak memory of AWQ beside RTN and GPTQ.
 
-  python -m quantkit.bench.awq stories   [--nsamples 128 --seqlen 512]
-  python -m quantkit.bench.awq random1b  [--layers 2 --nsamples 4 --seqlen 512]
+  python benchmarks/awq.py stories   [--nsamples 128 --seqlen 512]
+  python benchmarks/awq.py random1b  [--layers 2 --nsamples 4 --seqlen 512]
 
 Each method is one `quantkit quantize` subprocess (same model, calibration and group size), so
 its peak RSS is its own (os.wait4); the quantize time is the `wall_seconds` the pipeline records

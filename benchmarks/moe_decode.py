@@ -1,6 +1,6 @@
 """4-bit MoE decode on the engine: Qwen3-30B-A3B's layer shape, random weights, a few layers.
 
-  python -m quantkit.bench.moe_decode [--layers 4] [--vocab 32000] [--threads 2] [--batches 1,8] [--rounds 3]
+  python benchmarks/moe_decode.py [--layers 4] [--vocab 32000] [--threads 2] [--batches 1,8] [--rounds 3]
 
 The model: Qwen3-30B-A3B's config (hidden 2048, 32 heads / 4 KV heads of 128, 128 experts of 768, top 8, q/k
 norms) with `--layers` layers and a `--vocab` vocabulary (the real 151,936 would make lm_head most of a few-layer

@@ -1,6 +1,6 @@
 """Quantize one model with several QuantizeConfig variants in this process, score each, optionally profile.
 
-  python -m quantkit.bench.quantize_variants [--model tiny|stories] [--threads 2] [--profile] \
+  python benchmarks/quantize_variants.py [--model tiny|stories] [--threads 2] [--profile] \
       gptq gptq:true_sequential=True awq awq:awq_search_tokens=0,awq_duo_scaling=True
 
 A variant is `method[:field=value,...]` (QuantizeConfig fields; true/false, ints and floats parsed,

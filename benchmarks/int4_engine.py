@@ -1,6 +1,6 @@
 """Decode speed of the engine on a 4-bit GPTQ checkpoint against the same model in float, one process.
 
-  python -m quantkit.bench.int4_engine [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
+  python benchmarks/int4_engine.py [--threads 2] [--batches 1,8] [--prompt-len 128] [--max-tokens 64]
                                        [--rounds 3] [--dtype auto] [--models-dir DIR] [--make-only]
                                        [--int8-activations] [--other-lm-head]
 

@@ -2,7 +2,7 @@
 built), its dequantize-a-tile-then-matmul path, torch's int4pack kernel, and dense (oneDNN prepacked) in
 the activations' dtype, with ratios to dense.
 
-  python -m quantkit.bench.int4_cpu [--threads 2] [--shapes 1024x2816,2816x1024,1024x1024,4096x4096]
+  python benchmarks/int4_cpu.py [--threads 2] [--shapes 1024x2816,2816x1024,1024x1024,4096x4096]
                                     [--ms 1,8,64,256] [--group-size 128] [--int4pack-max-m 8]
                                     [--dtype float32|bfloat16] [--cold-copies 16]
 

@@ -14,7 +14,7 @@ through heap fragmentation (docs/BENCHMARKS.md has both).
 
 import pytest
 
-from quantkit.bench.memory import growth_per_layer_gib, layer_params, measure
+from memory import growth_per_layer_gib, layer_params, measure
 from quantkit.calibration.synthetic import make_corpus
 
 SHAPE = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,

@@ -1,6 +1,6 @@
 """Quantize memory benchmark: does peak RSS stay near one decoder layer, whatever the depth?
 
-  python -m quantkit.bench.memory [--layers 2,22] [--methods rtn,gptq] [--nsamples 2 --seqlen 512]
+  python benchmarks/memory.py [--layers 2,22] [--methods rtn,gptq] [--nsamples 2 --seqlen 512]
                                              [--quantize-args=--no-low-memory]  (default: --low-memory)
 
 For each depth, a random Llama with TinyLlama-1.1B's layer shapes (bf16 on disk) is quantized by

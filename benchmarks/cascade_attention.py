@@ -1,7 +1,7 @@
 """Attention of workload (b)'s steps, per layer: per-sequence paged attention against cascade
 (shared-prefix) attention, same inputs, one after the other.
 
-  python -m quantkit.bench.cascade_attention [--threads 2] [--sequences 32] [--prefix 512] [--repeats 20]
+  python benchmarks/cascade_attention.py [--threads 2] [--sequences 32] [--prefix 512] [--repeats 20]
       [--dtype float32|bfloat16] [--sweep-widen 1,2,4,8]
 
 Shapes of the vLLM comparison's model (16 heads, 8 KV heads, head_dim 64, block 16): every
