@@ -1,4 +1,4 @@
-"""Calibration data: documents from a local file, folder or named hub recipe, tokenized once
+"""Calibration data: documents from a local file, folder or named hub corpus, tokenized once
 and cut into `nsamples` windows of `seqlen` tokens, deterministically for a seed."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.calibration.recipes import RECIPES, Recipe
+from quantkit.calibration.corpora import CORPORA, Corpus
 from quantkit.calibration.token_cache import cached_token_ids
 from quantkit.errors import QuantkitError
 
@@ -82,24 +82,24 @@ def datasets_offline() -> bool:
     return any(f.lower() in ("1", "true", "yes", "on") for f in flags)
 
 
-def read_recipe_documents(recipe: Recipe, max_docs: int, seed: int) -> list[str]:
+def read_corpus_documents(corpus: Corpus, max_docs: int, seed: int) -> list[str]:
     if datasets_offline():
         raise QuantkitError(
-            f"calibration recipe {recipe.name!r} loads the hub dataset {recipe.dataset}, but the hub is offline; "
+            f"calibration corpus {corpus.name!r} loads the hub dataset {corpus.dataset}, but the hub is offline; "
             f"pass a local file with --calib FILE.txt|FILE.jsonl|FOLDER"
         )
     try:
         import datasets
     except ImportError as exc:
-        raise QuantkitError("hub calibration recipes need the datasets package: pip install 'quantkit[eval]'") from exc
+        raise QuantkitError("hub calibration corpora need the datasets package: pip install 'quantkit[eval]'") from exc
     try:
-        ds = datasets.load_dataset(recipe.dataset, recipe.config, split=recipe.split, data_files=recipe.data_files)
+        ds = datasets.load_dataset(corpus.dataset, corpus.config, split=corpus.split, data_files=corpus.data_files)
     except (OSError, ValueError, ConnectionError) as exc:
-        raise QuantkitError(f"could not load {recipe.dataset} for calibration ({type(exc).__name__}: {exc})") from exc
+        raise QuantkitError(f"could not load {corpus.dataset} for calibration ({type(exc).__name__}: {exc})") from exc
     order = list(range(len(ds)))
-    if recipe.shuffle_documents:
+    if corpus.shuffle_documents:
         random.Random(seed).shuffle(order)
-    texts = (ds[i][recipe.text_field] for i in order)
+    texts = (ds[i][corpus.text_field] for i in order)
     return [t for t, _ in zip((t for t in texts if t.strip()), range(max_docs))]
 
 
@@ -121,13 +121,13 @@ def load_calibration(source: str, tokenizer, nsamples: int, seqlen: int, seed: i
     path = Path(source).expanduser()
     if path.exists():
         docs = read_local_documents(path)
-    elif source in RECIPES:
-        docs = read_recipe_documents(RECIPES[source], max_docs=max(4 * nsamples, 1000), seed=seed)
+    elif source in CORPORA:
+        docs = read_corpus_documents(CORPORA[source], max_docs=max(4 * nsamples, 1000), seed=seed)
     elif path.suffix in LOCAL_SUFFIXES or "/" in source:
         raise QuantkitError(f"{source}: no such calibration file or folder")
     else:
         raise QuantkitError(f"unknown calibration source {source!r}: pass a .txt/.jsonl file, a folder, "
-                            f"or one of the recipes {', '.join(RECIPES)}")
+                            f"or one of the corpora {', '.join(CORPORA)}")
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise QuantkitError(f"{source}: the calibration set is empty")

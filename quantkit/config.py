@@ -9,7 +9,7 @@ from quantkit.devices import COMPUTE_DTYPES, check_device_name
 from quantkit.errors import QuantkitError
 from quantkit.format.primitives import QuantScheme
 
-METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.methods.make_method
+METHODS = ("rtn", "gptq", "awq")  # each built by quantkit.quant.pipeline.make_method
 FORMATS = ("gptq", "awq", "compressed-tensors")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)

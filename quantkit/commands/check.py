@@ -37,7 +37,7 @@ def check(
     tp: str = typer.Option("2,4,8", "--tp", help="Tensor-parallel degrees to check the vLLM splits at."),
 ) -> None:
     """Check QDIR: every packed layer's structure, and its outputs against an independent dequantization."""
-    from quantkit.check import DEFAULT_MAX_REL_ERROR, check_checkpoint
+    from quantkit.check.checkpoint import DEFAULT_MAX_REL_ERROR, check_checkpoint
 
     report = check_checkpoint(qdir, original, backend,
                               DEFAULT_MAX_REL_ERROR if max_rel_error is None else max_rel_error,

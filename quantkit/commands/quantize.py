@@ -163,7 +163,7 @@ def _cuda_available() -> bool:
 
 def _run_check(out: Path, original: str, calib: str | None) -> None:
     """The checking step: kernel against reference on every packed layer, and error against the original."""
-    from quantkit.check import check_checkpoint
+    from quantkit.check.checkpoint import check_checkpoint
     from quantkit.errors import QuantkitError
 
     report = check_checkpoint(out, original=original, calib=calib)

@@ -96,24 +96,3 @@ class LayerMethod(Protocol):
     def quantize_experts(self, moe) -> LayerResult:
         """An MoE layer's experts, after quantize_layer (quantkit.quant.moe_experts.MoEContext)."""
         ...
-
-
-def make_method(cfg: QuantizeConfig) -> LayerMethod:
-    """The method named by cfg.method (one of quantkit.config.METHODS, which the config checked).
-
-    Each method's module is imported only when it is asked for: AWQ's search and GPTQ's solver
-    stay unloaded for the runs that do not use them.
-    """
-    if cfg.method == "rtn":
-        from quantkit.quant.rtn import RTNMethod
-
-        return RTNMethod(cfg)
-    if cfg.method == "gptq":
-        from quantkit.quant.gptq_layer import GPTQMethod
-
-        return GPTQMethod(cfg)
-    if cfg.method == "awq":
-        from quantkit.quant.awq import AWQMethod
-
-        return AWQMethod(cfg)
-    raise ValueError(f"no quantization method {cfg.method!r}: add it here and to quantkit.config.METHODS")

@@ -14,6 +14,7 @@ streams each tensor to disk. `python benchmarks/memory.py` measures this.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import time
@@ -37,10 +38,24 @@ from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.calib_amount import CalibrationAmount
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
-from quantkit.quant.methods import LayerContext, make_method, merge_results
+from quantkit.quant.methods import LayerContext, LayerMethod, merge_results
 from quantkit.quant.moe_experts import quantize_experts
 from quantkit.format.packing import packable
 from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
+
+# method name (quantkit.config.METHODS) -> the module and class that implement it; a module is imported only when its
+# method is asked for, so AWQ's search and GPTQ's solver stay unloaded for the runs that do not use them
+METHOD_CLASSES = {"rtn": ("quantkit.quant.rtn", "RTNMethod"), "gptq": ("quantkit.quant.gptq_layer", "GPTQMethod"),
+                  "awq": ("quantkit.quant.awq", "AWQMethod")}
+
+
+def make_method(cfg: QuantizeConfig) -> LayerMethod:
+    """The method named by cfg.method (one of quantkit.config.METHODS, which the config checked)."""
+    if cfg.method not in METHOD_CLASSES:
+        raise ValueError(f"no quantization method {cfg.method!r}: add it to METHOD_CLASSES and quantkit.config.METHODS")
+    module, name = METHOD_CLASSES[cfg.method]
+    return getattr(importlib.import_module(module), name)(cfg)
+
 
 log = logging.getLogger("quantkit.quant")
 

@@ -96,7 +96,7 @@ def test_engine_reads_the_layout(name, layouts):
 @pytest.mark.parametrize("name", ["autogptq-v1-asym-actorder-g32", "gptqmodel-v2-asym-dynamic", "ct-w4a16-asym-g32",
                                   "ct-w8a16-g128"])
 def test_check_original_on_peer_layouts(name, layouts, tiny_llama):
-    from quantkit.check import check_checkpoint
+    from quantkit.check.checkpoint import check_checkpoint
 
     path, _ = layouts[name]
     report = check_checkpoint(path, original=tiny_llama, max_rel_error=0.5, nsamples=2, seqlen=32,

@@ -1,4 +1,4 @@
-"""quantkit.quant.methods.make_method: one list of method names (quantkit.config.METHODS), plain lazy imports."""
+"""quantkit.quant.pipeline.make_method: one list of method names (quantkit.config.METHODS), plain lazy imports."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import torch
 
 from quantkit.config import METHODS, QuantizeConfig
 from quantkit.errors import QuantkitError
-from quantkit.quant.methods import make_method
+from quantkit.quant.pipeline import METHOD_CLASSES, make_method
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -16,6 +16,10 @@ def test_every_configured_method_is_built(tmp_path, name):
     method = make_method(QuantizeConfig(model="m", out=tmp_path / "o", method=name))
     assert method.name == name
     assert callable(method.quantize_layer)
+
+
+def test_every_configured_method_has_one_entry_in_the_table():
+    assert tuple(METHOD_CLASSES) == METHODS
 
 
 def test_an_unknown_method_is_refused_by_the_config(tmp_path):

@@ -1,6 +1,6 @@
 """Check a packed checkpoint: the structure of every packed linear, then its outputs on real inputs.
 
-1. Structure, read straight from the shards (quantkit.check_structure): shapes against
+1. Structure, read straight from the shards (quantkit.check.structure): shapes against
    config.json's hidden, intermediate and head sizes; dtypes; scales finite and > 0; zero
    points in range (GPTQ v1's stored zero - 1 undone); g_idx consistent with the group size
    (a permutation of the groups, in order unless desc_act); bits, group_size and sym as the
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from quantkit.check_structure import LinearTensors, expected_shapes, independent_dequantize, structure_problems
+from quantkit.check.structure import LinearTensors, expected_shapes, independent_dequantize, structure_problems
 from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
-from quantkit.check_compare import awq_fold_scales, original_output, relative_max_diff, relative_output_error
+from quantkit.check.compare import awq_fold_scales, original_output, relative_max_diff, relative_output_error
 from quantkit.format.awq_plan import PLAN_FILE, load_plan
 
 KERNEL_TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -326,7 +326,7 @@ def _backend_notes(ran: str, kernel_checked: bool, dev: torch.device) -> list[st
 def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setup: _Setup, dtype: torch.dtype,
                 dev: torch.device, model_backend: str, inputs: tuple, notes: list[str], show_progress: bool) -> None:
     """Load the checkpoint and compare every layer in `names` on its real inputs (hooks)."""
-    from quantkit.check_inputs import calibration_ids
+    from quantkit.check.inputs import calibration_ids
     from quantkit.model.loader import load_model
     from quantkit.model.quant_linear import QuantLinear
     from quantkit.progress import progress_bar

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from quantkit.check import check_checkpoint
-from quantkit.check_compare import awq_fold_scales, original_output, relative_max_diff, relative_output_error
+from quantkit.check.checkpoint import check_checkpoint
+from quantkit.check.compare import awq_fold_scales, original_output, relative_max_diff, relative_output_error
 from quantkit.cli import build_app
 from quantkit.format.arch import spec_for, tie_over_query_heads
 from quantkit.kernels.triton_w4a16 import triton_available

@@ -3,7 +3,7 @@ router sends none of the check's tokens (run on every token of their block inste
 
 from __future__ import annotations
 
-from quantkit import check as check_module
+from quantkit.check import checkpoint as check_module
 from quantkit.model import moe
 
 

@@ -1,4 +1,4 @@
-"""Named calibration recipes: the hub corpora the GPTQ and AWQ papers calibrated on, as data.
+"""Named calibration corpora: the hub corpora the GPTQ and AWQ papers calibrated on, as data.
 
 Provenance: GPTQ (Frantar et al.) calibrates on random 2048-token windows of C4 (and reports
 WikiText-2); AWQ (Lin et al.) on the Pile validation set (mit-han-lab/pile-val-backup).
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Corpus:
     name: str
     dataset: str  # hub dataset id
     config: str | None
@@ -21,14 +21,14 @@ class Recipe:
     note: str = ""
 
 
-RECIPES: dict[str, Recipe] = {
+CORPORA: dict[str, Corpus] = {
     r.name: r
     for r in (
-        Recipe("wikitext2", "wikitext", "wikitext-2-raw-v1", "train",
+        Corpus("wikitext2", "wikitext", "wikitext-2-raw-v1", "train",
                note="WikiText-2 raw, train split (GPTQ's WikiText-2 setting)"),
-        Recipe("c4", "allenai/c4", None, "train", data_files="en/c4-train.00000-of-01024.json.gz",
+        Corpus("c4", "allenai/c4", None, "train", data_files="en/c4-train.00000-of-01024.json.gz",
                shuffle_documents=True, note="C4 en, first train shard (GPTQ's calibration set)"),
-        Recipe("pileval", "mit-han-lab/pile-val-backup", None, "validation", shuffle_documents=True,
+        Corpus("pileval", "mit-han-lab/pile-val-backup", None, "validation", shuffle_documents=True,
                note="Pile validation (AWQ's calibration set)"),
     )
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantkit.check_structure import (
+from quantkit.check.structure import (
     LinearTensors,
     expected_shapes,
     independent_dequantize,
