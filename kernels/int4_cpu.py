@@ -128,15 +128,12 @@ class DirectCall:
         return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, True)
 
 
-def direct_bf16_call(w: Int4Blocked, int8_activations: bool = False) -> DirectCall | None:
-    """The direct call for bf16 activations on `w`, or None where int4_blocked_linear must decide. With
-    `int8_activations` it runs the int8-activation kernel where `q8_kernel(w)`, else the bf16 one."""
-    if w.perm is not None or not bf16_kernel(w):
-        return None
-    q8 = int8_activations and q8_kernel(w)
-    op = extension().int4_linear_q8 if q8 else extension().int4_linear_bf16
-    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size,
-                      dense_threshold(torch.bfloat16, bf16_kernel=True, amx=amx_kernel(w)), q8)
+def direct_call(w: Int4Blocked, kind: str, max_m: int) -> DirectCall:
+    """The call a bf16 forward on `w` makes below `max_m` rows (the kernel's row of kernels/linear_choice.py):
+    `kind` "q8" runs the int8-activation kernel, "bf16" the AVX-512 BF16 one."""
+    ext = extension()
+    op = ext.int4_linear_q8 if kind == "q8" else ext.int4_linear_bf16
+    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size, max_m, kind == "q8")
 
 
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:

@@ -29,6 +29,8 @@ class EnvReport:
     kernels: list[dict]  # cpu_status.KernelStatus as dicts
     kernel_files: dict[str, str]  # extension -> where its module came from ("wheel: PATH", "build cache: PATH")
     gpus: list[str] = field(default_factory=list)
+    # kernels/linear_choice.py's table for a 4-bit g128 linear without bias: activations -> [(row, verdict)]
+    linear_choice: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,4 +87,15 @@ def collect() -> EnvReport:
         cpu_level=cpu_ext.active_level().name if cpu_ext.active_level() else "none", cpu_level_why=cpu_ext.level_reason(),
         machine_level=choice.machine.name if choice.machine else "none",
         cpu_flags={f: f in flags for f in wanted}, amx_granted=cpu_isa.request_amx(),
-        threads=torch.get_num_threads(), kernels=cpu_status.as_dicts(kernels), kernel_files=files, gpus=gpus())
+        threads=torch.get_num_threads(), kernels=cpu_status.as_dicts(kernels), kernel_files=files, gpus=gpus(),
+        linear_choice=linear_choices())
+
+
+def linear_choices() -> dict[str, list[tuple[str, str]]]:
+    """The linear kernel table's verdict on a 4-bit, group-128 linear without bias, in bf16 and in fp32."""
+    import torch
+
+    from quantkit.kernels.linear_choice import LinearCase, table_rows
+
+    return {str(dtype).removeprefix("torch."): table_rows(LinearCase(4, 128, dtype)) for dtype in
+            (torch.bfloat16, torch.float32)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from quantkit.env_report import collect
@@ -29,9 +30,30 @@ def test_a_level_without_a_kernel_says_which_level_it_needs():
     assert "avx512_bf16" in off["int8 lm_head"] and "avx512_bf16" in off["W4A8 linear"]
 
 
+def test_the_linear_kernel_table_is_printed_as_it_chooses():
+    """One row chosen per activation dtype, the one QuantLinear would take; at the avx2 level bf16 activations
+    go to the AVX2 kernel, each AVX-512 row saying it is not built there."""
+    import torch
+
+    from quantkit.kernels.linear_choice import LinearCase, choose
+
+    for level, bf16_row in (("avx2", "int4 (quantkit AVX2 kernel)"), (None, None)):
+        with cpu_ext.at_level(level) if level else contextlib.nullcontext():
+            report = collect()
+            for dtype, rows in report.linear_choice.items():
+                chosen = [name for name, verdict in rows if verdict == "chosen"]
+                assert chosen == [choose(LinearCase(4, 128, getattr(torch, dtype))).cpu_path]
+                assert all(verdict for _, verdict in rows)
+            if bf16_row:
+                rows = dict(report.linear_choice["bfloat16"])
+                if cpu_ext.active_level() is not None:
+                    assert rows[bf16_row] == "chosen"
+                    assert "not built at this CPU level" in rows["int4 (quantkit AVX-512 BF16 kernel)"]
+
+
 def test_the_command_prints_it_and_json_parses():
     code, text = run_cli("env")
-    assert code == 0 and "CPU level:" in text and "paged attention" in text
+    assert code == 0 and "CPU level:" in text and "paged attention" in text and "linear_choice.py" in text
     code, out = run_cli("env", "--json")
     assert code == 0 and [k["kernel"] for k in json.loads(out)["kernels"]] == KERNELS
 

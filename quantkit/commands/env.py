@@ -43,6 +43,15 @@ def _print(r) -> None:
     for k in r.kernels:
         table.add_row(k["kernel"], "[green]on[/]" if k["active"] else "[red]off[/]", k["detail"])
     out.print(table)
+    choice = Table(title="4-bit linears (g128, no bias): kernels/linear_choice.py's table, first row that runs wins")
+    choice.add_column("kernel")
+    for dtype in r.linear_choice:
+        choice.add_column(f"{dtype} activations")
+    names = [name for name, _ in next(iter(r.linear_choice.values()), [])]
+    for i, name in enumerate(names):
+        cells = [r.linear_choice[dtype][i][1] for dtype in r.linear_choice]
+        choice.add_row(name, *(f"[green]{c}[/]" if c == "chosen" else c for c in cells))
+    out.print(choice)
     for name, where in r.kernel_files.items():
         out.print(f"{name}: {where}")
     out.print("GPUs: " + ("; ".join(r.gpus) if r.gpus else "none"))

@@ -45,7 +45,7 @@ class QuantLinear(nn.Module):
         """One CPU linear computing `parts` (same input) side by side, output [..., sum N_i] (q/k/v or
         gate/up in one kernel call); None unless all run quantkit's int4 kernel on layouts that concatenate
         (int4_cpu.concat_blocked). Checkpoint tensors are not kept: call after repack_for_cpu."""
-        from quantkit.kernels.int4_cpu import Int4Blocked, concat_blocked, direct_bf16_call
+        from quantkit.kernels.int4_cpu import Int4Blocked, concat_blocked, direct_call
 
         first = parts[0]
         if not all(isinstance(p._cpu, Int4Blocked) for p in parts) or len({p.bias is None for p in parts}) != 1:
@@ -57,7 +57,8 @@ class QuantLinear(nn.Module):
                                  None if first.bias is None else torch.cat([p.bias for p in parts])),
                     backend=first.backend, in_features=first.in_features, out_features=w.out_features)
         fused._cpu, fused.cpu_path = w, first.cpu_path
-        fused._direct = direct_bf16_call(w, first._direct.int8_activations) if first._direct is not None else None
+        d = first._direct  # the parts share a group size and no act-order: the same kernel and crossover
+        fused._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
         return fused
 
     def packed(self) -> PackedLinear:
@@ -71,20 +72,22 @@ class QuantLinear(nn.Module):
         builds and takes the weight."""
         from quantkit.kernels import int4_cpu
         from quantkit.kernels.cpu_int import int4_unsupported, repack_int4, repack_int8
+        from quantkit.kernels.linear_choice import LinearCase, choose
 
         p = self.packed()
         reason = int4_unsupported(p)
         ours_missing = int4_cpu.unavailable() if p.bits == 4 else "not 4-bit"
-        if ours_missing is None:
-            w = int4_cpu.repack(p)
-            bf16 = dtype == torch.bfloat16 and int4_cpu.bf16_kernel(w)
-            self._direct = int4_cpu.direct_bf16_call(w, int8_activations) if bf16 and self.bias is None else None
-            kernel = "AVX-512 VNNI int8-activation" if self._direct is not None and self._direct.int8_activations \
-                else ("AMX + AVX-512 BF16" if int4_cpu.amx_kernel(w) else "AVX-512 BF16") if bf16 else "AVX2"
-            self._cpu, self.cpu_path = w, f"int4 (quantkit {kernel} kernel)"
-        elif reason is None:
+        w = int4_cpu.repack(p) if ours_missing is None else None
+        case = LinearCase(p.bits, w.group_size if w is not None else p.group_size, dtype, p.bias is not None,
+                          w is not None and w.perm is not None, int8_activations, reason)
+        choice = choose(case)  # kernels/linear_choice.py's table: the first row that runs this linear
+        layout = choice.kernel.layout
+        if layout == "int4 blocks":
+            self._cpu, self.cpu_path = w, choice.cpu_path
+            self._direct = int4_cpu.direct_call(w, choice.direct, choice.dense_from_m) if choice.direct else None
+        elif layout == "torch int4pack":
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
-        elif p.bits == 8:
+        elif layout == "int8":
             try:
                 self._cpu, self.cpu_path = repack_int8(p, dtype), "int8"
             except ValueError as e:

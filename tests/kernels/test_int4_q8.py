@@ -12,6 +12,7 @@ import torch
 
 from quantkit.kernels import int4_cpu
 from quantkit.kernels.int4_cpu import int4_blocked_reference, int4_q8_reference, quantize_activations_reference, repack
+from quantkit.kernels.linear_choice import LinearCase, choose
 from tests_support.int4_checkpoints import checkpoint
 
 pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
@@ -70,8 +71,9 @@ def test_q8_kernel_rejects_groups_not_in_fours(q8):
     assert not int4_cpu.q8_kernel(w)
     with pytest.raises(RuntimeError, match="multiple of 4"):
         q8.int4_linear_q8(torch.zeros(1, 12, dtype=torch.bfloat16), w.packed, w.scale_zero, 16, 6)
-    direct = int4_cpu.direct_bf16_call(w, int8_activations=True)  # falls back to the bf16 kernel
-    assert direct is not None and not direct.int8_activations
+    choice = choose(LinearCase(4, 6, torch.bfloat16, int8_activations=True))  # falls back to the bf16 kernel
+    assert choice.direct == "bf16" and "AVX-512 BF16" in choice.cpu_path
+    assert any("int8-activation" in why and "not a multiple of 4" in why for why in choice.passed_over)
 
 
 @pytest.mark.slow

@@ -1,0 +1,175 @@
+"""Which CPU kernel runs a quantized linear: one ordered table, the first row whose needs all hold wins, and each row
+passed over says why (as vLLM's `choose_mp_linear_kernel` walks its kernels). `QuantLinear.repack_for_cpu` lays the
+weight out for the row chosen, `int4_blocked_linear` reads from it where its dense tiles take over from the kernel,
+and `quantkit env` prints the table with what each row needs on this CPU.
+
+The rows, best first:
+  W4A8            4-bit, bf16 activations, int8 activations asked (EngineConfig.cpu_int8_activations), the AVX-512
+                  VNNI + VBMI kernel built, groups in fours; decode-sized batches of a linear without bias or
+                  act-order go straight to it (x rounded to int8 per row and group)
+  int4 AMX        4-bit, bf16 activations, AMX tiles granted, groups of whole 32-column tile steps
+  int4 BF16       4-bit, bf16 activations, the AVX-512 BF16 kernel built, even groups
+  int4 AVX2       4-bit, quantkit's int4 extension loaded (fp32 activations, or bf16 widened to fp32)
+  torch int4pack  4-bit where torch's CPU int4 kernel takes the weight (its group sizes, rows in 16s)
+  int8            8-bit (torch's int8 weight-only kernel)
+  dense           anything else: dequantized once, F.linear in the activations' dtype
+Every quantkit int4 row shares one layout (int4_cpu.Int4Blocked); from `dense_from_m` rows on (prefill chunks) its
+linear dequantizes tiles of the weight and multiplies densely, at the crossover measured for that row's kernel
+(int4_cpu's DENSE_FROM_M constants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from quantkit.kernels import int4_cpu
+
+
+@dataclass(frozen=True)
+class LinearCase:
+    """What a quantized linear asks of the CPU: its weight format and the activations it is run with."""
+
+    bits: int
+    group_size: int
+    dtype: torch.dtype  # the activations'
+    bias: bool = False
+    act_order: bool = False  # input columns permuted (GPTQ desc_act)
+    int8_activations: bool = False  # W4A8 asked
+    torch_int4: str | None = None  # why torch's int4pack kernel cannot take the weight (None: it can)
+
+
+@dataclass(frozen=True)
+class LinearKernel:
+    """One row of the table."""
+
+    name: str  # as `cpu_path` and `quantkit env` say it
+    layout: str  # "int4 blocks" (quantkit's kernels), "torch int4pack", "int8", "dense"
+    needs: tuple[Callable[[LinearCase], str | None], ...]  # each: None where it holds, else why not
+    direct: str | None = None  # "q8", "bf16": decode-sized batches call the kernel straight from the module
+    dense_from: Callable[[LinearCase], int | None] = lambda case: None  # rows from which dense tiles take over
+
+    def unmet(self, case: LinearCase) -> str | None:
+        """Why this row cannot run `case`, or None."""
+        return next((why for need in self.needs if (why := need(case)) is not None), None)
+
+
+@dataclass(frozen=True)
+class Choice:
+    kernel: LinearKernel
+    dense_from_m: int | None
+    direct: str | None  # the direct call the module makes (None: through int4_blocked_linear / torch)
+    passed_over: tuple[str, ...]  # "name: why" for each row before the chosen one
+
+    @property
+    def cpu_path(self) -> str:
+        return self.kernel.name
+
+
+def _bits(n: int) -> Callable[[LinearCase], str | None]:
+    return lambda case: None if case.bits == n else f"{case.bits}-bit weights"
+
+
+def _bf16(case: LinearCase) -> str | None:
+    return None if case.dtype == torch.bfloat16 else f"{str(case.dtype).removeprefix('torch.')} activations"
+
+
+def _built(feature: str, what: str) -> Callable[[LinearCase], str | None]:
+    def need(case: LinearCase) -> str | None:
+        ext = int4_cpu.extension()
+        if ext is None:
+            return f"quantkit's int4 kernels: {int4_cpu.unavailable()}"
+        return None if hasattr(ext, feature) else f"{what} not built at this CPU level"
+    return need
+
+
+def _groups_of(n: int) -> Callable[[LinearCase], str | None]:
+    return lambda case: None if case.group_size % n == 0 else f"group size {case.group_size} not a multiple of {n}"
+
+
+def _amx(case: LinearCase) -> str | None:
+    ext = int4_cpu.extension()
+    return None if ext is not None and hasattr(ext, "has_amx") and ext.has_amx() else "no AMX tiles granted"
+
+
+def _q8_asked(case: LinearCase) -> str | None:
+    return None if case.int8_activations else "int8 activations not asked"
+
+
+def _plain(case: LinearCase) -> str | None:
+    return "a bias or act-order (the W4A8 path is the direct call's)" if case.bias or case.act_order else None
+
+
+def _loaded(case: LinearCase) -> str | None:
+    why = int4_cpu.unavailable()
+    return None if why is None else f"quantkit's int4 kernels: {why}"
+
+
+def _torch_int4(case: LinearCase) -> str | None:
+    return case.torch_int4
+
+
+def _dense_bf16_kernel(amx: bool) -> Callable[[LinearCase], int]:
+    return lambda case: int4_cpu.dense_threshold(torch.bfloat16, bf16_kernel=True, amx=amx)
+
+
+def _dense_avx2(case: LinearCase) -> int:
+    return int4_cpu.dense_threshold(case.dtype)
+
+
+def _dense_q8(case: LinearCase) -> int:
+    return int4_cpu.dense_threshold(torch.bfloat16, bf16_kernel=True, amx=_amx(case) is None and case.group_size % 32 == 0)
+
+
+INT4 = (_bits(4), _loaded)
+BF16 = (*INT4, _bf16, _built("int4_linear_bf16", "the AVX-512 BF16 kernel"), _groups_of(2))
+TABLE: tuple[LinearKernel, ...] = (
+    LinearKernel("int4 (quantkit AVX-512 VNNI int8-activation kernel)", "int4 blocks",
+                 (*BF16, _q8_asked, _plain, _built("int4_linear_q8", "the int8-activation kernel"), _groups_of(4)),
+                 direct="q8", dense_from=_dense_q8),
+    LinearKernel("int4 (quantkit AMX + AVX-512 BF16 kernel)", "int4 blocks", (*BF16, _amx, _groups_of(32)),
+                 direct="bf16", dense_from=_dense_bf16_kernel(True)),
+    LinearKernel("int4 (quantkit AVX-512 BF16 kernel)", "int4 blocks", BF16, direct="bf16",
+                 dense_from=_dense_bf16_kernel(False)),
+    LinearKernel("int4 (quantkit AVX2 kernel)", "int4 blocks", INT4, dense_from=_dense_avx2),
+    LinearKernel("int4 (torch int4pack)", "torch int4pack", (_bits(4), _torch_int4)),
+    LinearKernel("int8", "int8", (_bits(8),)),
+    LinearKernel("dense", "dense", ()),
+)
+
+
+def choose(case: LinearCase) -> Choice:
+    """The first row of TABLE that runs `case` (the last, dense, runs anything)."""
+    return _choose(case, int4_cpu.extension(), int4_cpu.unavailable())
+
+
+@lru_cache(maxsize=256)
+def _choose(case: LinearCase, ext, unavailable: str | None) -> Choice:  # per extension: tests switch the CPU level
+    passed = []
+    for row in TABLE:
+        why = row.unmet(case)
+        if why is None:
+            direct = row.direct if not (case.bias or case.act_order) else None
+            return Choice(row, row.dense_from(case), direct, tuple(passed))
+        passed.append(f"{row.name}: {why}")
+    raise AssertionError("the dense row runs every case")
+
+
+def int4_dense_from_m(dtype: torch.dtype, w: int4_cpu.Int4Blocked, bias: bool) -> int:
+    """Where `int4_blocked_linear` on `w` switches from its kernel to dense tiles, for activations of `dtype`."""
+    return choose(LinearCase(4, w.group_size, dtype, bias, w.perm is not None)).dense_from_m
+
+
+def table_rows(case: LinearCase) -> list[tuple[str, str]]:
+    """Each row of the table and what it says of `case` on this CPU: "chosen", "would run" (behind the chosen), or
+    why not. What `quantkit env` prints for a typical layer."""
+    chosen = choose(case).kernel
+    out, seen = [], False
+    for row in TABLE:
+        why = row.unmet(case)
+        seen = seen or row is chosen
+        out.append((row.name, "chosen" if row is chosen else ("would run" if why is None and seen else why or "")))
+    return out
