@@ -59,11 +59,11 @@ def amx_switched(on: bool):
     if not ext.has_amx():
         yield
         return
-    old = ext.set_amx(on)
+    old = ext.dev.set_amx(on)
     try:
         yield
     finally:
-        ext.set_amx(old)
+        ext.dev.set_amx(old)
 
 
 def kernels(ms: list[int], rounds: int) -> None:

@@ -68,7 +68,7 @@ def sweep(mod, thresholds: list[int], dtype: torch.dtype, repeats: int) -> None:
         inputs, _ = step_inputs(64, 0, own, chunk, dtype)
         cells = []
         for rows in [*thresholds, 1 << 40]:
-            mod.set_widen_from_rows(rows)
+            mod.dev.set_widen_from_rows(rows)
             cells.append(f"{median_ms(lambda: paged_attention_cpu(*inputs), repeats):.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
@@ -98,7 +98,7 @@ def main() -> None:
     mod = cpu_attention()
     if mod is None:
         raise SystemExit("the C++ attention extension is unavailable (see the log line above)")
-    default = mod.set_widen_from_rows(1)
+    default = mod.dev.set_widen_from_rows(1)
     if default < 0:
         raise SystemExit("this build has no AVX-512 block step: nothing to compare")
     # path: (rows from which a block is widened, AMX step on); the AVX-512 paths with AMX off
@@ -112,7 +112,7 @@ def main() -> None:
     print("| step | " + " | ".join(f"{kind}, {path}" for kind in ("per-sequence", "cascade") for path in paths)
           + f" | per-row / {last} (cascade) | " + " | ".join(f"max / mean error, {path}" for path in paths) + " |")
     print("|---|" + "---|" * (3 * len(paths) + 1))
-    old_amx = mod.set_amx(False)
+    old_amx = mod.dev.set_amx(False)
     try:
         for name, chunk in (("decode", 1), (f"prefill of {args.own} after a prefix hit", args.own)):
             own = args.own + (1 if chunk == 1 else 0)
@@ -120,20 +120,20 @@ def main() -> None:
             want = reference(*inputs)
             ms, err = {}, {}
             for path, (rows, amx) in paths.items():
-                mod.set_widen_from_rows(rows)
-                mod.set_amx(amx)
+                mod.dev.set_widen_from_rows(rows)
+                mod.dev.set_amx(amx)
                 ms["plain", path] = median_ms(lambda: paged_attention_cpu(*inputs), args.repeats)
                 ms["cascade", path] = median_ms(lambda: paged_attention_cpu(*inputs, plan), args.repeats)
                 err[path] = errors(paged_attention_cpu(*inputs, plan), want)
             cells = " | ".join(f"{ms[kind, path]:.2f}" for kind in ("plain", "cascade") for path in paths)
             print(f"| {name} | {cells} | {ms['cascade', 'per-row'] / ms['cascade', last]:.2f}x faster | "
                   + " | ".join(err[path] for path in paths) + " |")
-        mod.set_amx(old_amx)
+        mod.dev.set_amx(old_amx)
         if args.sweep_widen:
             sweep(mod, [int(t) for t in args.sweep_widen.split(",")], dtype, args.repeats)
     finally:
-        mod.set_widen_from_rows(default)
-        mod.set_amx(old_amx)
+        mod.dev.set_widen_from_rows(default)
+        mod.dev.set_amx(old_amx)
 
 if __name__ == "__main__":
     main()

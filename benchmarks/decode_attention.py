@@ -53,7 +53,7 @@ def main() -> None:
         raise SystemExit("the C++ attention is not built on this machine")
     batches = [int(b) for b in args.batches.split(",")]
     none_i32, none_f32 = torch.empty(0, dtype=torch.int32), torch.empty(0)
-    default = mod.set_prefetch_blocks(0)
+    default = mod.dev.set_prefetch_blocks(0)
     print(f"{args.threads} threads, {args.keys} cached tokens a sequence, {LAYERS} layers a step; default: "
           f"{default} blocks ahead")
     try:
@@ -67,7 +67,7 @@ def main() -> None:
             ms, outs = {a: [] for a in AHEAD}, {}
             for r in range(args.rounds):
                 for a in round_order(AHEAD, r):
-                    mod.set_prefetch_blocks(a)
+                    mod.dev.set_prefetch_blocks(a)
                     step()  # the previous setting's step left other blocks in the cache than this one reads
                     t = time.perf_counter()
                     outs[a] = step()
@@ -79,7 +79,7 @@ def main() -> None:
                 print(f"batch {batch:>3}, {a} blocks ahead: {statistics.median(ms[a]):.3f} ms (best "
                       f"{min(ms[a]):.3f}), none / this per round {ratio:.2f}x", flush=True)
     finally:
-        mod.set_prefetch_blocks(default)
+        mod.dev.set_prefetch_blocks(default)
 
 
 if __name__ == "__main__":

@@ -92,12 +92,12 @@ def per_row_attention():
     from quantkit.kernels.paged_attention_cpu import cpu_attention
 
     mod = cpu_attention()
-    old = mod.set_widen_from_rows(1 << 40) if mod is not None else -1
+    old = mod.dev.set_widen_from_rows(1 << 40) if mod is not None else -1
     try:
         yield
     finally:
         if old > 0:
-            mod.set_widen_from_rows(old)
+            mod.dev.set_widen_from_rows(old)
 
 
 @contextlib.contextmanager
@@ -106,12 +106,12 @@ def single_rows_attention():
     from quantkit.kernels.paged_attention_cpu import cpu_attention
 
     mod = cpu_attention()
-    old = mod.set_pair_rows(False) if mod is not None else -1
+    old = mod.dev.set_pair_rows(False) if mod is not None else -1
     try:
         yield
     finally:
         if old >= 0:
-            mod.set_pair_rows(bool(old))
+            mod.dev.set_pair_rows(bool(old))
 
 
 LM_HEAD = {"auto": None, "int8": True, "float": False}

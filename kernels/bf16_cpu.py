@@ -4,7 +4,7 @@
 a bf16 result, on a layout of its own (`pack_pairs`: 16 output rows by 2 input columns per 64-byte line, each
 line one `vdpbf16ps` operand as stored). Where the CPU has AMX tiles and Linux grants them to the process, the same
 layout is read as TDPBF16PS B operands (16 lines a tile, kernels/csrc/amx_bf16.h) from one row of x on (`has_amx`,
-`set_amx` on the extension). The engine runs a bf16 model's float linears through it instead of oneDNN's prepacked
+`dev.set_amx` on the extension, a development-only switch). The engine runs a bf16 model's float linears through it instead of oneDNN's prepacked
 GEMM: it reads the weights of a decode step closer to the memory's pace and comes within 0.9x of oneDNN on
 prefill-sized batches (python benchmarks/bf16_dot.py, docs/BENCHMARKS.md).
 

@@ -2,9 +2,9 @@
 with AVX-512 BF16, kernels/csrc/int4_bf16_avx512.h, and from 2 rows on CPUs with AMX tiles,
 kernels/csrc/int4_amx.h), its packed layout, and the pure-torch reference of that layout.
 
-torch's `_weight_int4pack_mm_for_cpu` has no fast path without AVX-512 (13.8 ms at M=1 on a
-[2816 x 1024] weight on this project's AVX2 CPU, against 0.25 ms for fp32 dense); this kernel reads
-the 4-bit weight directly with fp32 activations (docs/BENCHMARKS.md has the figures).
+torch's `_weight_int4pack_mm_for_cpu` has no fast path without AVX-512 (slower than fp32 dense at M = 1 on
+this project's AVX2 CPU); this kernel reads the 4-bit weight directly with fp32 activations (docs/cpu-kernels.md
+has the figures).
 
 Layout (`Int4Blocked`), for a weight W [N, K] with groups of `group_size` input columns:
   packed      uint8 [NB, K, 8]          NB = ceil(N / 16) blocks of 16 output rows; byte (b, k, j)
@@ -38,8 +38,8 @@ ROWS = 16  # output rows per block
 DENSE_FROM_M = 512
 # bf16 activations on a CPU whose oneDNN computes bf16 natively (AVX-512 BF16 / AMX): the dense path
 # is a bf16 GEMM on the dequantized tile, ahead of the AVX2 kernel from M = 64 (behind at 32), and of
-# the AVX-512 BF16 kernel from M = 192 (behind at 128), on the four shapes measured (docs/BENCHMARKS.md,
-# "4-bit linears in bf16").
+# the AVX-512 BF16 kernel from M = 192 (behind at 128), on the four shapes measured (benchmarks/int4_cpu.py;
+# docs/cpu-kernels.md).
 DENSE_FROM_M_BF16 = 48
 # With the AVX-512 BF16 kernel, the dense path dequantizes into the bf16 kernel's layout and runs it: the two cross at
 # 128-160 rows over the benchmark model's linears (measured at commit e02ec4c, python -m quantkit.bench.int4_tiles; docs/cpu-kernels.md).

@@ -14,8 +14,8 @@ Layout (`Int8Blocked`), for W [N, K]:
 The kernel multiplies the codes by x written as 16-bit fixed point per row and group (two vpdpbusd, one per
 byte; `quantize_activations16_reference`), so no weight is converted. On CPUs with AMX tiles, from 8 rows, the same
 codes are TDPBUSD B tiles as stored (kernels/csrc/int8_amx.h): the same integer sums, so the same bits. torch's own `_weight_int8pack_mm`
-(per-row scales) was measured against oneDNN's prepacked bf16 on the lm_head's shape: 1.1x at M = 1 but 0.45x
-at M = 8 (docs/BENCHMARKS.md), so quantkit reads its own layout.
+(per-row scales) was measured against oneDNN's prepacked bf16 on the lm_head's shape: ahead at M = 1, well
+behind at M = 8 (docs/cpu-kernels.md has the figures), so quantkit reads its own layout.
 """
 
 from __future__ import annotations

@@ -189,10 +189,10 @@ void for_blocks(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int6
 namespace amx {
 
 // The two functions every extension built with this header exposes, whether or not it has the AMX paths: has_amx()
-// (built for AMX and granted the tiles) and set_amx(on) (the paths on or off for this extension; returns the old
-// setting, false where they are not built).
+// (built for AMX and granted the tiles) and, among the development-only switches (`dev`), set_amx(on) (the paths on
+// or off for this extension; returns the old setting, false where they are not built).
 template <typename Module>
-void bind_switches(Module& m) {
+void bind_switches(Module& m, Module& dev) {
   m.def("has_amx", [] {
 #if defined(QUANTKIT_AMX)
     return enabled();
@@ -200,7 +200,7 @@ void bind_switches(Module& m) {
     return false;
 #endif
   }, "whether this extension has its AMX paths and Linux granted this process the tiles");
-  m.def("set_amx", [](bool on) {
+  dev.def("set_amx", [](bool on) {
 #if defined(QUANTKIT_AMX)
     return std::exchange(switched_on(), on);
 #else

@@ -215,15 +215,17 @@ torch::Tensor bf16_dot_linear(torch::Tensor x, torch::Tensor packed, int64_t N, 
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  auto dev = m.def_submodule("dev", "development-only tuning switches, for benchmarks and tests; production code "
+                             "never calls them");
   m.def("has_bf16_dot", &has_bf16_dot, "whether bf16_dot_linear was built (AVX-512 BF16)");
 #if defined(QUANTKIT_BF16_DOT)
   m.def("pack_pairs", &pack_pairs, "bf16 W [N, K] -> the bf16 kernel's blocks [ceil(N / 16), K / 2, 16, 2]");
   m.def("bf16_dot_linear", &bf16_dot_linear, "x bf16 [M, K] @ W.T (+ bias) from pack_pairs(W) -> bf16 [M, N]",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
 #endif
-  amx::bind_switches(m);
+  amx::bind_switches(m, dev);
 #if defined(QUANTKIT_AMX)
-  m.def("set_amx_from_m", [](int64_t m) { return std::exchange(amx_from_m(), m); },
+  dev.def("set_amx_from_m", [](int64_t m) { return std::exchange(amx_from_m(), m); },
         "the rows of x from which bf16_dot_linear runs on AMX tiles; returns the previous value");
 #endif
   m.def("pack", &pack, "bf16 W [N, K] -> the kernel's panels [ceil(N / 16), K, 16]");

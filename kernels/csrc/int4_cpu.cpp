@@ -387,25 +387,27 @@ torch::Tensor int4_dequantize(torch::Tensor packed, torch::Tensor sz, int64_t n,
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  amx::bind_switches(m);  // the int4 and int8 kernels' AMX paths
+  auto dev = m.def_submodule("dev", "development-only tuning switches, for benchmarks and tests; production code "
+                             "never calls them");
+  amx::bind_switches(m, dev);  // the int4 and int8 kernels' AMX paths
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_dequantize_pairs", &int4_dequantize_pairs,
         "rows n0..n1 of W4 as bf16 in the bf16 kernel's pair layout [ceil((n1 - n0) / 16), K / 2, 16, 2]");
-  m.def("set_wide_tiles", [](bool on) { return std::exchange(int4bf16::wide_tiles(), on); },
+  dev.def("set_wide_tiles", [](bool on) { return std::exchange(int4bf16::wide_tiles(), on); },
         "8 rows of x and more: pairs of blocks a tile (True, the default) or one; returns the previous setting");
-  m.def("set_eight_columns", [](bool on) { return std::exchange(int4bf16::eight_columns(), on); },
+  dev.def("set_eight_columns", [](bool on) { return std::exchange(int4bf16::eight_columns(), on); },
         "the 8-row tile: 8 columns a step where the group size allows (True, the default) or a pair; returns the "
         "previous setting");
-  m.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
+  dev.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
 #if defined(QUANTKIT_INT4_AMX)
-  m.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4_amx_from_m(), m); },
+  dev.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4_amx_from_m(), m); },
         "the rows of x from which int4_linear_bf16 runs on AMX tiles; returns the previous value");
 #endif
 #if defined(QUANTKIT_INT8_AMX)
-  m.def("set_int8_amx_from_m", [](int64_t m) { return std::exchange(int8_amx_from_m(), m); },
+  dev.def("set_int8_amx_from_m", [](int64_t m) { return std::exchange(int8_amx_from_m(), m); },
         "the rows of x from which int8_linear_bf16 runs on AMX tiles; returns the previous value");
 #endif
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",

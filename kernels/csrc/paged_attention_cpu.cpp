@@ -463,18 +463,20 @@ torch::Tensor rope_and_cache(torch::Tensor qkv, torch::Tensor positions, torch::
 torch::Tensor argmax_rows(torch::Tensor x);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  auto dev = m.def_submodule("dev", "development-only tuning switches, for benchmarks and tests; production code "
+                             "never calls them");
   m.def("paged_attention", &paged_attention,
         "causal attention of each sequence's new queries over its paged KV cache, read in place");
   m.def("shared_prefix_state_", &shared_prefix_state_,
         "cascade first pass: the queries of the sequences sharing prefix blocks over those blocks, state out");
-  m.def("set_widen_from_rows", &set_widen_from_rows,
+  dev.def("set_widen_from_rows", &set_widen_from_rows,
         "rows of a work item from which a block is widened once for all of them (AVX-512); returns the old value");
-  m.def("set_pair_rows", &set_pair_rows,
+  dev.def("set_pair_rows", &set_pair_rows,
         "whether the per-row step folds two rows with the same keys together (AVX-512); returns the old setting");
-  m.def("set_amx_attention_from_rows", &set_amx_attention_from_rows,
+  dev.def("set_amx_attention_from_rows", &set_amx_attention_from_rows,
         "rows of a work item from which a bf16 cache is attended on AMX tiles; returns the old value (-1: not built)");
-  amx::bind_switches(m);
-  m.def("set_prefetch_blocks", &set_prefetch_blocks,
+  amx::bind_switches(m, dev);
+  dev.def("set_prefetch_blocks", &set_prefetch_blocks,
         "how many cache blocks ahead of the one being folded are prefetched (0: none); returns the old value");
   m.def("rms_norm", &rms_norm, "RMSNorm, fp32");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place, fp32");

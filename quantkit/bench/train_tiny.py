@@ -12,8 +12,7 @@ on one machine give the same weights whatever the load.
 
 1600 steps (about eight passes over the 0.42 M training tokens), because a less trained model
 cannot rank 4-bit methods: at 400 steps (perplexity 66.6) asymmetric RTN lost 0.07% and GPTQ
-landed below float; at 1600 steps (30.4) RTN loses 0.73%, GPTQ 0.28% and AWQ 0.24%
-(docs/BENCHMARKS.md). The default trains under torch.autocast(bfloat16) where the CPU computes
+landed below float; at 1600 steps (30.4) the methods part (docs/BENCHMARKS.md, the accuracy section). The default trains under torch.autocast(bfloat16) where the CPU computes
 bf16 natively (AMD EPYC with AVX-512 BF16, 2 threads: 0.29 s a step, 458 s in all, loss 6.972 at
 the first step and 2.741 over the last 20, test perplexity 30.353; fp32 1.47 s a step) and in fp32 elsewhere (there bf16 is emulated and slower: Intel Xeon Ice Lake, 2 threads,
 10.9 s against 7.6 s a step), so the model differs between those two kinds of machine; each

@@ -39,5 +39,5 @@ def test_amx_switch_turns_the_tiles_off_within_the_block_and_back_on():
 
     ext = bf16_cpu.extension()
     with amx_switched(False):
-        assert ext.set_amx(False) is False  # off inside (set_amx returns the previous setting)
-    assert ext.set_amx(True) is True  # restored on leaving
+        assert ext.dev.set_amx(False) is False  # off inside (set_amx returns the previous setting)
+    assert ext.dev.set_amx(True) is True  # restored on leaving

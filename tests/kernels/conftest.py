@@ -30,12 +30,12 @@ def avx512_step(request, attn):
     amx = request.param == "amx"
     if amx and not mod.has_amx():
         pytest.skip("the AMX attention step needs a CPU with AMX-BF16 (and a Linux that grants the tiles)")
-    old_amx = mod.set_amx(amx)
-    old_rows = mod.set_amx_attention_from_rows(1) if amx else None
-    old = mod.set_widen_from_rows(1 if request.param == "widened-block" else 1 << 40)
+    old_amx = mod.dev.set_amx(amx)
+    old_rows = mod.dev.set_amx_attention_from_rows(1) if amx else None
+    old = mod.dev.set_widen_from_rows(1 if request.param == "widened-block" else 1 << 40)
     yield request.param
     if old > 0:
-        mod.set_widen_from_rows(old)
-    mod.set_amx(old_amx)
+        mod.dev.set_widen_from_rows(old)
+    mod.dev.set_amx(old_amx)
     if old_rows is not None and old_rows > 0:
-        mod.set_amx_attention_from_rows(old_rows)
+        mod.dev.set_amx_attention_from_rows(old_rows)

@@ -62,10 +62,10 @@ def dot_path(request, needs_bf16_dot):
             pytest.skip("AMX tiles: none on this CPU, or Linux did not grant them")
         yield request.param  # nothing to switch off
         return
-    old_on, old_m = ext.set_amx(request.param == "amx"), ext.set_amx_from_m(1)
+    old_on, old_m = ext.dev.set_amx(request.param == "amx"), ext.dev.set_amx_from_m(1)
     yield request.param
-    ext.set_amx(old_on)
-    ext.set_amx_from_m(old_m)
+    ext.dev.set_amx(old_on)
+    ext.dev.set_amx_from_m(old_m)
 
 
 @dot_missing
@@ -129,11 +129,11 @@ def test_amx_and_avx512_tiles_differ_only_in_the_order_of_the_sums():
     lin = torch.nn.Linear(1024, 272, bias=False).to(torch.bfloat16).requires_grad_(False)
     x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(2)).bfloat16()
     tiles = Bf16DotLinear(lin)(x)
-    assert ext.set_amx(False) is True  # the default is on
+    assert ext.dev.set_amx(False) is True  # the default is on
     try:
         vectors = Bf16DotLinear(lin)(x)
     finally:
-        ext.set_amx(True)
+        ext.dev.set_amx(True)
     assert not torch.equal(tiles, vectors)
     torch.testing.assert_close(tiles.float(), vectors.float(), rtol=2 ** -7, atol=1e-6)
 

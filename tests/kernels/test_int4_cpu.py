@@ -141,9 +141,9 @@ def bf16_ext(kernel):
 @pytest.fixture
 def bf16_kernel(bf16_ext):
     """The AVX-512 BF16 kernel: where the AMX path is built, it is switched off for the test."""
-    old = bf16_ext.set_amx(False)
+    old = bf16_ext.dev.set_amx(False)
     yield bf16_ext
-    bf16_ext.set_amx(old)
+    bf16_ext.dev.set_amx(old)
 
 
 @pytest.fixture
@@ -151,9 +151,9 @@ def amx_kernel(bf16_ext):
     """The AMX kernel (kernels/csrc/int4_amx.h) from one row on, where this CPU and Linux give the process AMX tiles."""
     if not bf16_ext.has_amx():
         pytest.skip("the AMX int4 kernel needs a CPU with AMX-BF16 (and a Linux that grants the tiles)")
-    old = bf16_ext.set_int4_amx_from_m(1)
+    old = bf16_ext.dev.set_int4_amx_from_m(1)
     yield bf16_ext
-    bf16_ext.set_int4_amx_from_m(old)
+    bf16_ext.dev.set_int4_amx_from_m(old)
 
 
 @pytest.mark.slow
@@ -203,11 +203,11 @@ def test_amx_kernel_is_not_the_avx512_one_and_groups_off_its_steps_fall_back(amx
     w = repack(checkpoint(272, 512, 128, "gptq", True, False, seed=3))
     xb = torch.randn(24, 512, generator=torch.Generator().manual_seed(3)).bfloat16()
     tiles = amx_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
-    assert amx_kernel.set_amx(False) is True  # the default is on
+    assert amx_kernel.dev.set_amx(False) is True  # the default is on
     try:
         vectors = amx_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     finally:
-        amx_kernel.set_amx(True)
+        amx_kernel.dev.set_amx(True)
     want = int4_blocked_reference(xb.float(), w, None)
     torch.testing.assert_close(tiles, want, **TOL)
     torch.testing.assert_close(vectors, want, **TOL)
@@ -239,11 +239,11 @@ def test_bf16_kernel_switch_between_tiles_keeps_the_result(bf16_kernel, m, switc
     w = repack(p)
     xb = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).bfloat16()
     want = int4_blocked_reference(xb.float(), w, None)
-    assert getattr(bf16_kernel, switch)(False) is True  # the default is on
+    assert getattr(bf16_kernel.dev, switch)(False) is True  # the default is on
     try:
         pair = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     finally:
-        assert getattr(bf16_kernel, switch)(True) is False
+        assert getattr(bf16_kernel.dev, switch)(True) is False
     lanes = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     torch.testing.assert_close(pair, want, **TOL)
     torch.testing.assert_close(lanes, want, **TOL)
@@ -257,11 +257,11 @@ def test_bf16_kernel_eight_columns_a_step_is_the_pair_steps_bit_for_bit(bf16_ker
     p = checkpoint(272, 512, 128, "gptq", True, False, seed=m)
     w = repack(p)
     xb = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).bfloat16()
-    assert bf16_kernel.set_eight_columns(False) is True  # the default is on
+    assert bf16_kernel.dev.set_eight_columns(False) is True  # the default is on
     try:
         pairs = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     finally:
-        assert bf16_kernel.set_eight_columns(True) is False
+        assert bf16_kernel.dev.set_eight_columns(True) is False
     eights = bf16_kernel.int4_linear_bf16(xb, w.packed, w.scale_zero, 272, 128)
     torch.testing.assert_close(eights, int4_blocked_reference(xb.float(), w, None), **TOL)
     assert torch.equal(eights, pairs)

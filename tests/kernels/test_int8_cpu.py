@@ -68,14 +68,14 @@ def int8_ext(request):
     if not hasattr(ext, "int8_linear_bf16"):
         pytest.skip("the int8 kernel is built only where the compiler targets AVX-512 BF16")
     amx = request.param == "amx"
-    if amx and not (ext.has_amx() and hasattr(ext, "set_int8_amx_from_m")):
+    if amx and not (ext.has_amx() and hasattr(ext.dev, "set_int8_amx_from_m")):
         pytest.skip("AMX-INT8 tiles: none on this CPU or build, or Linux did not grant them")
-    old_on = ext.set_amx(amx)
-    old_m = ext.set_int8_amx_from_m(1) if hasattr(ext, "set_int8_amx_from_m") else None
+    old_on = ext.dev.set_amx(amx)
+    old_m = ext.dev.set_int8_amx_from_m(1) if hasattr(ext.dev, "set_int8_amx_from_m") else None
     yield ext
-    ext.set_amx(old_on)
+    ext.dev.set_amx(old_on)
     if old_m is not None:
-        ext.set_int8_amx_from_m(old_m)
+        ext.dev.set_int8_amx_from_m(old_m)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 13, 16, 17, 33])
@@ -136,17 +136,17 @@ def test_amx_tiles_give_the_vnni_kernels_bits():
     """Both paths sum q * digit exactly in int32 and scale each group's sum in the same order, so they agree bit for bit
     (a 1000-row head: 63 blocks, the last half filled and unpaired)."""
     ext = int4_cpu.extension()
-    if ext is None or not hasattr(ext, "set_int8_amx_from_m") or not ext.has_amx():
+    if ext is None or not hasattr(ext.dev, "set_int8_amx_from_m") or not ext.has_amx():
         pytest.skip("AMX-INT8 tiles: none on this CPU or build, or Linux did not grant them")
     w = pack_int8(0.05 * torch.randn(1000, 1024, generator=torch.Generator().manual_seed(0)), 128)
     x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1)).bfloat16()
-    old = ext.set_int8_amx_from_m(1)
+    old = ext.dev.set_int8_amx_from_m(1)
     try:
         tiles = ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 1000, 128)
-        ext.set_amx(False)
+        ext.dev.set_amx(False)
         vectors = ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 1000, 128)
     finally:
-        ext.set_amx(True)
-        ext.set_int8_amx_from_m(old)
+        ext.dev.set_amx(True)
+        ext.dev.set_int8_amx_from_m(old)
     assert torch.equal(tiles, vectors)
     torch.testing.assert_close(tiles, int8_blocked_reference(x, w), **TOL)

@@ -79,7 +79,7 @@ def test_rows_folded_in_pairs_give_the_bits_of_rows_folded_alone(attn, dtype):
     from quantkit.kernels.paged_attention_cpu import cpu_attention
 
     mod = cpu_attention()
-    if mod is None or mod.set_pair_rows(True) < 0:
+    if mod is None or mod.dev.set_pair_rows(True) < 0:
         pytest.skip("the AVX-512 attention step is not compiled here")
     kc, vc, tables, _ = random_paged([5, 40, 17, 33], 12, 4, 64, 16, num_blocks=96, seed=13)
     kc, vc = kc.to(dtype), vc.to(dtype)
@@ -90,10 +90,10 @@ def test_rows_folded_in_pairs_give_the_bits_of_rows_folded_alone(attn, dtype):
     outs = {}
     try:
         for on in (True, False):
-            mod.set_pair_rows(on)
+            mod.dev.set_pair_rows(on)
             outs[on] = attn(q, kc, vc, tables, lens, starts, 0.125)
     finally:
-        mod.set_pair_rows(True)
+        mod.dev.set_pair_rows(True)
     assert torch.equal(outs[True], outs[False])
 
 
@@ -109,17 +109,17 @@ def test_prefetching_blocks_ahead_changes_no_bits(attn):
     q = torch.randn(9, 8, 64, generator=torch.Generator().manual_seed(16)).bfloat16()
     lens = torch.tensor([5, 40, 17, 33], dtype=torch.int32)
     starts = torch.tensor([0, 1, 2, 8, 9], dtype=torch.int32)
-    default = mod.set_prefetch_blocks(0)
+    default = mod.dev.set_prefetch_blocks(0)
     try:
         outs = []
         for ahead in (0, default, 8):
-            mod.set_prefetch_blocks(ahead)
+            mod.dev.set_prefetch_blocks(ahead)
             outs.append(attn(q, kc.bfloat16(), vc.bfloat16(), tables, lens, starts, 0.125))
     finally:
-        mod.set_prefetch_blocks(default)
+        mod.dev.set_prefetch_blocks(default)
     assert default == 1 and all(torch.equal(outs[0], o) for o in outs[1:])
     with pytest.raises(RuntimeError, match="at least 0"):
-        mod.set_prefetch_blocks(-1)
+        mod.dev.set_prefetch_blocks(-1)
 
 
 def test_bfloat16_within_rounding(attn):
