@@ -153,6 +153,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    prompt_cache_key: str | None = None  # a routing hint: prefix caching is automatic for every request
 
 
 class TokenizeCompletion(OpenAIModel):
