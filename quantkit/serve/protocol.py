@@ -165,6 +165,7 @@ class TokenizeCompletion(OpenAIModel):
 class TokenizeChat(OpenAIModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None  # rendered by the chat template, as /v1/chat/completions renders them
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
