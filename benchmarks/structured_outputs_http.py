@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,27 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grammar_engines import wikitext_tokenizer  # noqa: E402
 from structured_outputs import SCHEMA  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"quantkit serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url}/health did not answer 200 within {timeout} s")
 
 
 async def one_round(url: str, prompts: list[list[int]], max_tokens: int, held: bool) -> float:
@@ -72,6 +50,7 @@ async def one_round(url: str, prompts: list[list[int]], max_tokens: int, held: b
 
 def main(argv=None) -> None:
     from quantkit.bench.engine_vs_vllm import make_dense
+    from quantkit.bench.serve_vs_vllm import free_port, start
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -84,12 +63,11 @@ def main(argv=None) -> None:
         wikitext_tokenizer().save_pretrained(model)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "quantkit.cli", "serve", str(model), "--port", str(port),
-                                 "--threads", str(args.threads), "--max-num-seqs", str(args.batch),
-                                 "--max-model-len", "512", "--served-model-name", "bench", "--log-level", "warning"],
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL)
+        proc = start([sys.executable, "-m", "quantkit.cli", "serve", str(model), "--port", str(port),
+                      "--threads", str(args.threads), "--max-num-seqs", str(args.batch), "--max-model-len", "512",
+                      "--served-model-name", "bench", "--log-level", "warning"],
+                     {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}, url)  # this checkout's quantkit
         try:
-            wait_ready(url, proc)
             g = torch.Generator().manual_seed(0)
             prompts = [torch.randint(3, 26000, (64,), generator=g).tolist() for _ in range(args.batch)]
             asyncio.run(one_round(url, prompts, 8, held=True))  # warm-up; compiles the schema (once)
