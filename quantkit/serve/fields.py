@@ -100,7 +100,13 @@ def endpoint_fields(endpoint: str) -> dict[str, RequestField]:
 
 def refuse_unsupported(body: BaseModel, endpoint: str) -> None:
     """A 400 naming the first field of `body` that this endpoint does not honour (refused, unknown, or the other
-    endpoint's), unless its value is null or harmless."""
+    endpoint's), unless its value is null or harmless; and the first unknown field of a chat message that is not
+    null (a response's message sent back holds `refusal`, `audio`, `annotations` as nulls)."""
+    for i, message in enumerate(getattr(body, "messages", None) or []):
+        extra = next((k for k, v in (message.model_extra or {}).items() if v is not None), None)
+        if extra is not None:
+            raise APIError(400, f"messages[{i}].{extra} is not supported: unknown fields are refused, not ignored",
+                           param=f"messages[{i}].{extra}")
     known = endpoint_fields(endpoint)
     extra = body.model_extra or {}
     for name in sorted(body.model_fields_set | set(extra)):

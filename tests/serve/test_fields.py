@@ -60,6 +60,16 @@ def test_a_refused_or_unknown_field_is_a_400_naming_it(stories_server, endpoint,
     assert spec is None or not spec.honoured or endpoint not in spec.endpoints
 
 
+def test_an_unknown_message_field_is_a_400_unless_null(tools_server):
+    def post(message):
+        return httpx.post(f"{tools_server.url}/v1/chat/completions", timeout=30, json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}, message]})
+
+    r = post({"role": "user", "content": "hi", "reasoning_content": "think"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].reasoning_content", r.text
+    assert post({"role": "assistant", "content": "hi", "refusal": None, "audio": None}).status_code == 200
+
+
 @pytest.mark.parametrize("name,value", [("store", False), ("modalities", ["text"]), ("service_tier", "auto"),
                                         ("audio", None), ("prompt_cache_key", "k"), ("user", "alice")])
 def test_values_that_ask_for_nothing_more_pass(tools_server, name, value):
