@@ -9,7 +9,8 @@ Model and tokenizer as benchmarks/structured_outputs.py (a random Llama of quant
 layers; the 26k-token byte-level BPE of benchmarks/grammar_engines.py), served by `quantkit serve` in a subprocess on
 a free loopback port. Each round sends --batch requests at once (completions, token-id prompts of 64 tokens, greedy,
 ignore_eos, --max-tokens each) and counts the usage's completion tokens over the round's wall time. Prints the
-median tokens/s of each and their ratio.
+median tokens/s of each, their ratio, and the median of each round's ratio (its two runs are adjacent in time, so a
+shared machine's drifting load cancels better).
 """
 
 from __future__ import annotations
@@ -80,9 +81,11 @@ def main(argv=None) -> None:
             proc.terminate()
             proc.wait(timeout=60)
     free_s, held_s = statistics.median(rates[False]), statistics.median(rates[True])
+    paired = statistics.median(h / f for f, h in zip(rates[False], rates[True]))  # each round's two runs, adjacent
     print(f"HTTP, batch {args.batch}, {args.max_tokens} tokens each, {args.threads} threads, {args.rounds} rounds")
-    print(f"free text: {free_s:.1f} tok/s; json schema: {held_s:.1f} tok/s; ratio {held_s / free_s:.3f} "
-          f"(rounds: {[round(x) for x in rates[False]]} / {[round(x) for x in rates[True]]})")
+    print(f"free text: {free_s:.1f} tok/s; json schema: {held_s:.1f} tok/s; ratio {held_s / free_s:.3f}, median of "
+          f"the rounds' ratios {paired:.3f} (rounds: {[round(x) for x in rates[False]]} / "
+          f"{[round(x) for x in rates[True]]})")
 
 
 if __name__ == "__main__":
