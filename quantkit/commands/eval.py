@@ -23,7 +23,8 @@ def eval_command(
                                          "(default: lm-eval's mmlu from the hub)."),
     subjects: str | None = typer.Option(None, "--subjects", help="Comma-separated MMLU subjects (default: all)."),
     num_fewshot: int = typer.Option(5, "--num-fewshot", help="Few-shot examples per question (from dev)."),
-    limit: int | None = typer.Option(None, "--limit", help="Questions per subject (default: all)."),
+    limit: int | None = typer.Option(None, "--limit", help="As lm-eval's --limit, for quick checks: MMLU questions "
+                                     "per subject, and perplexity over the first N windows (default: all)."),
     ppl_text: str = typer.Option("wikitext2", "--ppl-text", help="Text file for perplexity, or 'wikitext2' "
                                  "(wikitext-2-raw-v1 test from the hub)."),
     seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens; clipped to "
@@ -148,6 +149,8 @@ def run_notes(settings, inputs, base_run, quant_run) -> list[str]:
                      "subjects skipped (--subjects)")
     if inputs.subjects and settings.limit is not None:
         notes.append(f"MMLU: at most {settings.limit} questions per subject (--limit)")
+    if "ppl" in settings.tasks and settings.limit is not None:
+        notes.append(f"perplexity: at most the first {settings.limit} windows (--limit)")
     if base_run.cached:
         notes.append(f"base {', '.join(base_run.cached)} from the cache (pass --no-cache to re-run)")
     for run in (base_run, quant_run):

@@ -209,9 +209,10 @@ def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role
     if settings.seqlen > lm.max_length:
         raise QuantkitError(f"--seqlen {settings.seqlen} is above the model's context of {lm.max_length} tokens")
     ids, bos_note = tokenize_once(lm.tokenizer, inputs.ppl_text)
-    bar = progress.add(f"{role}: perplexity", total=len(ids) // settings.seqlen)
+    windows = len(ids) // settings.seqlen
+    bar = progress.add(f"{role}: perplexity", total=windows if settings.limit is None else min(windows, settings.limit))
     return perplexity(lm.model, ids, settings.seqlen, settings.ppl_text, bos_note, settings.batch_size,
-                      advance=lambda n: progress.advance(bar, n), device=settings.device)
+                      advance=lambda n: progress.advance(bar, n), device=settings.device, limit=settings.limit)
 
 
 def model_context(path: str) -> int:
