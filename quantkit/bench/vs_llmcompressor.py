@@ -1,6 +1,6 @@
 """quantkit against llm-compressor: perplexity ratio to float and quantization wall time, same windows.
 
-  python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo]
+  python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo,awq-both]
       [--threads 2] [--tools ours,peer] [--seeds 0] [--llmc-python PATH]
   python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
@@ -21,7 +21,7 @@ writing included), for the time a user waits.
 `--tools ours` or `--tools peer` runs one tool (to split a long run under the machine's heavy-job
 lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order);
-awq / awq-duo = asymmetric AWQ without / with duo scaling.
+awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both formulas searched per group.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
 METHODS = {
     "rtn": (["--method", "rtn", "--no-sym", "--format", "awq"], ["--method", "rtn"]),
     "gptq": (["--method", "gptq"], ["--method", "gptq"]),
-    "awq": (["--method", "awq", "--no-awq-duo-scaling"], ["--method", "awq"]),
-    "awq-duo": (["--method", "awq", "--awq-duo-scaling"], ["--method", "awq", "--duo"]),
+    "awq": (["--method", "awq", "--awq-duo-scaling", "false"], ["--method", "awq"]),
+    "awq-duo": (["--method", "awq", "--awq-duo-scaling", "true"], ["--method", "awq", "--duo", "true"]),
+    "awq-both": (["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
 }
 MODELS = {"tiny": (128, "all"), "stories": (64, "attention")}  # group size, llm-compressor targets
 

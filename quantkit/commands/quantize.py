@@ -40,7 +40,7 @@ def quantize(
     compute_dtype: str = typer.Option("auto", "--compute-dtype",
                                       help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
                                            "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32."),
-    awq_duo_scaling: bool = typer.Option(False, "--awq-duo-scaling/--no-awq-duo-scaling", help="AWQ: scales from activations and weights."),
+    awq_duo_scaling: str = typer.Option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept)."),
     awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
     load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
@@ -206,13 +206,14 @@ def _print_summary(report, cfg) -> None:
     table.add_row("size on disk", f"{_mib(report.output_bytes)} (original {_mib(plan.source_bytes)}, "
                                   f"{report.output_bytes / max(plan.source_bytes, 1):.2f}x)")
     table.add_row("wall time", f"{report.seconds:.1f} s")
-    for label, value in _awq_rows(report.layers):
+    for label, value in _awq_rows(report.layers, cfg.awq_duo_scaling):
         table.add_row(label, value)
     console.print(table)
 
 
-def _awq_rows(layers) -> list[tuple[str, str]]:
-    """AWQ's block loss before/after and the chosen scales, from each layer's stats."""
+def _awq_rows(layers, duo_scaling: str) -> list[tuple[str, str]]:
+    """AWQ's block loss before/after and the chosen scales, from each layer's stats (with duo scaling: how many
+    groups took the duo formula)."""
     stats = [layer.stats for layer in layers if "loss_awq" in layer.stats]
     if not stats:
         return []
@@ -225,7 +226,9 @@ def _awq_rows(layers) -> list[tuple[str, str]]:
         hi = max(g["scale_max"] for g in groups)
         ratios = [g["ratio"] for g in groups if "ratio" in g]
         mean_ratio = f", mean ratio {sum(ratios) / len(ratios):.2f}" if ratios else ""
-        rows.append(("AWQ scales", f"{len(groups)} groups, range {lo:.3g}..{hi:.3g}{mean_ratio}"))
+        duo = sum(1 for g in groups if g.get("duo"))
+        duo_share = f", duo formula in {duo} of {len(groups)}" if duo_scaling != "false" else ""
+        rows.append(("AWQ scales", f"{len(groups)} groups, range {lo:.3g}..{hi:.3g}{mean_ratio}{duo_share}"))
     return rows
 
 

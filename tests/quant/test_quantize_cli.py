@@ -162,3 +162,16 @@ def test_awq_closing_table_shows_block_loss_and_scales(tiny_llama, tmp_path):
     output = quantize(tiny_llama, tmp_path / "q", "--method", "awq", calib=synthetic_calib(tmp_path / "c.txt"))
     assert "block loss RTN -> AWQ" in output and "AWQ scales" in output
     assert "quantkit quantize: awq -> awq" in output
+
+
+def test_awq_duo_scaling_both_is_recorded_with_each_groups_formula(tiny_llama, tmp_path):
+    """--awq-duo-scaling both: the mode in quantkit_meta.json's config, and per smoothing group which formula won."""
+    out = tmp_path / "q"
+    output = quantize(tiny_llama, out, "--method", "awq", "--awq-duo-scaling", "both",
+                      calib=synthetic_calib(tmp_path / "c.txt"))
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    assert meta["config"]["awq_duo_scaling"] == "both"
+    groups = [g for layer in meta["layers"] for g in layer["stats"]["groups"].values()]
+    assert groups and all(isinstance(g["duo"], bool) and g["loss_scaled"] <= g["loss_unscaled"] for g in groups)
+    duo = sum(g["duo"] for g in groups)
+    assert f"duo formula in {duo} of {len(groups)}" in " ".join(output.replace("│", " ").split())
