@@ -17,6 +17,9 @@ AWQ_NEXT_INPUTS = ("quantized", "float")
 # AWQ's scale formulas per smoothing group (quantkit.quant.awq_search.scale_candidates): activations only, with the
 # weight statistic too (duo scaling), or both searched and the lower loss kept
 DUO_SCALINGS = ("false", "true", "both")
+# how RTN and GPTQ choose each group's scale and zero (quantkit.quant.scale_search): min-max, a search minimizing
+# the weight error (data-free), or the error weighted by the calibration inputs' mean square per input channel
+SCALE_SEARCHES = ("minmax", "mse", "imatrix")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class QuantizeConfig:
     force: bool = False
     dry_run: bool = False
     max_shard_size: int = 2 * 1024**3
+    scale_search: str = "minmax"  # one of SCALE_SEARCHES (RTN and GPTQ)
     awq_duo_scaling: str = "false"  # one of DUO_SCALINGS (True / False, as older recipes write it, are read as "true" / "false")
     awq_grid: int = 20
     awq_search_tokens: int = 2048  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
@@ -110,6 +114,10 @@ class QuantizeConfig:
             object.__setattr__(self, "awq_duo_scaling", str(self.awq_duo_scaling).lower())
         if self.awq_duo_scaling not in DUO_SCALINGS:
             raise QuantkitError(f"unknown --awq-duo-scaling {self.awq_duo_scaling!r}; expected one of {', '.join(DUO_SCALINGS)}")
+        if self.scale_search not in SCALE_SEARCHES:
+            raise QuantkitError(f"unknown --scale-search {self.scale_search!r}; expected one of {', '.join(SCALE_SEARCHES)}")
+        if self.scale_search != "minmax" and self.method == "awq":
+            raise QuantkitError("--scale-search applies to --method rtn and gptq (AWQ searches its own clip)")
         if self.awq_next_inputs not in AWQ_NEXT_INPUTS:
             raise QuantkitError(f"unknown --awq-next-inputs {self.awq_next_inputs!r}; expected one of {', '.join(AWQ_NEXT_INPUTS)}")
         if self.load_plan is not None and self.method != "awq":

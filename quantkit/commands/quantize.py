@@ -40,6 +40,7 @@ def quantize(
     compute_dtype: str = typer.Option("auto", "--compute-dtype",
                                       help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
                                            "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32."),
+    scale_search: str = typer.Option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib)."),
     awq_duo_scaling: str = typer.Option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept)."),
     awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
     load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
@@ -95,13 +96,13 @@ def _config(ctx: typer.Context):
 
         torch.set_num_threads(p["threads"])
     calib = o["calib"]
-    if calib is not None and o["method"] == "rtn":
+    if calib is not None and o["method"] == "rtn" and o["scale_search"] != "imatrix":
         console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
                       highlight=False, soft_wrap=True)
     calib = CalibConfig(source=DEFAULT_CALIB if calib is None else calib, nsamples=o["nsamples"], seqlen=o["seqlen"],
                         seed=o["seed"])
     same = ("method", "format", "bits", "group_size", "sym", "desc_act", "static_groups", "damp", "true_sequential",
-            "awq_duo_scaling", "awq_search_tokens")
+            "awq_duo_scaling", "awq_search_tokens", "scale_search")
     return QuantizeConfig(
         model=p["model"], out=p["out"], calib=calib, device=p["device"], compute_dtype=p["compute_dtype"],
         low_memory=_low_memory(p["low_memory"], p["dry_run"], p["model"]), force=p["force"], dry_run=p["dry_run"],

@@ -175,3 +175,28 @@ def test_awq_duo_scaling_both_is_recorded_with_each_groups_formula(tiny_llama, t
     assert groups and all(isinstance(g["duo"], bool) and g["loss_scaled"] <= g["loss_unscaled"] for g in groups)
     duo = sum(g["duo"] for g in groups)
     assert f"duo formula in {duo} of {len(groups)}" in " ".join(output.replace("│", " ").split())
+
+
+def _layer_losses(out):
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    return meta, {(layer["index"], name): v for layer in meta["layers"] for name, v in layer["losses"].items()}
+
+
+def test_rtn_scale_search_mse_is_data_free_and_below_minmax_on_every_linear(tiny_llama, tmp_path):
+    calib = synthetic_calib(tmp_path / "c.txt")
+    quantize(tiny_llama, tmp_path / "minmax", "--method", "rtn", calib=calib)
+    quantize(tiny_llama, tmp_path / "mse", "--method", "rtn", "--scale-search", "mse", calib=calib)
+    _, minmax = _layer_losses(tmp_path / "minmax")
+    meta, mse = _layer_losses(tmp_path / "mse")
+    assert meta["config"]["scale_search"] == "mse" and meta["calibration_token_sha256"] is None  # no calibration read
+    assert minmax.keys() == mse.keys() and all(mse[k] < minmax[k] for k in mse), (mse, minmax)
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_scale_search_imatrix_reads_the_calibration(tiny_llama, tmp_path, method):
+    out = tmp_path / "q"
+    output = quantize(tiny_llama, out, "--method", method, "--scale-search", "imatrix",
+                      calib=synthetic_calib(tmp_path / "c.txt"))
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    assert meta["config"]["scale_search"] == "imatrix" and meta["calibration_token_sha256"] is not None
+    assert "uses no calibration data" not in output
