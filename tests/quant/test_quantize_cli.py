@@ -153,6 +153,30 @@ def test_stories260k_group_size(stories_dir, wikitext_test, tmp_path):
         assert ppl[method] / ppl["rtn_asym"] <= limit, (method, ppl[method], ppl["rtn_asym"], limit)
 
 
+# [stories260k_g64_search] of configs/accuracy_floors.toml: name -> method and flags
+SEARCHED = {"rtn_mse": ("rtn", "--scale-search", "mse"), "rtn_imatrix": ("rtn", "--scale-search", "imatrix"),
+            "gptq_imatrix": ("gptq", "--scale-search", "imatrix"), "awq_both": ("awq", "--awq-duo-scaling", "both")}
+
+
+def test_stories260k_searched_scales_and_duo_both_meet_their_floors(stories_dir, wikitext_test, tmp_path):
+    """The searched group scales and AWQ's duo "both" on stories260K-hf (a fixed checkpoint), as
+    test_stories260k_group_size: each under its floor (the RTN floors sit below min-max RTN's measured 1.117)."""
+    from transformers import AutoTokenizer
+
+    calib_args = ("--calib", wikitext_test, "--nsamples", "16", "--seqlen", "256", "--group-size", "64")
+    tok = AutoTokenizer.from_pretrained(str(stories_dir))
+    ppl = {}
+    for name, (method, *flags) in SEARCHED.items():
+        code, output = run_cli("quantize", stories_dir, "--out", tmp_path / name, "--method", method, *flags,
+                               *calib_args)
+        assert code == 0, output
+        ppl[name] = wikitext_ppl(load_model(tmp_path / name)[0], tok, wikitext_test)
+    base = wikitext_ppl(load_model(stories_dir)[0], tok, wikitext_test)
+    floors = tomllib.loads((REPO / "configs" / "accuracy_floors.toml").read_text())["stories260k_g64_search"]
+    for name, limit in floors["max_ppl_ratio"].items():
+        assert ppl[name] / base <= limit, (name, ppl[name] / base, limit)
+
+
 def test_check_flag_runs_the_kernel_check(tiny_llama, tmp_path):
     output = quantize(tiny_llama, tmp_path / "q", "--check", calib=synthetic_calib(tmp_path / "c.txt"))
     assert "check: 14 packed layers" in output and "passed" in output
