@@ -219,3 +219,36 @@ def test_stored_responses_are_refused_as_the_server_is_stateless(client):
         client.responses.retrieve("resp_123")
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model="stories", input="Hi", previous_response_id="resp_123")
+
+
+def _decoded(text: str, splits: int, plan_mode: str = "auto", max_calls: int | None = None) -> tuple[list, dict]:
+    """The events and final response of an output fed to tool_choice's decoder in `splits` pieces."""
+    from quantkit.serve.responses_in import ResponsesRequest, ToolPlan
+    from quantkit.serve.responses_out import ResponseEvents, output_decoder, usage
+
+    events = ResponseEvents(ResponsesRequest(input="x"), "m", max_calls)
+    decoder = output_decoder(ToolPlan(plan_mode, [{"type": "function", "function": WEATHER}], max_calls=max_calls),
+                             "hermes")
+    out = events.start()
+    step = -(-len(text) // splits)
+    for i in range(0, len(text), step):
+        out += events.pieces(decoder.feed(text[i:i + step]))
+    out += events.pieces(decoder.finish()) + events.finish(usage(3, 4), None)
+    return out, out[-1]["response"]
+
+
+@pytest.mark.parametrize("splits", [1, 7, 200])
+def test_auto_tool_choice_parses_calls_out_of_the_text_in_any_split(splits):
+    """A random model never writes a call by itself, so tool_choice auto's parsing is checked on the output of a
+    model that did (Hermes / Qwen format), fed whole and in pieces, through the response's real event machine."""
+    text = ('Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}</tool_call>')
+    events, response = _decoded(text, splits)
+    items = response["output"]
+    assert [i["type"] for i in items] == ["message", "function_call", "function_call"]
+    assert items[0]["content"][0]["text"] == "Let me look. " and items[0]["status"] == "completed"
+    assert [json.loads(i["arguments"]) for i in items[1:]] == [{"city": "Oslo", "days": 2}, {"city": "Paris", "days": 1}]
+    assert len({i["call_id"] for i in items[1:]}) == 2 and response["status"] == "completed"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    one, _ = _decoded(text, splits, max_calls=1)  # parallel_tool_calls false
+    assert len([e for e in one if e["type"] == "response.function_call_arguments.done"]) == 1
