@@ -252,3 +252,27 @@ def test_auto_tool_choice_parses_calls_out_of_the_text_in_any_split(splits):
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     one, _ = _decoded(text, splits, max_calls=1)  # parallel_tool_calls false
     assert len([e for e in one if e["type"] == "response.function_call_arguments.done"]) == 1
+
+
+def test_parse_with_a_pydantic_model_validates(client):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Kid(BaseModel):
+        name: Literal["Lily", "Tom", "Ben"]
+        age: int = Field(ge=1, le=9)
+
+    for _ in range(2):
+        r = client.responses.parse(model="stories", input="A kid", text_format=Kid, max_output_tokens=40,
+                                   temperature=1.0)
+        assert isinstance(r.output_parsed, Kid), r.output_text
+
+
+def test_a_stream_the_client_leaves_is_aborted(server):
+    with server.paced(0.1):  # 300 steps would take 30 s: only an abort makes the engine idle within 10 s
+        with httpx.stream("POST", f"{server.url}/v1/responses", timeout=30,
+                          json={"input": "Once", "max_output_tokens": 300, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines) == "event: response.created"
+        server.wait_idle(timeout=10)
