@@ -173,9 +173,9 @@ def input_items(raw: str | list[dict]) -> list[_Item]:
         kind = item.get("type", "message") if isinstance(item, dict) else None
         model = ITEM_TYPES.get(kind)
         if model is None:
+            hint = "; this server is stateless: send the items themselves" if kind == "item_reference" else ""
             raise APIError(400, f"input[{i}]: item type {kind!r} is not supported here (only "
-                                f"{', '.join(ITEM_TYPES)}; {'' if kind != 'item_reference' else 'this server is stateless; '}"
-                                "send text)", param=f"input[{i}].type")
+                                f"{', '.join(ITEM_TYPES)}){hint}", param=f"input[{i}].type")
         _check_parts(item.get("content"), f"input[{i}].content")
         items.append(validated(model, item, f"input[{i}]"))
     return items

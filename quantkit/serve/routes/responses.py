@@ -57,6 +57,8 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     state.check_queue()
     events = ResponseEvents(body, model, plan.max_calls,
                             obfuscate=body.stream_options is None or body.stream_options.include_obfuscation)
+    # The Job drives the engine request (admission, disconnects, aborts); its Format is the chat endpoint's, unused
+    # here but for its fields, since responses_out writes this endpoint's bodies. The engine request is named resp_...
     job = Job(state, Format(chat=True, model=model, tokenizer=None, top_logprobs=None), [ids], params)
     job.request_ids = [events.id]
     parser = getattr(state.settings, "tool_call_parser", None) or DEFAULT_TOOL_CALL_PARSER
