@@ -134,7 +134,7 @@ class Job:
         for rid in self.request_ids:
             await self.state.llm.abort(rid)
 
-    async def _client_gone(self) -> JSONResponse:
+    async def client_gone(self) -> JSONResponse:
         """Abort what the job left in the engine; the status the access log and metrics record (nginx's 499:
         the client closed the request). Nobody reads the body."""
         await self.abort_all()
@@ -151,7 +151,7 @@ class Job:
         try:
             finals = await until_disconnect(request, collect())
         except ClientGone:
-            return await self._client_gone()
+            return await self.client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
         n = self.params.n
@@ -167,14 +167,23 @@ class Job:
         return usage(sum(len(o.prompt_token_ids) for o in outs),
                      sum(len(c.token_ids) for o in outs for c in o.outputs))
 
-    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
+    async def first_output(self, request: Request) -> tuple[AsyncIterator[Item], Item] | JSONResponse:
+        """The outputs and the first of them, or the 499 response when the client left first (while queued or
+        prefilling, as a non-streaming client can). Until the first output a stream sends no header: admission
+        errors are still proper HTTP statuses."""
         it = self.outputs()
-        try:  # until the first output no header is sent: admission errors are still proper HTTP statuses
-            first = await until_disconnect(request, it.__anext__())
-        except ClientGone:  # left while queued or prefilling, as a non-streaming client can
-            return await self._client_gone()
+        try:
+            return it, await until_disconnect(request, it.__anext__())
+        except ClientGone:
+            return await self.client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
+
+    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
+        started = await self.first_output(request)
+        if isinstance(started, JSONResponse):
+            return started
+        it, first = started
         return StreamingResponse(self._events(it, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
