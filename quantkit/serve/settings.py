@@ -21,6 +21,8 @@ class ServeSettings:
     max_queued_requests: int | None = None  # None: unbounded, as vLLM
     shutdown_timeout: float = 30.0  # seconds requests in flight may take to finish on SIGTERM
     log_level: str = "info"
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" parses the output with tool_call_parser (vLLM's flags)
+    tool_call_parser: str | None = None  # a name of quantkit.serve.tool_calls.FORMATS
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -31,6 +33,12 @@ class ServeSettings:
             raise QuantkitError(f"--shutdown-timeout must be >= 0 seconds (got {self.shutdown_timeout})")
         if any(not k for k in self.api_keys):
             raise QuantkitError("--api-key must not be empty")
+        if self.tool_call_parser is not None and self.tool_call_parser not in tool_call_formats():
+            raise QuantkitError(f"--tool-call-parser {self.tool_call_parser!r}: expected one of "
+                                f"{', '.join(tool_call_formats())}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise QuantkitError("--enable-auto-tool-choice needs --tool-call-parser (which format the model writes "
+                                "calls in)")
         if not self.served_model_names:
             self.served_model_names = (self.engine.model,)
 
@@ -47,6 +55,12 @@ class ServeSettings:
     def model_name(self) -> str:
         """The first served name: what responses report, and what an omitted `model` means."""
         return self.served_model_names[0]
+
+
+def tool_call_formats() -> tuple[str, ...]:
+    from quantkit.serve.tool_calls import FORMATS
+
+    return tuple(FORMATS)
 
 
 def read_chat_template(path: Path | None) -> str | None:
