@@ -239,10 +239,12 @@ def tool_plan(body: ResponsesRequest) -> ToolPlan:
         return ToolPlan("named", tools, name, max_calls)
     if choice not in ("none", "auto", "required"):
         raise APIError(400, f"tool_choice: {choice!r} is not one of none, auto, required", param="tool_choice")
-    if not tools or choice == "none":
+    if not tools:
         if choice == "required":
             raise APIError(400, "tool_choice: 'required' needs at least one function tool", param="tool_choice")
         return ToolPlan("none", [])
+    if choice == "none":  # the tools still reach the chat template, as the chat endpoint's "none"
+        return ToolPlan("none", tools)
     return ToolPlan(choice, tools, max_calls=max_calls)
 
 

@@ -137,7 +137,7 @@ def test_a_function_tool_round_trip(server, client):
     user = {"role": "user", "content": "Weather in Paris?"}
     answer = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}
     follow = client.responses.create(model="stories", input=[user, *[c.model_dump() for c in calls], answer],
-                                     tools=[WEATHER], max_output_tokens=5, temperature=0)
+                                     tools=[WEATHER], tool_choice="none", max_output_tokens=5, temperature=0)
     chat_tools = [{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}]
     call = {"id": calls[0].call_id, "type": "function",
             "function": {"name": "get_weather", "arguments": json.loads(calls[0].arguments)}}
@@ -198,6 +198,7 @@ def test_a_value_that_asks_nothing_is_accepted(client, field, value):
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
+    ({"input": "Hi", "tools": [WEATHER]}, "tool_choice"),  # auto, the default, without --enable-auto-tool-choice
     ({"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"input": "Hi", "tools": [WEATHER], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
      "text.format"),

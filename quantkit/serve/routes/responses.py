@@ -26,10 +26,11 @@ from quantkit.serve.responses_in import (ResponsesRequest, validated, conversati
 from quantkit.serve.responses_out import ResponseEvents, output_decoder, sse_event, usage
 from quantkit.serve.routes.common import encode, server
 from quantkit.serve.sampling import check_context
+from quantkit.serve.tool_choice import require_auto_enabled
 
 log = logging.getLogger("quantkit.serve")
 router = APIRouter()
-DEFAULT_TOOL_CALL_PARSER = "hermes"  # when the server was started without --tool-call-parser
+DEFAULT_TOOL_CALL_PARSER = "hermes"  # required and named calls' output, when the server has no --tool-call-parser
 INCOMPLETE = {"length": "max_output_tokens"}  # engine finish_reason -> incomplete_details.reason
 CONTEXT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens"}  # check_context's names -> these
 
@@ -44,6 +45,8 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     if body.user or body.safety_identifier:
         log.info("responses request: user=%s safety_identifier=%s", body.user, body.safety_identifier)
     plan = tool_plan(body)
+    if plan.mode == "auto":  # OpenAI's default whenever tools are given, under the chat endpoint's rule
+        require_auto_enabled(state.settings.enable_auto_tool_choice, state.settings.tool_call_parser)
     spec = structured_output(body, plan)
     text = render_conversation(state.tokenizer, conversation(body.instructions, input_items(body.input)),
                                state.settings.chat_template, add_generation_prompt=True, tools=plan.tools or None)
@@ -61,7 +64,7 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     # here but for its fields, since responses_out writes this endpoint's bodies. The engine request is named resp_...
     job = Job(state, Format(chat=True, model=model, tokenizer=None, top_logprobs=None), [ids], params)
     job.request_ids = [events.id]
-    parser = getattr(state.settings, "tool_call_parser", None) or DEFAULT_TOOL_CALL_PARSER
+    parser = state.settings.tool_call_parser or DEFAULT_TOOL_CALL_PARSER
     run = _Run(job, events, output_decoder(plan, parser))
     return await (run.stream(request) if body.stream else run.respond(request))
 
