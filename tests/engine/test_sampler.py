@@ -134,3 +134,15 @@ def test_overflowing_penalties_and_temperatures_still_draw_the_top_tokens(kwargs
     seen = [1, 2, 3] if "repetition_penalty" in kwargs else []
     picks = {sample_row(logits, params, seen, torch.Generator().manual_seed(s)) for s in range(20)}
     assert picks <= {1, 2} and picks
+
+
+def test_logit_bias_is_added_before_everything_else():
+    from quantkit.engine.sampler import apply_logit_bias
+
+    logits = torch.tensor([1.0, 2.0, 3.0, 0.5])
+    assert torch.equal(apply_logit_bias(logits, [(0, 5.0), (3, -1.0), (9, 100.0)]), torch.tensor([6.0, 2.0, 3.0, -0.5]))
+    params = SamplingParams(temperature=0, logit_bias={"1": 100})  # keys as OpenAI's JSON writes them
+    assert params.logit_bias == ((1, 100.0),)
+    assert Sampler().sample(logits[None], ["r"], [params], [[0]]) == [1]  # greedy rows see the bias too
+    with pytest.raises(QuantkitError, match=r"\[-100, 100\]"):
+        SamplingParams(logit_bias={1: 101})

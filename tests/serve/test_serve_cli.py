@@ -15,6 +15,8 @@ from tests_support.cli import run_cli
     (("--max-num-seqs", "0"), "max_num_seqs"),
     (("--dtype", "int3"), "dtype"),
     (("--log-level", "loud"), "--log-level"),
+    (("--tool-call-parser", "nope"), "hermes, llama3_json, mistral"),
+    (("--enable-auto-tool-choice",), "--tool-call-parser"),
 ])
 def test_bad_flags_are_one_line_errors(args, words):
     code, output = run_cli("serve", "some-model", *args)
@@ -27,7 +29,8 @@ def test_help_lists_vllms_flag_names(monkeypatch):
     code, output = run_cli("serve", "--help")
     assert code == 0
     for flag in ("--served-model-name", "--api-key", "--max-model-len", "--max-num-batched-tokens",
-                 "--gpu-memory-utilization", "--enable-prefix-caching", "--max-queued-requests", "--chat-template"):
+                 "--gpu-memory-utilization", "--enable-prefix-caching", "--max-queued-requests", "--chat-template",
+                 "--enable-auto-tool-choice", "--tool-call-parser"):
         assert flag in output
 
 

@@ -32,7 +32,7 @@ def test_every_flag_maps():
                           block_size=32, enable_prefix_caching=False, gpu_memory_utilization=0.85,
                           kv_cache_memory=2 * 1024**3, dtype="bfloat16")
     s = ServeSettings(engine, host="0.0.0.0", port=9000, served_model_names=("a", "b"), api_keys=("k1", "k2"),
-                      log_level="warning")
+                      log_level="warning", enable_auto_tool_choice=True, tool_call_parser="hermes")
     h = vllm_serve_args(s, tensor_parallel_size=4, pipeline_parallel_size=2, chat_template=Path("t.jinja"))
     argv = h.argv
     assert argv[0] == "org/model"
@@ -41,7 +41,8 @@ def test_every_flag_maps():
                 "--max-model-len": ["4096"], "--max-num-batched-tokens": ["1024"], "--block-size": ["32"],
                 "--dtype": ["bfloat16"], "--served-model-name": ["a", "b"], "--api-key": ["k1", "k2"],
                 "--kv-cache-memory-bytes": [str(2 * 1024**3)], "--chat-template": ["t.jinja"],
-                "--uvicorn-log-level": ["warning"], "--no-enable-prefix-caching": []}
+                "--uvicorn-log-level": ["warning"], "--no-enable-prefix-caching": [],
+                "--enable-auto-tool-choice": [], "--tool-call-parser": ["hermes"]}
     for name, values in expected.items():
         assert option(argv, name) == values, name
     assert "--enable-prefix-caching" not in argv and h.notes == []
