@@ -105,7 +105,7 @@ def serve(
                           kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
                           swap_space=swap_space, dtype=dtype, device=device, num_threads=threads,
                           cpu_int8_activations=cpu_int8_activations, cpu_int8_lm_head=cpu_int8_lm_head,
-                          seed=seed or 0, tokenizer=tokenizer, max_logprobs=max_logprobs,
+                          tokenizer=tokenizer, max_logprobs=max_logprobs,
                           speculative_config=parse_json_option(speculative_config, "--speculative-config"))
     cors = {name: json_list(text, flag) or ANY for name, text, flag in (
         ("allowed_origins", allowed_origins, "--allowed-origins"), ("allowed_methods", allowed_methods,

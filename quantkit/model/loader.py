@@ -86,9 +86,11 @@ def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInf
 
 
 def load_tokenizer(path: str | Path):
+    """A checkpoint's tokenizer, or a tokenizer's own folder (no config.json needed: --tokenizer), or a hub id's."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(resolve_model_path(str(path))))
+    local = Path(str(path)).expanduser()
+    return AutoTokenizer.from_pretrained(str(local if local.is_dir() else resolve_model_path(str(path))))
 
 
 def load_model(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",

@@ -47,6 +47,8 @@ class ServeSettings:
             raise QuantkitError("--api-key must not be empty")
         if not self.served_model_names:
             self.served_model_names = (self.engine.model,)
+        if self.seed is not None:  # vLLM's --seed seeds the engine too
+            self.engine.seed = self.seed
         if self.pooling not in POOLING_METHODS:
             raise QuantkitError(f"--pooling {self.pooling!r}: expected one of {', '.join(POOLING_METHODS)}")
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
