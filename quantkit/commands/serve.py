@@ -61,6 +61,11 @@ def serve(
     cpu_int8_activations: bool = cpu_int8_activations_option(),
     cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    enable_auto_tool_choice: bool = typer.Option(False, "--enable-auto-tool-choice",
+                                                 help='tool_choice "auto": parse tool calls out of the output.'),
+    tool_call_parser: str | None = typer.Option(None, "--tool-call-parser",
+                                                help="The format the model writes calls in: hermes, llama3_json or "
+                                                     "mistral."),
     engine_name: str = typer.Option("quantkit", "--engine", help="quantkit (this engine, one device) or vllm "
                                     "(hand the same flags to `vllm serve`, for tensor/pipeline parallelism)."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", min=1, help="GPUs per model copy (--engine vllm)."),
@@ -113,8 +118,9 @@ def serve(
     settings = ServeSettings(engine, host=host, port=port, served_model_names=tuple(served_model_name or ()),
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
-                             log_level=log_level, pooling=pooling, seed=seed, allow_credentials=allow_credentials,
-                             root_path=root_path, uds=uds, **cors)
+                             log_level=log_level, enable_auto_tool_choice=enable_auto_tool_choice,
+                             tool_call_parser=tool_call_parser, pooling=pooling, seed=seed,
+                             allow_credentials=allow_credentials, root_path=root_path, uds=uds, **cors)
     if engine_name == "vllm":
         _hand_to_vllm(settings, tensor_parallel_size, pipeline_parallel_size, chat_template, vllm_executable, ctx.args)
         return

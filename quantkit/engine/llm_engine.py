@@ -72,8 +72,8 @@ def non_finite_rows(logits: torch.Tensor) -> list[int]:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
-        from quantkit.model.checkpoint import resolve_model_path
-        from quantkit.model.loader import hf_config, load_tokenizer
+        from quantkit.model.loader import load_tokenizer
+        from quantkit.model.source import open_model
 
         self.cfg = cfg
         if cfg.num_threads is not None:
@@ -84,14 +84,14 @@ class LLMEngine:
 
             log.info(one_line(kernel_statuses()))  # which C++ kernels this start runs, as `quantkit env` says
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        path = resolve_model_path(cfg.model)
-        self.model, self.quant_info = load_decoder(path, self.dtype, self.device, cfg.cpu_int8_activations,
+        source = open_model(cfg.model)  # one read of the checkpoint: its path, config, spec, scheme and shards
+        self.model, self.quant_info = load_decoder(source, self.dtype, self.device, cfg.cpu_int8_activations,
                                                    cfg.cpu_int8_lm_head)
-        self.tokenizer = load_tokenizer(cfg.tokenizer or path)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or source)
         s = self.model.shape
         self.max_model_len = self._max_model_len(cfg, s)
         self.model.use_rope_table(self.max_model_len)
-        self.eos_ids = eos_token_ids(path, getattr(hf_config(path), "eos_token_id", None), self.tokenizer)
+        self.eos_ids = eos_token_ids(source.path, getattr(source.hf_config, "eos_token_id", None), self.tokenizer)
         block_bytes = kv_block_bytes(s.num_layers, cfg.block_size, s.num_kv_heads, s.head_dim, self.dtype)
         self.kv_plan = plan_kv(cfg, block_bytes, self.max_model_len, self.device)
         self.kv = KVCacheManager(self.kv_plan.num_blocks, cfg.block_size, cfg.enable_prefix_caching)

@@ -70,12 +70,17 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # output held to a schema, regex, choice or grammar
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits before anything else
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        if any(not -100 <= b <= 100 for _, b in self.logit_bias):
+            raise QuantkitError("logit_bias values must be in [-100, 100] (OpenAI's range)")
         if self.temperature < 0:
             raise QuantkitError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:

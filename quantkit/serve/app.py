@@ -28,13 +28,13 @@ from quantkit.serve.errors import install_error_handlers
 from quantkit.serve.http_metrics import HTTPMetricsMiddleware
 from quantkit.serve.metered import MeteredLLM
 from quantkit.serve.metrics import ServerMetrics
-from quantkit.serve.routes import chat, completions, embeddings, health, ops, tokenize
+from quantkit.serve.routes import chat, completions, embeddings, health, ops, responses, tokenize
 from quantkit.serve.settings import ServeSettings
 from quantkit.serve.state import ServerState
 
 log = logging.getLogger("quantkit.serve")
-ROUTERS: tuple[APIRouter, ...] = (health.router, completions.router, chat.router, embeddings.router, tokenize.router,
-                                  ops.router)
+ROUTERS: tuple[APIRouter, ...] = (health.router, completions.router, chat.router, responses.router, embeddings.router,
+                                  tokenize.router, ops.router)
 PUBLIC_PATHS = ("/health", "/version", "/openapi.json", *ops.PUBLIC_PATHS)
 TOKEN_BUCKETS_UP_TO = 1_000_000  # request token histograms' last bucket when --max-model-len is not given
 Hook = Callable[[ServerState], Awaitable[None]]

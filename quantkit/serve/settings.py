@@ -35,6 +35,8 @@ class ServeSettings:
     allow_credentials: bool = False
     root_path: str = ""  # the path prefix a proxy serves this server under (it strips it before forwarding)
     uds: Path | None = None  # listen on this Unix socket instead of host:port
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" parses the output with tool_call_parser (vLLM's flags)
+    tool_call_parser: str | None = None  # a name of quantkit.serve.tool_calls.FORMATS
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -45,6 +47,12 @@ class ServeSettings:
             raise QuantkitError(f"--shutdown-timeout must be >= 0 seconds (got {self.shutdown_timeout})")
         if any(not k for k in self.api_keys):
             raise QuantkitError("--api-key must not be empty")
+        if self.tool_call_parser is not None and self.tool_call_parser not in tool_call_formats():
+            raise QuantkitError(f"--tool-call-parser {self.tool_call_parser!r}: expected one of "
+                                f"{', '.join(tool_call_formats())}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise QuantkitError("--enable-auto-tool-choice needs --tool-call-parser (which format the model writes "
+                                "calls in)")
         if not self.served_model_names:
             self.served_model_names = (self.engine.model,)
         if self.seed is not None:  # vLLM's --seed seeds the engine too
@@ -95,6 +103,12 @@ def json_list(text: str | None, flag: str) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise QuantkitError(f"{flag}: expected a JSON list of strings")
     return tuple(value)
+
+
+def tool_call_formats() -> tuple[str, ...]:
+    from quantkit.serve.tool_calls import FORMATS
+
+    return tuple(FORMATS)
 
 
 def read_chat_template(path: Path | None) -> str | None:

@@ -65,6 +65,10 @@ def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_pa
         argv += ["--kv-cache-memory-bytes", str(e.kv_cache_memory)]
     if chat_template is not None:
         argv += ["--chat-template", str(chat_template)]
+    if s.enable_auto_tool_choice:
+        argv += ["--enable-auto-tool-choice"]
+    if s.tool_call_parser is not None:
+        argv += ["--tool-call-parser", s.tool_call_parser]
     if e.swap_space:
         notes.append(f"--swap-space {e.swap_space:g} dropped: vLLM's v1 engine preempts by recompute")
     for flag, on in (("--cpu-int8-activations", e.cpu_int8_activations), ("--cpu-int8-lm-head", e.cpu_int8_lm_head)):

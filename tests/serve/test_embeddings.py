@@ -87,6 +87,7 @@ def test_mean_pooling(tiny_llama):
     ({"input": [[3, 4], [9999]]}, 400, "input", "out of vocabulary"),
     ({"input": "a dog", "encoding_format": "int8"}, 400, "encoding_format", ""),
     ({"input": "a dog", "model": "other"}, 404, "model", "does not exist"),
+    ({"input": "a dog", "truncate_prompt_tokens": 3}, 400, "truncate_prompt_tokens", "unknown fields are refused"),
 ])
 def test_refusals_are_openai_errors(tiny_server, body, status, param, words):
     r = httpx.post(f"{tiny_server.url}/v1/embeddings", json=body, timeout=60)

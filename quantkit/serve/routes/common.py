@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import Request
 
 from quantkit.serve.errors import APIError
 from quantkit.serve.protocol import Prompt
 from quantkit.serve.state import ServerState
+
+log = logging.getLogger("quantkit.serve")
 
 
 def server(request: Request) -> ServerState:
@@ -41,3 +45,10 @@ def check_token_ids(tokenizer, prompts: list[list[int]], param: str = "prompt") 
     vocab = len(tokenizer)
     if (bad := next((t for p in prompts for t in p if not 0 <= t < vocab), None)) is not None:
         raise APIError(400, f"Token id {bad} is out of vocabulary [0, {vocab})", param=param)
+
+
+def log_user(body, request_id: str) -> None:
+    """OpenAI's `user` and `safety_identifier`: logged with the request id (an operator's way to trace abuse)."""
+    who = {k: v for k in ("user", "safety_identifier") if (v := getattr(body, k, None))}
+    if who:
+        log.info("%s: %s", request_id, " ".join(f"{k}={v!r}" for k, v in who.items()))

@@ -13,10 +13,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from quantkit.engine.pooling import PoolingParams
-from quantkit.serve.embeddings import EmbeddingRequest, check_dimensions, check_input_length, embedding_response
+from quantkit.serve.embeddings import (
+    EmbeddingRequest,
+    check_dimensions,
+    check_input_length,
+    embedding_response,
+    refuse_unknown,
+)
 from quantkit.serve.errors import APIError
 from quantkit.serve.generation import ClientGone, to_api_error, until_disconnect
-from quantkit.serve.routes.common import check_token_ids, prompt_token_ids, server
+from quantkit.serve.routes.common import check_token_ids, log_user, prompt_token_ids, server
 
 router = APIRouter()
 
@@ -26,6 +32,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     state = server(request)
     engine = state.require_ready()
     model = state.check_model(body.model)
+    refuse_unknown(body)
     check_dimensions(body.dimensions, engine.model.shape.hidden_size, model)
     prompts = prompt_token_ids(state.tokenizer, body.input, "input", body.add_special_tokens)
     check_input_length(prompts, engine.max_model_len)
@@ -33,6 +40,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     state.check_queue()
     params = PoolingParams(state.settings.pooling)
     base = f"embd-{uuid.uuid4().hex}"
+    log_user(body, base)
     runs = [_embed(state.llm, ids, params, f"{base}-{i}") for i, ids in enumerate(prompts)]
     try:
         vectors = await until_disconnect(request, _all(runs))
