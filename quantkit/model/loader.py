@@ -76,8 +76,11 @@ def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInf
 
 
 def load_tokenizer(source: str | Path | ModelSource):
+    """A checkpoint's tokenizer, or a tokenizer's own folder (no config.json needed: --tokenizer), or a hub id's."""
     from transformers import AutoTokenizer
 
+    if isinstance(source, (str, Path)) and (local := Path(str(source)).expanduser()).is_dir():
+        return AutoTokenizer.from_pretrained(str(local))
     return AutoTokenizer.from_pretrained(str(open_model(source).path))
 
 

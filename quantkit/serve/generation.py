@@ -82,11 +82,13 @@ class Job:
 
     @classmethod
     def for_body(cls, state: ServerState, fmt: Format, prompts: list[list[int]], params: SamplingParams, body) -> Job:
-        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`)."""
+        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`), and the server's --seed
+        where the body gave no seed."""
         opts = body.stream_options
         usage_on = bool(opts and opts.include_usage)
         keep = body.n if params.n > body.n else None
-        return cls(state, fmt, prompts, params, usage_on, usage_on and opts.continuous_usage_stats, keep)
+        return cls(state, fmt, prompts, state.settings.default_seed(params), usage_on,
+                   usage_on and opts.continuous_usage_stats, keep)
 
     async def run(self, request: Request, stream: bool):
         return await (self.stream(request) if stream else self.respond(request))
