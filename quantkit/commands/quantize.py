@@ -65,13 +65,13 @@ def quantize(
     if list_configs:
         _print_recipes()
         return
-    cfg = _config(ctx)
+    cfg, source = _config(ctx)
     if dry_run:
-        report = quantize_model(cfg, None)
+        report = quantize_model(cfg, None, source=source)
         _print_plan(report.plan, cfg)
         return
     with staged_output(out, force) as tmp:
-        report = quantize_model(cfg, tmp, warn=_warn)
+        report = quantize_model(cfg, tmp, warn=_warn, source=source)
     report.out = out
     _print_summary(report, cfg)
     from quantkit.commands.fast_path import fast_path_for, print_fast_paths
@@ -86,11 +86,13 @@ def _config(ctx: typer.Context):
     else the defaults. Sets torch's threads (--threads) and, with --low-memory, bounds the heap."""
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.errors import QuantkitError
+    from quantkit.model.source import open_model
 
     p = ctx.params
     if p["model"] is None or p["out"] is None:
         raise QuantkitError("quantize needs MODEL and --out (or --list-configs)")
     recipe, o = _options(ctx, p["config"])
+    source = open_model(p["model"])  # resolved and read once for the whole run
     if p["threads"]:
         import torch
 
@@ -105,22 +107,21 @@ def _config(ctx: typer.Context):
             "awq_duo_scaling", "awq_search_tokens", "scale_search")
     return QuantizeConfig(
         model=p["model"], out=p["out"], calib=calib, device=p["device"], compute_dtype=p["compute_dtype"],
-        low_memory=_low_memory(p["low_memory"], p["dry_run"], p["model"]), force=p["force"], dry_run=p["dry_run"],
+        low_memory=_low_memory(p["low_memory"], p["dry_run"], source), force=p["force"], dry_run=p["dry_run"],
         max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p["load_plan"],
         quantize_lm_head=p["quantize_lm_head"], recipe=None if recipe is None else recipe.to_dict(), strict=p["strict"],
         **{k: o[k] for k in same},
-    )
+    ), source
 
 
-def _low_memory(asked: bool | None, dry_run: bool, model: str) -> bool:
+def _low_memory(asked: bool | None, dry_run: bool, source) -> bool:
     """--low-memory as given, else on for models whose weights reach 1 GiB in fp32; when on (and
     something will be written), glibc's heap is bounded for this process."""
     from quantkit.memory import bound_heap, low_memory_by_default
-    from quantkit.model.checkpoint import ShardReader, resolve_model_path
 
     if dry_run:
         return bool(asked)
-    on = asked if asked is not None else low_memory_by_default(4 * ShardReader(resolve_model_path(model)).num_elements())
+    on = asked if asked is not None else low_memory_by_default(4 * source.reader.num_elements())
     if on:
         bound_heap()
     return on

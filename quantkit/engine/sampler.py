@@ -37,6 +37,16 @@ def apply_presence_frequency(logits: torch.Tensor, output: Sequence[int], presen
     return logits - presence * (counts > 0).to(logits.dtype) - frequency * counts
 
 
+def apply_logit_bias(logits: torch.Tensor, bias: Sequence[tuple[int, float]]) -> torch.Tensor:
+    """OpenAI's logit_bias: each (token id, bias) added to that token's logit [V]; ids outside the vocabulary are
+    skipped (the server refuses them; the padded rows of a model's head may lie past the tokenizer's)."""
+    pairs = [(t, b) for t, b in bias if 0 <= t < logits.shape[-1]]
+    if not pairs:
+        return logits
+    ids = torch.tensor([t for t, _ in pairs], dtype=torch.int64)
+    return logits.index_add(0, ids, torch.tensor([b for _, b in pairs], dtype=logits.dtype))
+
+
 def mask_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
     """Set the logits of `token_ids` to -inf (min_tokens: no EOS or stop token yet); ids outside the
     vocabulary (a user's stop_token_ids) are ignored rather than failing the whole step."""
@@ -77,8 +87,8 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams, seen: Sequenc
                      banned: Sequence[int] = ()) -> torch.Tensor:
     """logits [V] fp32 as the draw sees them: masks and penalties, then (unless greedy) temperature, top-k, top-p and
     min-p. `seen`: prompt and output ids; `output`: the output ids; `banned`: ids masked out (EOS and stop ids
-    while min_tokens is not reached)."""
-    logits = mask_tokens(logits, banned)
+    while min_tokens is not reached). logit_bias comes first, as OpenAI adds it to the model's logits."""
+    logits = mask_tokens(apply_logit_bias(logits, params.logit_bias), banned)
     logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     logits = apply_presence_frequency(logits, output, params.presence_penalty, params.frequency_penalty)
     if params.greedy:
@@ -135,7 +145,7 @@ class Sampler:
         outputs = outputs if outputs is not None else [()] * len(params)
         for i, (rid, p) in enumerate(zip(request_ids, params)):
             banned = self.banned_ids(p, len(outputs[i]))
-            if p.greedy and not p.has_penalties and not banned:
+            if p.greedy and not p.has_penalties and not banned and not p.logit_bias:
                 continue
             gen = None if p.greedy else self.generator(rid, p)
             out[i] = sample_row(logits[i], p, histories[i], gen, outputs[i], banned)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from quantkit.errors import QuantkitError
 
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (EngineConfig.max_logprobs)
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,17 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # output held to a schema, regex, choice or grammar
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits before anything else
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        if any(not -100 <= b <= 100 for _, b in self.logit_bias):
+            raise QuantkitError("logit_bias values must be in [-100, 100] (OpenAI's range)")
         if self.temperature < 0:
             raise QuantkitError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
@@ -92,8 +97,8 @@ class SamplingParams:
             raise QuantkitError(f"n must be at least 1 (got {self.n})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise QuantkitError(f"{name} must be in [0, {MAX_LOGPROBS}] (got {value})")
+            if value is not None and value < 0:  # the upper bound is the engine's (EngineConfig.max_logprobs)
+                raise QuantkitError(f"{name} must be at least 0 (got {value})")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise QuantkitError(f"{name} must be in [-2, 2] (got {getattr(self, name)})")

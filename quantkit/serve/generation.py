@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from quantkit.engine.request import RequestOutput
+from quantkit.engine.request import CompletionOutput, RequestOutput
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError, sse_error
-from quantkit.serve.responses import SSE_DONE, Format, next_text_offset, sse, usage
+from quantkit.serve.responses import SSE_DONE, Format, next_text_offset, sse, usage, vllm_prompt_logprobs
 from quantkit.serve.state import ServerState
 
 log = logging.getLogger("quantkit.serve")
@@ -77,14 +77,18 @@ class Job:
     params: SamplingParams
     stream_usage: bool = False
     continuous_usage: bool = False
+    keep: int | None = None  # best_of: the engine runs params.n samples, the `keep` most likely are returned
     request_ids: list[str] = field(default_factory=list)
 
     @classmethod
     def for_body(cls, state: ServerState, fmt: Format, prompts: list[list[int]], params: SamplingParams, body) -> Job:
-        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`)."""
+        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`), and the server's --seed
+        where the body gave no seed."""
         opts = body.stream_options
         usage_on = bool(opts and opts.include_usage)
-        return cls(state, fmt, prompts, params, usage_on, usage_on and opts.continuous_usage_stats)
+        keep = body.n if params.n > body.n else None
+        return cls(state, fmt, prompts, state.settings.default_seed(params), usage_on,
+                   usage_on and opts.continuous_usage_stats, keep)
 
     async def run(self, request: Request, stream: bool):
         return await (self.stream(request) if stream else self.respond(request))
@@ -134,7 +138,7 @@ class Job:
         for rid in self.request_ids:
             await self.state.llm.abort(rid)
 
-    async def _client_gone(self) -> JSONResponse:
+    async def client_gone(self) -> JSONResponse:
         """Abort what the job left in the engine; the status the access log and metrics record (nginx's 499:
         the client closed the request). Nobody reads the body."""
         await self.abort_all()
@@ -151,15 +155,23 @@ class Job:
         try:
             finals = await until_disconnect(request, collect())
         except ClientGone:
-            return await self._client_gone()
+            return await self.client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
-        n = self.params.n
-        choices = [self.fmt.full_choice(i * n + c.index, i, c, finals[i]) for i in sorted(finals)
-                   for c in finals[i].outputs]
+        n = self.keep or self.params.n
+        choices = [self.fmt.full_choice(i * n + rank, i, c, finals[i]) for i in sorted(finals)
+                   for rank, c in enumerate(self._kept(finals[i].outputs))]
         body = self.fmt.envelope(choices, chunk=False)
+        if self.fmt.chat and self.fmt.vllm_prompt_logprobs:
+            body["prompt_logprobs"] = vllm_prompt_logprobs(finals[0])
         body["usage"] = self._usage(finals.values())
         return JSONResponse(body)
+
+    def _kept(self, outputs: list[CompletionOutput]) -> list[CompletionOutput]:
+        """All samples, or best_of's `keep` of highest cumulative logprob (vLLM's ranking), most likely first."""
+        if self.keep is None:
+            return outputs
+        return sorted(outputs, key=lambda c: c.cumulative_logprob, reverse=True)[:self.keep]
 
     @staticmethod
     def _usage(outs) -> dict:
@@ -167,14 +179,23 @@ class Job:
         return usage(sum(len(o.prompt_token_ids) for o in outs),
                      sum(len(c.token_ids) for o in outs for c in o.outputs))
 
-    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
+    async def first_output(self, request: Request) -> tuple[AsyncIterator[Item], Item] | JSONResponse:
+        """The outputs and the first of them, or the 499 response when the client left first (while queued or
+        prefilling, as a non-streaming client can). Until the first output a stream sends no header: admission
+        errors are still proper HTTP statuses."""
         it = self.outputs()
-        try:  # until the first output no header is sent: admission errors are still proper HTTP statuses
-            first = await until_disconnect(request, it.__anext__())
-        except ClientGone:  # left while queued or prefilling, as a non-streaming client can
-            return await self._client_gone()
+        try:
+            return it, await until_disconnect(request, it.__anext__())
+        except ClientGone:
+            return await self.client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
+
+    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
+        started = await self.first_output(request)
+        if isinstance(started, JSONResponse):
+            return started
+        it, first = started
         return StreamingResponse(self._events(it, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -191,8 +212,7 @@ class Job:
                 i, out = item
                 latest[i] = out
                 for c in out.outputs:
-                    chunk = self._delta(i * n + c.index, i, c, sent, out)
-                    if chunk is not None:
+                    for chunk in self._delta(i * n + c.index, i, c, sent, out):
                         if self.continuous_usage:
                             chunk["usage"] = self._usage(latest.values())
                         yield sse(chunk)
@@ -214,21 +234,22 @@ class Job:
                 await self.abort_all()
         yield SSE_DONE
 
-    def _delta(self, index: int, prompt_index: int, c, sent: dict, req: RequestOutput) -> dict | None:
+    def _delta(self, index: int, prompt_index: int, c, sent: dict, req: RequestOutput) -> list[dict]:
         chars, toks, offset = sent.get(index, (0, 0, 0))
         if toks < 0:
-            return None  # this choice already finished
+            return []  # this choice already finished
         done = c.finish_reason is not None
         text = c.text[chars:]
         if not text and not done and len(c.token_ids) == toks:
-            return None  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
+            return []  # nothing new (a token whose text is held back still gets its chunk, as vLLM sends)
         prompt_lp = None
         if self.fmt.echo_texts and index not in sent:
             text = self.fmt.echo_texts[prompt_index] + text
             prompt_lp = self.fmt.prompt_logprobs(req)
-        choice = self.fmt.delta_choice(index, text, c, toks, len(c.token_ids), offset, done, prompt_lp)
-        sent[index] = (len(c.text), -1 if done else len(c.token_ids), next_text_offset(choice["logprobs"], offset))
-        return self.fmt.envelope([choice], chunk=True)
+        choices = self.fmt.delta_choices(index, text, c, toks, len(c.token_ids), offset, done, prompt_lp)
+        lp = choices[0]["logprobs"] if choices else None
+        sent[index] = (len(c.text), -1 if done else len(c.token_ids), next_text_offset(lp, offset))
+        return [self.fmt.envelope([choice], chunk=True) for choice in choices]
 
 
 def _all_done(latest: dict[int, RequestOutput], num_prompts: int) -> bool:

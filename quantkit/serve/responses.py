@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quantkit.engine.request import CompletionOutput, RequestOutput
+from quantkit.serve.tool_choice import ToolDelta, ToolPlan, calls_stream, message_calls
 
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # built once (dumps with options builds one per call)
@@ -92,10 +93,13 @@ class Format:
     top_logprobs: int | None  # None: logprobs not asked for
     echo_texts: list[str] | None = None  # completions with echo: each prompt's text
     tokens_as_ids: bool = False
+    tools: ToolPlan | None = None  # chat with tools: outputs become tool calls
+    vllm_prompt_logprobs: bool = False  # vLLM's prompt_logprobs asked for: reported in vLLM's shape
 
     def __post_init__(self):
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self._calls: dict[int, object] = {}  # choice index -> its tool-call stream parser
 
     def envelope(self, choices: list[dict], chunk: bool) -> dict:
         obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -135,12 +139,77 @@ class Format:
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason,
                 "stop_reason": out.stop_reason if finished else None}
 
+    def delta_choices(self, index: int, text: str, out: CompletionOutput, start: int, end: int, offset: int,
+                      finished: bool, prompt_lp: dict | None = None) -> list[dict]:
+        """The choices of one step's chunks: one (delta_choice), or under tools, the content and then each call's
+        start and argument fragments apart (none while a parser holds text back)."""
+        if not self.chat or self.tools is None:
+            return [self.delta_choice(index, text, out, start, end, offset, finished, prompt_lp)]
+        if index not in self._calls:
+            self._calls[index] = calls_stream(self.tools)
+        stream = self._calls[index]
+        if stream is None:
+            return [self.delta_choice(index, text, out, start, end, offset, finished, prompt_lp)]
+        deltas = stream.feed(text) + (stream.finish() if finished else [])
+        pieces = tool_call_pieces(deltas)
+        if not pieces and not finished:
+            return []
+        pieces = pieces or [{}]
+        choices = [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in pieces]
+        choices[0]["logprobs"] = self.logprobs(out, start, end, offset)
+        if finished:
+            choices[-1]["finish_reason"] = call_finish_reason(out.finish_reason, stream.num_calls)
+            choices[-1]["stop_reason"] = out.stop_reason
+        return choices
+
     def full_choice(self, index: int, prompt_index: int, out: CompletionOutput, req: RequestOutput | None = None) -> dict:
         echo = self.echo_texts[prompt_index] if self.echo_texts else ""
         prompt_lp = self.prompt_logprobs(req)  # text_offset runs on through the prompt's tokens, as vLLM's
         lp = join_logprobs(prompt_lp, self.logprobs(out, 0, len(out.token_ids), next_text_offset(prompt_lp, 0)))
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
-                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
-        return {"index": index, "text": echo + out.text, "logprobs": lp, "finish_reason": out.finish_reason,
-                "stop_reason": out.stop_reason}
+            message, reason = {"role": "assistant", "content": out.text}, out.finish_reason
+            if self.tools is not None:
+                content, calls = message_calls(self.tools, out.text, out.finish_reason)
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = [{"id": c.id, "type": "function",
+                                              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+                reason = call_finish_reason(reason, len(calls))
+            return {"index": index, "message": message, "logprobs": lp, "finish_reason": reason,
+                    "stop_reason": out.stop_reason}
+        choice = {"index": index, "text": echo + out.text, "logprobs": lp, "finish_reason": out.finish_reason,
+                  "stop_reason": out.stop_reason}
+        if self.vllm_prompt_logprobs:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(req)
+        return choice
+
+
+def call_finish_reason(reason: str | None, num_calls: int) -> str | None:
+    """OpenAI's "tool_calls" where the model stopped after calling."""
+    return "tool_calls" if num_calls and reason == "stop" else reason
+
+
+def tool_call_pieces(deltas: list[ToolDelta]) -> list[dict]:
+    """Stream deltas -> chunk deltas: the content first, then each call's start on its own, then its argument
+    fragments joined (OpenAI sends a call's id and name, then its arguments in pieces)."""
+    content = "".join(d.content for d in deltas if d.content is not None)
+    pieces: list[dict] = [{"content": content}] if content else []
+    fragment_of = None  # the call whose fragment the last piece holds
+    for d in deltas:
+        if d.content is not None:
+            continue
+        if d.id is None and fragment_of == d.index:
+            pieces[-1]["tool_calls"][0]["function"]["arguments"] += d.arguments
+            continue
+        pieces.append({"tool_calls": [d.wire()]})
+        fragment_of = None if d.id is not None else d.index
+    return pieces
+
+
+def vllm_prompt_logprobs(req: RequestOutput | None) -> list[dict | None] | None:
+    """vLLM's prompt_logprobs: per prompt token, {token id: {logprob, rank, decoded_token}} (the first null)."""
+    if req is None or req.prompt_logprobs is None:
+        return None
+    return [None if entry is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank,
+                                                 "decoded_token": lp.decoded_token} for t, lp in entry.items()}
+            for entry in req.prompt_logprobs]

@@ -111,7 +111,7 @@ def test_sampler_batches_greedy_rows_and_keeps_per_request_generators():
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"n": 0}, "n must be at least 1"),
-    ({"logprobs": 21}, "logprobs must be in"),
+    ({"logprobs": -1}, "logprobs must be at least 0"),
     ({"presence_penalty": 2.5}, "presence_penalty must be in"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens must be in"),
     ({"stop": [""]}, "stop strings"),
@@ -134,3 +134,15 @@ def test_overflowing_penalties_and_temperatures_still_draw_the_top_tokens(kwargs
     seen = [1, 2, 3] if "repetition_penalty" in kwargs else []
     picks = {sample_row(logits, params, seen, torch.Generator().manual_seed(s)) for s in range(20)}
     assert picks <= {1, 2} and picks
+
+
+def test_logit_bias_is_added_before_everything_else():
+    from quantkit.engine.sampler import apply_logit_bias
+
+    logits = torch.tensor([1.0, 2.0, 3.0, 0.5])
+    assert torch.equal(apply_logit_bias(logits, [(0, 5.0), (3, -1.0), (9, 100.0)]), torch.tensor([6.0, 2.0, 3.0, -0.5]))
+    params = SamplingParams(temperature=0, logit_bias={"1": 100})  # keys as OpenAI's JSON writes them
+    assert params.logit_bias == ((1, 100.0),)
+    assert Sampler().sample(logits[None], ["r"], [params], [[0]]) == [1]  # greedy rows see the bias too
+    with pytest.raises(QuantkitError, match=r"\[-100, 100\]"):
+        SamplingParams(logit_bias={1: 101})

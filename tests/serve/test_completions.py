@@ -78,10 +78,13 @@ def test_echo_prepends_the_prompt(client):
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
 
 
-def test_unknown_fields_are_ignored_and_model_is_optional(stories_server):
+def test_unknown_fields_are_refused_by_name_and_model_is_optional(stories_server):
     import httpx
 
     r = httpx.post(f"{stories_server.url}/v1/completions",
                    json={"prompt": "Once", "max_tokens": 3, "temperature": 0, "no_such_field": [1, 2]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "no_such_field", r.text
+    assert "no_such_field" in r.json()["error"]["message"]
+    r = httpx.post(f"{stories_server.url}/v1/completions", json={"prompt": "Once", "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "stories"

@@ -13,8 +13,8 @@ from quantkit.serve.sampling import check_context, requested_max_tokens, samplin
 
 
 def test_unknown_fields_are_kept_aside_and_model_is_optional():
-    req = CompletionRequest(prompt="hi", best_of=2, guided_json={})
-    assert req.model is None and set(req.model_extra) == {"best_of", "guided_json"}
+    req = CompletionRequest(prompt="hi", best_of=2, suffix="!", n_predict=3)  # the route refuses them by name
+    assert req.model is None and set(req.model_extra) == {"suffix", "n_predict"} and req.best_of == 2
 
 
 def test_fields_map_to_sampling_params():

@@ -86,3 +86,42 @@ def test_required_schema_and_its_calls():
     assert schema["minItems"] == 1 and schema["items"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
     calls = calls_from_required('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]')
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+
+
+REQUIRED_TEXT = ('[{"name": "get_weather", "parameters": {"city": "Pa}ri\\"s", "unit": "celsius"}}, '
+                 '{"name": "get_time", "parameters": {"zone": "UTC"}}]')
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+def test_a_required_output_streams_calls_then_fragments_in_any_split(step):
+    from quantkit.serve.tool_choice import RequiredCallsStream
+
+    s, deltas = RequiredCallsStream(), []
+    for i in range(0, len(REQUIRED_TEXT), step):
+        deltas += s.feed(REQUIRED_TEXT[i:i + step])
+    calls: dict[int, list] = {}
+    for d in deltas:
+        assert d.content is None
+        if d.id is not None:
+            assert d.index not in calls and d.arguments == ""
+            calls[d.index] = [d.name, ""]
+        else:
+            calls[d.index][1] += d.arguments
+    assert [(n, json.loads(a)) for n, a in calls.values()] == [(c.name, json.loads(c.arguments))
+                                                              for c in calls_from_required(REQUIRED_TEXT)]
+    assert s.num_calls == 2
+
+
+def test_chunk_deltas_put_a_calls_start_apart_from_its_fragments():
+    from quantkit.serve.responses import tool_call_pieces
+    from quantkit.serve.tool_choice import ToolDelta
+
+    pieces = tool_call_pieces([ToolDelta(content="Hi"), ToolDelta(index=0, id="c0", name="f", arguments=""),
+                               ToolDelta(index=0, arguments='{"a": '), ToolDelta(index=0, arguments="1}"),
+                               ToolDelta(index=1, id="c1", name="g", arguments="")])
+    assert pieces == [{"content": "Hi"},
+                      {"tool_calls": [{"index": 0, "id": "c0", "type": "function",
+                                       "function": {"name": "f", "arguments": ""}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 1}'}}]},
+                      {"tool_calls": [{"index": 1, "id": "c1", "type": "function",
+                                       "function": {"name": "g", "arguments": ""}}]}]

@@ -34,8 +34,9 @@ async def tokenize(request: Request):
         raise APIError(400, str(exc.errors()[0]["msg"]), param=".".join(map(str, exc.errors()[0]["loc"]))) from exc
     state.check_model(body.model)
     if isinstance(body, TokenizeChat):
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         text = render_chat(state.tokenizer, body.messages, state.settings.chat_template, body.add_generation_prompt,
-                           body.continue_final_message)
+                           body.continue_final_message, tools=tools)
     else:
         text = body.prompt
     tokens = encode(state.tokenizer, text, add_special_tokens=body.add_special_tokens)
