@@ -31,7 +31,8 @@ METHODS = {
     "rtn (asym)": ["--method", "rtn", "--no-sym"],
     "gptq": ["--method", "gptq"],
     "awq": ["--method", "awq"],
-    "awq (duo)": ["--method", "awq", "--awq-duo-scaling"],
+    "awq (duo)": ["--method", "awq", "--awq-duo-scaling", "true"],
+    "awq (both)": ["--method", "awq", "--awq-duo-scaling", "both"],
 }
 
 

@@ -1,7 +1,7 @@
 """Quantize one model with several QuantizeConfig variants in this process, score each, optionally profile.
 
   python benchmarks/quantize_variants.py [--model tiny|stories] [--threads 2] [--profile] \
-      gptq gptq:true_sequential=True awq awq:awq_search_tokens=0,awq_duo_scaling=True
+      gptq gptq:true_sequential=True awq awq:awq_search_tokens=0,awq_duo_scaling=both
 
 A variant is `method[:field=value,...]` (QuantizeConfig fields; true/false, ints and floats parsed,
 other values kept as text, e.g. compute_dtype=float32; `seed=N` draws the calibration windows with

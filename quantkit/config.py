@@ -14,6 +14,12 @@ FORMATS = ("gptq", "awq", "compressed-tensors")
 BITS = (4, 8)
 GROUP_SIZES = (-1, 32, 64, 128)
 AWQ_NEXT_INPUTS = ("quantized", "float")
+# AWQ's scale formulas per smoothing group (quantkit.quant.awq_search.scale_candidates): activations only, with the
+# weight statistic too (duo scaling), or both searched and the lower loss kept
+DUO_SCALINGS = ("false", "true", "both")
+# how RTN and GPTQ choose each group's scale and zero (quantkit.quant.scale_search): min-max, a search minimizing
+# the weight error (data-free), or the error weighted by the calibration inputs' mean square per input channel
+SCALE_SEARCHES = ("minmax", "mse", "imatrix")
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,8 @@ class QuantizeConfig:
     force: bool = False
     dry_run: bool = False
     max_shard_size: int = 2 * 1024**3
-    awq_duo_scaling: bool = False
+    scale_search: str = "minmax"  # one of SCALE_SEARCHES (RTN and GPTQ)
+    awq_duo_scaling: str = "false"  # one of DUO_SCALINGS (True / False, as older recipes write it, are read as "true" / "false")
     awq_grid: int = 20
     awq_search_tokens: int = 2048  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
     # AWQ: what feeds the next layer: the float layer's outputs (llm-awq, AutoAWQ, llm-compressor) or the quantized one's
@@ -103,6 +110,14 @@ class QuantizeConfig:
         if self.desc_act and self.layout_format == "compressed-tensors":
             # compressed-tensors >= 0.20 stores act-order only as "weight" ordering: groups on the original columns
             object.__setattr__(self, "static_groups", True)
+        if isinstance(self.awq_duo_scaling, bool):
+            object.__setattr__(self, "awq_duo_scaling", str(self.awq_duo_scaling).lower())
+        if self.awq_duo_scaling not in DUO_SCALINGS:
+            raise QuantkitError(f"unknown --awq-duo-scaling {self.awq_duo_scaling!r}; expected one of {', '.join(DUO_SCALINGS)}")
+        if self.scale_search not in SCALE_SEARCHES:
+            raise QuantkitError(f"unknown --scale-search {self.scale_search!r}; expected one of {', '.join(SCALE_SEARCHES)}")
+        if self.scale_search != "minmax" and self.method == "awq":
+            raise QuantkitError("--scale-search applies to --method rtn and gptq (AWQ searches its own clip)")
         if self.awq_next_inputs not in AWQ_NEXT_INPUTS:
             raise QuantkitError(f"unknown --awq-next-inputs {self.awq_next_inputs!r}; expected one of {', '.join(AWQ_NEXT_INPUTS)}")
         if self.load_plan is not None and self.method != "awq":
@@ -114,6 +129,11 @@ class QuantizeConfig:
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise QuantkitError(f"unknown --compute-dtype {self.compute_dtype!r}; expected one of {', '.join(COMPUTE_DTYPES)}")
         refuse_out_over_source(self.model, self.out)
+
+    @property
+    def awq_weight_statistic(self) -> bool:
+        """Whether AWQ's scale search needs the weight statistic (duo scaling "true" or "both")."""
+        return self.awq_duo_scaling != "false"
 
     @property
     def layout_format(self) -> str:

@@ -175,7 +175,7 @@ inline void amx_blocks(const bf16dot::Args& a, int64_t b0, int64_t b1) {
       const __m512 bias = _mm512_loadu_ps(a.bias + n0);
       for (int r = 0; r < rows; ++r) _mm512_storeu_ps(c + r * 16, _mm512_add_ps(_mm512_loadu_ps(c + r * 16), bias));
     }
-    int4bf16::store_rows(nullptr, a.out_bf16, a.N, n0, std::min<int64_t>(bf16dot::kRows, a.N - n0), m0, rows, c);
+    tiles512::store_rows(nullptr, a.out_bf16, a.N, n0, std::min<int64_t>(bf16dot::kRows, a.N - n0), m0, rows, c);
   });
 }
 #endif

@@ -7,7 +7,7 @@
 // Layout (pack_pairs): W [N, K] (K even) -> [NB, K / 2, 16, 2], NB = ceil(N / 16) blocks of 16 output rows (rows
 // past N zero): for each pair of input columns k, k + 1 the 16 rows' two weights side by side, one 64-byte line.
 // So one aligned load is a vdpbf16ps operand as stored (lane i accumulates x[k] w[i, k] + x[k + 1] w[i, k + 1]) and
-// a block is one contiguous stream. Up to 15 rows of x (decode), the tiles are the int4 kernel's (int4_bf16_avx512.h:
+// a block is one contiguous stream. Up to 15 rows of x (decode), the tiles are the int4 kernel's (tiles_bf16_avx512.h:
 // 8, 4, then 1-3 rows of x per pass over a block, 16 independent chains) with the unpacking left out, fetching the
 // stream ahead; from 16 rows (prefill, bound by the multiply-adds), tiles of 8 rows by 2 blocks.
 //
@@ -15,9 +15,9 @@
 // order of the sums, then rounded to bf16 as torch rounds (bf16_dot_reference in kernels/bf16_cpu.py).
 #pragma once
 
-#include "int4_bf16_avx512.h"  // the tiles, where QUANTKIT_INT4_BF16
+#include "tiles_bf16_avx512.h"  // the tiles, where QUANTKIT_BF16_TILES
 
-#if defined(QUANTKIT_INT4_BF16)
+#if defined(QUANTKIT_BF16_TILES)
 #define QUANTKIT_BF16_DOT 1
 
 #include <immintrin.h>
@@ -50,7 +50,7 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
   const uint16_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
   const __m512 bias = a.bias != nullptr ? _mm512_loadu_ps(a.bias + b * kRows) : _mm512_setzero_ps();
-  int4bf16::group_dots<MT, 2>(
+  tiles512::group_dots<MT, 2>(
       x, 0, a.K,
       [&](int64_t k, __m512bh (&c)[1]) {
         _mm_prefetch(reinterpret_cast<const char*>(w + k * kRows + kPrefetch), _MM_HINT_T0);
@@ -75,7 +75,7 @@ void wide_tile(const Args& a, int64_t b, int64_t m0, float* o) {
     __m512bh wv[NB];
     for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + j * stride + k * kRows);
     for (int m = 0; m < MT; ++m) {
-      const __m512bh xv = int4bf16::pair(x[m] + k);
+      const __m512bh xv = tiles512::pair(x[m] + k);
       for (int j = 0; j < NB; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], xv, wv[j]);
     }
   }
@@ -112,18 +112,18 @@ inline void blocks(const Args& a, int64_t b0, int64_t b1, int64_t m0, int64_t m1
         wide_tile<kWideRows, kWideBlocks>(rows, b, r0, o);
         for (int j = 0; j < kWideBlocks; ++j) {
           const int64_t n0 = (b + j) * kRows;
-          int4bf16::store_rows(nullptr, rows.out_bf16, a.N, n0, std::min<int64_t>(kRows, a.N - n0), r0, kWideRows,
+          tiles512::store_rows(nullptr, rows.out_bf16, a.N, n0, std::min<int64_t>(kRows, a.N - n0), r0, kWideRows,
                                o + j * kWideRows * kRows);
         }
       }
     if (mw < rows.M) {  // the last rows against the blocks done above
       const Args rest = row_slice(rows, mw, rows.M);
       for (int64_t c = b0; c < b; ++c)
-        int4bf16::for_tiles(rest, c, [&](auto mt, int64_t r0, float* o) { tile<decltype(mt)::value>(rest, c, r0, o); });
+        tiles512::for_tiles(rest, c, [&](auto mt, int64_t r0, float* o) { tile<decltype(mt)::value>(rest, c, r0, o); });
     }
   }
   for (; b < b1; ++b)
-    int4bf16::for_tiles(rows, b, [&](auto mt, int64_t r0, float* o) { tile<decltype(mt)::value>(rows, b, r0, o); });
+    tiles512::for_tiles(rows, b, [&](auto mt, int64_t r0, float* o) { tile<decltype(mt)::value>(rows, b, r0, o); });
 }
 
 }  // namespace bf16dot

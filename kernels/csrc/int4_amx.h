@@ -89,7 +89,7 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
     amx::store_c<MA, NB>(c);
     for (int j = 0; j < NB; ++j) {
       const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
-      const __m512 scale = int4bf16::load16(s), zero = _mm512_add_ps(int4bf16::load16(s + kRows), _mm512_set1_ps(128.f));
+      const __m512 scale = tiles512::load16(s), zero = _mm512_add_ps(tiles512::load16(s + kRows), _mm512_set1_ps(128.f));
       for (int r = 0; r < MA; ++r)
         for (int i = 0; i < rows[r]; ++i) {
           float* p = o[r * 2 + j] + i * kRows;
@@ -125,8 +125,8 @@ void blocks(const int4bf16::Args<T>& a, int64_t b0, int64_t b1) {
       for (int j = 0; j < nb; ++j) {
         const int64_t n0 = (b + j) * kRows;
         const int64_t cols = std::min<int64_t>(kRows, a.N - n0);
-        int4bf16::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0, r0, o[j]);
-        if (r1 > 0) int4bf16::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0 + kRows, r1, o[2 + j]);
+        tiles512::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0, r0, o[j]);
+        if (r1 > 0) tiles512::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0 + kRows, r1, o[2 + j]);
       }
     }
   }

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "int4_bf16_avx512.h"
+#include "tiles_bf16_avx512.h"
 
 namespace int4q8 {
 
@@ -52,19 +52,19 @@ inline void quantize(const uint16_t* x, int64_t M, int64_t K, int64_t gs, int8_t
     for (int64_t g = 0; g < G; ++g) {
       const uint16_t* p = x + m * K + g * gs;
       int8_t* q = xq + m * K + g * gs;
-      const float amax = int4bf16::abs_max(p, gs);
+      const float amax = tiles512::abs_max(p, gs);
       int64_t c = 0;
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       const __m512 vinv = _mm512_set1_ps(inv);
       __m512i sum = _mm512_setzero_si512();
       for (c = 0; c + 16 <= gs; c += 16) {
-        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p + c), vinv));  // rounds to nearest even
+        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(tiles512::widen16(p + c), vinv));  // rounds to nearest even
         sum = _mm512_add_epi32(sum, r);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), _mm512_cvtsepi32_epi8(r));
       }
       int32_t total = _mm512_reduce_add_epi32(sum);
       for (; c < gs; ++c) {
-        const int32_t r = static_cast<int32_t>(std::nearbyint(int4bf16::widen1(p[c]) * inv));
+        const int32_t r = static_cast<int32_t>(std::nearbyint(tiles512::widen1(p[c]) * inv));
         q[c] = static_cast<int8_t>(r);
         total += r;
       }
@@ -123,7 +123,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
     int64_t k = k0;
     for (; k + 4 * U <= k1; k += 4 * U) {
-      if constexpr (MT >= 4) int4bf16::prefetch_next_block(w, a.K, k);
+      if constexpr (MT >= 4) tiles512::prefetch_next_block(w, a.K, k);
       for (int u = 0; u < U; ++u) {
         const __m512i codes = unpack_quad(w + (k + 4 * u) * 8, index);
         for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbusd_epi32(acc[u][m], codes, quad(x[m] + k + 4 * u));
@@ -134,7 +134,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
       for (int m = 0; m < MT; ++m) acc[0][m] = _mm512_dpbusd_epi32(acc[0][m], codes, quad(x[m] + k));
     }
     const T* s = sz + g * 2 * kRows;
-    const __m512 scale = int4bf16::load16(s), zero = int4bf16::load16(s + kRows);
+    const __m512 scale = tiles512::load16(s), zero = tiles512::load16(s + kRows);
     for (int m = 0; m < MT; ++m) {
       __m512i d = acc[0][m];
       for (int u = 1; u < U; ++u) d = _mm512_add_epi32(d, acc[u][m]);
@@ -148,7 +148,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
 
 template <typename T>
 void block(const Args<T>& a, int64_t b) {
-  int4bf16::for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
+  tiles512::for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
 }
 
 }  // namespace int4q8

@@ -130,7 +130,7 @@ inline void blocks(const Args& a, int64_t b0, int64_t b1) {
       const int64_t rows = std::min<int64_t>(kRows, a.M - m0);
       for (int j = 0; j < nb; ++j) {
         const int64_t n0 = (b + j) * kRows;
-        int4bf16::store_rows(a.out, a.out_bf16, a.N, n0, std::min<int64_t>(kRows, a.N - n0), m0, rows, o[j]);
+        tiles512::store_rows(a.out, a.out_bf16, a.N, n0, std::min<int64_t>(kRows, a.N - n0), m0, rows, o[j]);
       }
     }
   }

@@ -22,7 +22,9 @@
 // rounds x the same way, and the two agree to fp32 summation order.
 #pragma once
 
-#if defined(QUANTKIT_INT4_BF16) && defined(__AVX512VNNI__)
+#include "tiles_bf16_avx512.h"
+
+#if defined(QUANTKIT_BF16_TILES) && defined(__AVX512VNNI__)
 #define QUANTKIT_INT8_W 1
 
 #include <immintrin.h>
@@ -32,7 +34,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include "int4_bf16_avx512.h"
 
 namespace int8w {
 
@@ -53,20 +54,20 @@ struct Args {
 // xq + 32768 for 16 values of x (bf16 at p) in 32-bit lanes: xq = round(x * inv) (ties to even) in [-32767, 32767].
 inline __m512i offset_codes(const uint16_t* p, __m512 vinv) {
   const __m512i lim = _mm512_set1_epi32(32767);
-  const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(int4bf16::widen16(p), vinv));  // rounds to nearest even
+  const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(tiles512::widen16(p), vinv));  // rounds to nearest even
   return _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(r, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim)),
                           _mm512_set1_epi32(32768));
 }
 
 // The same for one value, as an unsigned 16-bit number.
 inline uint32_t offset_code(uint16_t x, float inv) {
-  const float r = std::min(32767.f, std::max(-32767.f, std::nearbyint(int4bf16::widen1(x) * inv)));
+  const float r = std::min(32767.f, std::max(-32767.f, std::nearbyint(tiles512::widen1(x) * inv)));
   return static_cast<uint32_t>(static_cast<int32_t>(r) + 32768);
 }
 
 // 32767 / amax of a group of n values of x (0 for a group of zeros), and amax / 32767 into *sx.
 inline float group_inverse(const uint16_t* p, int64_t n, float* sx) {
-  const float amax = int4bf16::abs_max(p, n);
+  const float amax = tiles512::abs_max(p, n);
   *sx = amax / 32767.f;
   return amax > 0.f ? 32767.f / amax : 0.f;
 }
@@ -155,7 +156,7 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
 }
 
 inline void block(const Args& a, int64_t b) {
-  int4bf16::for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
+  tiles512::for_tiles(a, b, [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
 }
 
 }  // namespace int8w

@@ -7,7 +7,7 @@ toggled through the arch spec (they are data), each variant quantized in this pr
 Variants: `tie` keeps LinearGroup.feeder_repeats_kv (v -> o scaled under GQA, one value per KV-head
 channel), `noclip` leaves q/k unclipped (llm-awq's and AutoAWQ's choice; quantkit clips every linear
 unless the spec's awq_no_clip says otherwise), `clipnone` clips no linear (as
-llm-compressor's AWQModifier), `duo` turns on duo scaling; `base` has none of them. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0, or each of `--seeds`); perplexity on the first
+llm-compressor's AWQModifier), `duo` turns on duo scaling, `both` searches both formulas per group; `base` has none of them. Calibration 32 x 256 tokens of wikitext2/valid.txt (seed 0, or each of `--seeds`); perplexity on the first
 20,000 tokens of wikitext2/test.txt in 256-token windows, as quantkit.bench.vs_llmcompressor.
 """
 
@@ -75,7 +75,7 @@ def main() -> None:
             pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts, "clipnone" in parts)
             out = Path(tmp) / f"{name}-{seed}"
             cfg = QuantizeConfig(model=str(args.model), out=out, method="awq", group_size=args.group_size,
-                                 awq_duo_scaling="duo" in parts, compute_dtype=args.compute_dtype,
+                                 awq_duo_scaling="both" if "both" in parts else str("duo" in parts).lower(), compute_dtype=args.compute_dtype,
                                  calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=seed))
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()

@@ -1,6 +1,6 @@
 """quantkit against llm-compressor: perplexity ratio to float and quantization wall time, same windows.
 
-  python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo]
+  python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo,awq-both]
       [--threads 2] [--tools ours,peer] [--seeds 0] [--llmc-python PATH]
   python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
@@ -21,7 +21,9 @@ writing included), for the time a user waits.
 `--tools ours` or `--tools peer` runs one tool (to split a long run under the machine's heavy-job
 lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order);
-awq / awq-duo = asymmetric AWQ without / with duo scaling.
+awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both formulas searched per group;
+rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse: data-free; imatrix), gptq-imatrix
+= GPTQ with imatrix-searched groups (quantkit only).
 """
 
 from __future__ import annotations
@@ -49,8 +51,13 @@ NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
 METHODS = {
     "rtn": (["--method", "rtn", "--no-sym", "--format", "awq"], ["--method", "rtn"]),
     "gptq": (["--method", "gptq"], ["--method", "gptq"]),
-    "awq": (["--method", "awq", "--no-awq-duo-scaling"], ["--method", "awq"]),
-    "awq-duo": (["--method", "awq", "--awq-duo-scaling"], ["--method", "awq", "--duo"]),
+    "awq": (["--method", "awq", "--awq-duo-scaling", "false"], ["--method", "awq"]),
+    "awq-duo": (["--method", "awq", "--awq-duo-scaling", "true"], ["--method", "awq", "--duo", "true"]),
+    "awq-both": (["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
+    # quantkit's searched group scales (no llm-compressor counterpart run here: --tools peer skips them)
+    "rtn-mse": (["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
+    "rtn-imatrix": (["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
+    "gptq-imatrix": (["--method", "gptq", "--scale-search", "imatrix"], None),
 }
 MODELS = {"tiny": (128, "all"), "stories": (64, "attention")}  # group size, llm-compressor targets
 
@@ -118,7 +125,7 @@ def bench_model(name: str, methods: list[str], threads: int, python: Path, root:
                "load_avg": round(os.getloadavg()[0], 2)}
         if "ours" in tools:
             row["ours"] = run_ours(model, root / f"{name}-{method}-{seed}-qk", method, group, threads, float_ours, seed)
-        if "peer" in tools:
+        if "peer" in tools and METHODS[method][1] is not None:
             peer = run_peer(python, model, root / f"{name}-{method}-{seed}-llmc", method, group, targets, threads,
                             skip_float=float_peer is not None, seed=seed)
             float_peer = float_peer or peer["float_ppl"]

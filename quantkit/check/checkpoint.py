@@ -268,27 +268,25 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     calib: a .txt/.jsonl file, folder or recipe (as `quantkit quantize --calib`); None uses the
     project's synthetic stories. At most `max_rows` rows of each layer's input are compared.
     """
-    from quantkit.format.arch import head_counts, spec_for
-    from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
-    from quantkit.model.quant_format import checkpoint_quant_info
+    from quantkit.format.arch import head_counts
+    from quantkit.model.source import open_model
 
-    path = resolve_model_path(str(qdir))
+    source = open_model(qdir)
+    path, config, info = source.path, source.config, source.quant
     dev = resolve_device(device)
     dtype = torch.float16 if dev.type == "cuda" else torch.float32
     ran, kernel_checked = resolve_backend(backend, dev)
-    config = read_config(path)
-    info = checkpoint_quant_info(path, config)
     if info is None:
         raise QuantkitError(f"{path}: not a quantized checkpoint (config.json has no quantization_config)")
-    spec = spec_for(config)
-    checks = check_structure(ShardReader(path), config, info, spec)
+    spec = source.spec
+    checks = check_structure(source.reader, config, info, spec)
     if not checks:
         raise QuantkitError(f"{path}: no packed linears found")
     notes = _backend_notes(ran, kernel_checked, dev)
     setup = _Setup(kernel_checked, dev.type == "cuda", max_rel_error, max_rows, spec, None, None, head_counts(config),
                    spec.awq_groups(config))
     if original is not None:
-        setup.original = ShardReader(resolve_model_path(str(original)))
+        setup.original = open_model(original).reader
         setup.plan = _awq_plan(path, info, notes)
         if setup.plan is None and info.layout == "awq":
             setup.original = None
@@ -296,7 +294,7 @@ def check_checkpoint(qdir: str | Path, original: str | Path | None = None, backe
     if len(sound) < len(checks):
         notes.append(f"{len(checks) - len(sound)} layers failed the structure check: their outputs were not compared")
     if sound:
-        _run_inputs(path, checks, sound, setup, dtype, dev, "torch" if ran == "torch" else "auto",
+        _run_inputs(source, checks, sound, setup, dtype, dev, "torch" if ran == "torch" else "auto",
                     (calib, nsamples, seqlen, seed), notes, show_progress)
     unchecked = sum(c.not_checkable is not None for c in checks.values())
     if unchecked:
@@ -323,7 +321,7 @@ def _backend_notes(ran: str, kernel_checked: bool, dev: torch.device) -> list[st
     return []
 
 
-def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setup: _Setup, dtype: torch.dtype,
+def _run_inputs(source: "ModelSource", checks: dict[str, LayerCheck], names: set[str], setup: _Setup, dtype: torch.dtype,
                 dev: torch.device, model_backend: str, inputs: tuple, notes: list[str], show_progress: bool) -> None:
     """Load the checkpoint and compare every layer in `names` on its real inputs (hooks)."""
     from quantkit.check.inputs import calibration_ids
@@ -332,8 +330,8 @@ def _run_inputs(path: Path, checks: dict[str, LayerCheck], names: set[str], setu
     from quantkit.progress import progress_bar
 
     # non-finite scales loaded all the same: the structure check has reported them, and the others are run
-    model, _ = load_model(path, dtype=dtype, device=str(dev), backend=model_backend, finite_scales=False)
-    ids = calibration_ids(path, *inputs, notes)
+    model, _ = load_model(source, dtype=dtype, device=str(dev), backend=model_backend, finite_scales=False)
+    ids = calibration_ids(source, *inputs, notes)
     hooked = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear) and n in names]
     with progress_bar("check layers", len(hooked), show_progress) as advance:
         def hook(name):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from quantkit.commands.common import console, one_line_errors
 from quantkit.errors import QuantkitError
+
+if TYPE_CHECKING:
+    from quantkit.model.source import ModelSource
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +27,8 @@ def eval_command(
                                          "(default: lm-eval's mmlu from the hub)."),
     subjects: str | None = typer.Option(None, "--subjects", help="Comma-separated MMLU subjects (default: all)."),
     num_fewshot: int = typer.Option(5, "--num-fewshot", help="Few-shot examples per question (from dev)."),
-    limit: int | None = typer.Option(None, "--limit", help="Questions per subject (default: all)."),
+    limit: int | None = typer.Option(None, "--limit", help="As lm-eval's --limit, for quick checks: MMLU questions "
+                                     "per subject, and perplexity over the first N windows (default: all)."),
     ppl_text: str = typer.Option("wikitext2", "--ppl-text", help="Text file for perplexity, or 'wikitext2' "
                                  "(wikitext-2-raw-v1 test from the hub)."),
     seqlen: int = typer.Option(2048, "--seqlen", help="Perplexity window length (tokens; clipped to "
@@ -86,8 +91,10 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unqu
     from quantkit.eval.report import EvalReport, Gate, render_table
     from quantkit.eval.runner import Bars
     from quantkit.eval.runner import clip_seqlen, evaluate_model, resolve_inputs
+    from quantkit.model.source import open_model
     from quantkit.progress import no_lm_eval_bars
 
+    quantized, base = open_model(quantized), open_model(base)  # each resolved and read once for the whole run
     what = quantized_kind(quantized, allow_unquantized)
     notes = matched_base(quantized, base, allow_mismatched_base)
     inputs = resolve_inputs(settings)
@@ -111,18 +118,18 @@ def run(quantized: str, base: str, settings, max_drop, max_ppl_ratio, allow_unqu
     return report, Gate(max_drop, max_ppl_ratio).failures(report.to_json()["delta"])
 
 
-def quantized_kind(quantized: str, allow_unquantized: bool) -> str:
+def quantized_kind(quantized: ModelSource, allow_unquantized: bool) -> str:
     """What QUANTIZED is; a float folder is refused unless allowed (a gate on it would measure nothing)."""
     from quantkit.eval.runner import NOT_QUANTIZED, checkpoint_quantization
 
     what = checkpoint_quantization(quantized)
     if what == NOT_QUANTIZED and not allow_unquantized:
-        raise QuantkitError(f"{quantized}: not quantized (config.json has no quantization_config), so the delta "
+        raise QuantkitError(f"{quantized.name}: not quantized (config.json has no quantization_config), so the delta "
                             f"would compare two float models; pass --allow-unquantized to do that anyway")
     return what
 
 
-def matched_base(quantized: str, base: str, allowed: bool) -> list[str]:
+def matched_base(quantized: ModelSource, base: ModelSource, allowed: bool) -> list[str]:
     """Refuse a --base that QUANTIZED was not made from (the delta would compare two unrelated models), unless
     allowed: then a warning, and the report's notes say so."""
     from quantkit.eval.base_match import base_mismatches
@@ -131,9 +138,9 @@ def matched_base(quantized: str, base: str, allowed: bool) -> list[str]:
     if not found:
         return []
     if not allowed:
-        raise QuantkitError(f"{quantized} was not quantized from {base}: {'; '.join(found)}; pass "
+        raise QuantkitError(f"{quantized.name} was not quantized from {base.name}: {'; '.join(found)}; pass "
                             f"--allow-mismatched-base to compare them anyway")
-    console.print(f"[yellow]warning:[/] comparing with a base {quantized} was not quantized from "
+    console.print(f"[yellow]warning:[/] comparing with a base {quantized.name} was not quantized from "
                   f"(--allow-mismatched-base): {'; '.join(found)}", highlight=False, soft_wrap=True)
     return [f"mismatched base (--allow-mismatched-base): {m}" for m in found]
 
@@ -148,6 +155,8 @@ def run_notes(settings, inputs, base_run, quant_run) -> list[str]:
                      "subjects skipped (--subjects)")
     if inputs.subjects and settings.limit is not None:
         notes.append(f"MMLU: at most {settings.limit} questions per subject (--limit)")
+    if "ppl" in settings.tasks and settings.limit is not None:
+        notes.append(f"perplexity: at most the first {settings.limit} windows (--limit)")
     if base_run.cached:
         notes.append(f"base {', '.join(base_run.cached)} from the cache (pass --no-cache to re-run)")
     for run in (base_run, quant_run):

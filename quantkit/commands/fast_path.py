@@ -23,14 +23,14 @@ def parse_tps(text: str) -> tuple[int, ...]:
 
 
 def fast_path_for(path: str | Path, tps: tuple[int, ...]) -> FastPathReport:
-    from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
-    from quantkit.model.quant_format import checkpoint_quant_info, packed_shapes
+    from quantkit.model.quant_format import packed_shapes
+    from quantkit.model.source import open_model
 
-    folder = resolve_model_path(str(path))
-    info = checkpoint_quant_info(folder, read_config(folder))
+    source = open_model(path)
+    info = source.quant
     if info is None:
-        raise QuantkitError(f"{folder}: not a quantized checkpoint (config.json has no quantization_config)")
-    reader = ShardReader(folder)
+        raise QuantkitError(f"{source.path}: not a quantized checkpoint (config.json has no quantization_config)")
+    reader = source.reader
     try:
         return fast_path_report(packed_shapes(reader, info), tps)
     finally:

@@ -40,7 +40,8 @@ def quantize(
     compute_dtype: str = typer.Option("auto", "--compute-dtype",
                                       help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
                                            "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32."),
-    awq_duo_scaling: bool = typer.Option(False, "--awq-duo-scaling/--no-awq-duo-scaling", help="AWQ: scales from activations and weights."),
+    scale_search: str = typer.Option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib)."),
+    awq_duo_scaling: str = typer.Option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept)."),
     awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
     load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
     max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
@@ -64,13 +65,13 @@ def quantize(
     if list_configs:
         _print_recipes()
         return
-    cfg = _config(ctx)
+    cfg, source = _config(ctx)
     if dry_run:
-        report = quantize_model(cfg, None)
+        report = quantize_model(cfg, None, source=source)
         _print_plan(report.plan, cfg)
         return
     with staged_output(out, force) as tmp:
-        report = quantize_model(cfg, tmp, warn=_warn)
+        report = quantize_model(cfg, tmp, warn=_warn, source=source)
     report.out = out
     _print_summary(report, cfg)
     from quantkit.commands.fast_path import fast_path_for, print_fast_paths
@@ -85,41 +86,42 @@ def _config(ctx: typer.Context):
     else the defaults. Sets torch's threads (--threads) and, with --low-memory, bounds the heap."""
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.errors import QuantkitError
+    from quantkit.model.source import open_model
 
     p = ctx.params
     if p["model"] is None or p["out"] is None:
         raise QuantkitError("quantize needs MODEL and --out (or --list-configs)")
     recipe, o = _options(ctx, p["config"])
+    source = open_model(p["model"])  # resolved and read once for the whole run
     if p["threads"]:
         import torch
 
         torch.set_num_threads(p["threads"])
     calib = o["calib"]
-    if calib is not None and o["method"] == "rtn":
+    if calib is not None and o["method"] == "rtn" and o["scale_search"] != "imatrix":
         console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
                       highlight=False, soft_wrap=True)
     calib = CalibConfig(source=DEFAULT_CALIB if calib is None else calib, nsamples=o["nsamples"], seqlen=o["seqlen"],
                         seed=o["seed"])
     same = ("method", "format", "bits", "group_size", "sym", "desc_act", "static_groups", "damp", "true_sequential",
-            "awq_duo_scaling", "awq_search_tokens")
+            "awq_duo_scaling", "awq_search_tokens", "scale_search")
     return QuantizeConfig(
         model=p["model"], out=p["out"], calib=calib, device=p["device"], compute_dtype=p["compute_dtype"],
-        low_memory=_low_memory(p["low_memory"], p["dry_run"], p["model"]), force=p["force"], dry_run=p["dry_run"],
+        low_memory=_low_memory(p["low_memory"], p["dry_run"], source), force=p["force"], dry_run=p["dry_run"],
         max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p["load_plan"],
         quantize_lm_head=p["quantize_lm_head"], recipe=None if recipe is None else recipe.to_dict(), strict=p["strict"],
         **{k: o[k] for k in same},
-    )
+    ), source
 
 
-def _low_memory(asked: bool | None, dry_run: bool, model: str) -> bool:
+def _low_memory(asked: bool | None, dry_run: bool, source) -> bool:
     """--low-memory as given, else on for models whose weights reach 1 GiB in fp32; when on (and
     something will be written), glibc's heap is bounded for this process."""
     from quantkit.memory import bound_heap, low_memory_by_default
-    from quantkit.model.checkpoint import ShardReader, resolve_model_path
 
     if dry_run:
         return bool(asked)
-    on = asked if asked is not None else low_memory_by_default(4 * ShardReader(resolve_model_path(model)).num_elements())
+    on = asked if asked is not None else low_memory_by_default(4 * source.reader.num_elements())
     if on:
         bound_heap()
     return on
@@ -206,13 +208,14 @@ def _print_summary(report, cfg) -> None:
     table.add_row("size on disk", f"{_mib(report.output_bytes)} (original {_mib(plan.source_bytes)}, "
                                   f"{report.output_bytes / max(plan.source_bytes, 1):.2f}x)")
     table.add_row("wall time", f"{report.seconds:.1f} s")
-    for label, value in _awq_rows(report.layers):
+    for label, value in _awq_rows(report.layers, cfg.awq_duo_scaling):
         table.add_row(label, value)
     console.print(table)
 
 
-def _awq_rows(layers) -> list[tuple[str, str]]:
-    """AWQ's block loss before/after and the chosen scales, from each layer's stats."""
+def _awq_rows(layers, duo_scaling: str) -> list[tuple[str, str]]:
+    """AWQ's block loss before/after and the chosen scales, from each layer's stats (with duo scaling: how many
+    groups took the duo formula)."""
     stats = [layer.stats for layer in layers if "loss_awq" in layer.stats]
     if not stats:
         return []
@@ -225,7 +228,9 @@ def _awq_rows(layers) -> list[tuple[str, str]]:
         hi = max(g["scale_max"] for g in groups)
         ratios = [g["ratio"] for g in groups if "ratio" in g]
         mean_ratio = f", mean ratio {sum(ratios) / len(ratios):.2f}" if ratios else ""
-        rows.append(("AWQ scales", f"{len(groups)} groups, range {lo:.3g}..{hi:.3g}{mean_ratio}"))
+        duo = sum(1 for g in groups if g.get("duo"))
+        duo_share = f", duo formula in {duo} of {len(groups)}" if duo_scaling != "false" else ""
+        rows.append(("AWQ scales", f"{len(groups)} groups, range {lo:.3g}..{hi:.3g}{mean_ratio}{duo_share}"))
     return rows
 
 

@@ -18,7 +18,8 @@ KERNEL_CACHE_ENTRIES = 128
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    # extra arguments: what follows `--`, handed to vLLM with --engine vllm
+    app.command("serve", context_settings={"allow_extra_args": True})(serve)
 
 
 def api_keys(given: list[str] | None) -> tuple[str, ...]:
@@ -30,6 +31,7 @@ def api_keys(given: list[str] | None) -> tuple[str, ...]:
 
 @one_line_errors
 def serve(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="Checkpoint folder (float, GPTQ, AWQ or compressed-tensors) or hub id."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
@@ -71,14 +73,34 @@ def serve(
     vllm_executable: str | None = typer.Option(None, "--vllm-executable", help="The `vllm` to run, or the python of "
                                                "a venv with vLLM (the CPU build's way in); default: `vllm` on PATH, "
                                                "or this Python's."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="A tokenizer folder or hub id other than MODEL's "
+                                         "(its chat template too)."),
+    seed: int | None = typer.Option(None, "--seed", help="The seed of requests that give none: such a request samples "
+                                    "as if it had sent this seed (reproducible). Default: a fresh draw per request."),
+    max_logprobs: int = typer.Option(20, "--max-logprobs", help="The most logprobs / top_logprobs a request may ask "
+                                     "for (400 above it); -1: the vocabulary."),
+    pooling: str = typer.Option("last", "--pooling", help="/v1/embeddings: the final hidden state of the last token "
+                                "(vLLM's default for a generative model) or the mean over the input; L2-normalized."),
+    speculative_config: str | None = typer.Option(
+        None, "--speculative-config", help="vLLM's JSON, n-gram prompt lookup: '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}'; its counters in /metrics (vllm:spec_decode_*)."),
+    allowed_origins: str | None = typer.Option(None, "--allowed-origins", help='CORS: a JSON list of origins '
+                                               '(default ["*"], as vLLM).'),
+    allowed_methods: str | None = typer.Option(None, "--allowed-methods", help='CORS: a JSON list (default ["*"]).'),
+    allowed_headers: str | None = typer.Option(None, "--allowed-headers", help='CORS: a JSON list (default ["*"]).'),
+    allow_credentials: bool = typer.Option(False, "--allow-credentials", help="CORS: allow cookies and auth headers."),
+    root_path: str = typer.Option("", "--root-path", help="The path prefix a proxy serves this server under (the "
+                                  "proxy strips it), e.g. /llm."),
+    uds: Path | None = typer.Option(None, "--uds", help="Listen on this Unix socket instead of --host/--port."),
 ) -> None:
-    """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, streaming) until SIGTERM."""
+    """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/embeddings, streaming) until
+    SIGTERM. With --engine vllm, arguments after `--` go to vLLM as they are."""
 
-    from quantkit.commands.generate import parse_size
+    from quantkit.commands.generate import parse_json_option, parse_size
     from quantkit.engine.config import EngineConfig
     from quantkit.model.checkpoint import check_model_reference
     from quantkit.serve.runner import serve_until_stopped
-    from quantkit.serve.settings import ServeSettings, read_chat_template
+    from quantkit.serve.settings import ANY, ServeSettings, json_list, read_chat_template
 
     if log_level not in ("debug", "info", "warning", "error"):
         raise QuantkitError(f"--log-level {log_level!r}: expected debug, info, warning or error")
@@ -87,21 +109,32 @@ def serve(
                           enable_prefix_caching=enable_prefix_caching, gpu_memory_utilization=gpu_memory_utilization,
                           kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
                           swap_space=swap_space, dtype=dtype, device=device, num_threads=threads,
-                          cpu_int8_activations=cpu_int8_activations, cpu_int8_lm_head=cpu_int8_lm_head)
+                          cpu_int8_activations=cpu_int8_activations, cpu_int8_lm_head=cpu_int8_lm_head,
+                          tokenizer=tokenizer, max_logprobs=max_logprobs,
+                          speculative_config=parse_json_option(speculative_config, "--speculative-config"))
+    cors = {name: json_list(text, flag) or ANY for name, text, flag in (
+        ("allowed_origins", allowed_origins, "--allowed-origins"), ("allowed_methods", allowed_methods,
+         "--allowed-methods"), ("allowed_headers", allowed_headers, "--allowed-headers"))}
     settings = ServeSettings(engine, host=host, port=port, served_model_names=tuple(served_model_name or ()),
                              api_keys=api_keys(api_key), api_keys_file=api_keys_file, chat_template=read_chat_template(chat_template),
                              max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout,
                              log_level=log_level, enable_auto_tool_choice=enable_auto_tool_choice,
-                             tool_call_parser=tool_call_parser)
+                             tool_call_parser=tool_call_parser, pooling=pooling, seed=seed,
+                             allow_credentials=allow_credentials, root_path=root_path, uds=uds, **cors)
     if engine_name == "vllm":
-        _hand_to_vllm(settings, tensor_parallel_size, pipeline_parallel_size, chat_template, vllm_executable)
+        _hand_to_vllm(settings, tensor_parallel_size, pipeline_parallel_size, chat_template, vllm_executable, ctx.args)
         return
     if engine_name != "quantkit":
         raise QuantkitError(f"--engine {engine_name!r}: expected quantkit or vllm")
+    if ctx.args:
+        raise QuantkitError(f"unexpected arguments {' '.join(ctx.args)}: what follows `--` goes to vLLM, with "
+                            "--engine vllm only")
     if tensor_parallel_size > 1 or pipeline_parallel_size > 1:
         raise QuantkitError("quantkit's engine runs on one device: use --engine vllm for --tensor-parallel-size "
                             "or --pipeline-parallel-size above 1")
     check_model_reference(model)  # a path that is not there: one line now, not a traceback from the engine thread
+    if tokenizer is not None and Path(tokenizer).expanduser().exists() and not Path(tokenizer).expanduser().is_dir():
+        raise QuantkitError(f"--tokenizer {tokenizer}: not a folder (expected a tokenizer's folder or a hub id)")
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     bound_kernel_caches(KERNEL_CACHE_ENTRIES)  # before the model runs: RSS stays flat under traffic
     failure = serve_until_stopped(settings, say=lambda line: console.print(line, highlight=False, soft_wrap=True))
@@ -109,11 +142,12 @@ def serve(
         raise QuantkitError(f"the model failed to load: {failure}")
 
 
-def _hand_to_vllm(settings, tp: int, pp: int, chat_template: Path | None, executable: str | None) -> None:
+def _hand_to_vllm(settings, tp: int, pp: int, chat_template: Path | None, executable: str | None,
+                  passthrough: list[str]) -> None:
     from quantkit.serve.vllm_handoff import exec_vllm, vllm_command, vllm_serve_args
 
     command = vllm_command(executable)
-    handoff = vllm_serve_args(settings, tp, pp, chat_template)
+    handoff = vllm_serve_args(settings, tp, pp, chat_template, passthrough)
     for note in handoff.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     console.print(f"handing over to: {' '.join([*command, *handoff.argv[:1]])} ...", highlight=False, soft_wrap=True)

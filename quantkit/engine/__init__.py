@@ -6,7 +6,7 @@ Imports are lazy so that `import quantkit.engine` stays cheap (no torch/transfor
 from __future__ import annotations
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "EngineConfig", "RequestOutput", "CompletionOutput", "Logprob", "RequestMetrics",
-           "AsyncLLM"]
+           "AsyncLLM", "PoolingParams", "EmbeddingOutput"]
 
 
 def __getattr__(name: str):
@@ -18,6 +18,14 @@ def __getattr__(name: str):
         from quantkit.engine import sampling_params
 
         return getattr(sampling_params, name)
+    if name == "PoolingParams":
+        from quantkit.engine.pooling import PoolingParams
+
+        return PoolingParams
+    if name == "EmbeddingOutput":
+        from quantkit.engine.llm import EmbeddingOutput
+
+        return EmbeddingOutput
     if name == "EngineConfig":
         from quantkit.engine.config import EngineConfig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantkit.devices import check_device_name
+from quantkit.engine.sampling_params import MAX_LOGPROBS
 from quantkit.engine.spec_decode import SpeculativeConfig
 from quantkit.errors import QuantkitError
 
@@ -37,6 +38,8 @@ class EngineConfig:
     cpu_int8_lm_head: bool | None = None
     # speculative decoding (vLLM's --speculative-config): n-gram prompt lookup, K drafts verified per step
     speculative_config: SpeculativeConfig | dict | None = None
+    tokenizer: str | None = None  # a tokenizer folder or hub id other than the model's (vLLM's --tokenizer)
+    max_logprobs: int = MAX_LOGPROBS  # the most logprobs (or prompt logprobs) a request may ask for; -1: the vocabulary (vLLM's)
 
     def __post_init__(self):
         if isinstance(self.speculative_config, dict):
@@ -54,6 +57,8 @@ class EngineConfig:
             raise QuantkitError(f"gpu_memory_utilization must be in (0, 1] (got {self.gpu_memory_utilization})")
         if self.swap_space < 0:
             raise QuantkitError(f"swap_space must be >= 0 GiB (got {self.swap_space})")
+        if self.max_logprobs < -1:
+            raise QuantkitError(f"max_logprobs must be -1 (the vocabulary) or at least 0 (got {self.max_logprobs})")
         if self.num_threads is not None and self.num_threads < 1:
             raise QuantkitError(f"num_threads must be at least 1 (got {self.num_threads})")
         if self.dtype not in DTYPES:

@@ -255,8 +255,10 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                logits_rows: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions [T] int64 -> logits [len(logits_rows), vocab] fp32."""
+                logits_rows: torch.Tensor, hidden_rows: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, positions [T] int64 -> (logits [len(logits_rows), vocab] fp32, the final-normed hidden states
+        [len(hidden_rows), hidden] fp32 that embeddings pool, or None without hidden_rows)."""
         # x: [T, hidden] in the compute dtype (the norms'); the table may be held in 16 bits (weights.table_dtype)
         s = self.shape
         x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)
@@ -273,13 +275,15 @@ class Decoder(nn.Module):
             for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches)):
                 x, residual = layer(x, residual, ropes[s.rope_index(i)], kv, meta, ops)
         norm = self.model.norm
+        rows = logits_rows if hidden_rows is None else torch.cat([logits_rows, hidden_rows])  # one norm for both
         # index_select, not x[rows]: the same rows, a quarter of the time at decode sizes (advanced indexing)
-        x, _ = ops.add_rms_norm(x.index_select(0, logits_rows), residual.index_select(0, logits_rows), norm.weight,
-                                norm.eps)
-        logits = self.lm_head(x).float()
+        x, _ = ops.add_rms_norm(x.index_select(0, rows), residual.index_select(0, rows), norm.weight, norm.eps)
+        num_logits = logits_rows.shape[0]
+        hidden = None if hidden_rows is None else x[num_logits:].float()
+        logits = self.lm_head(x if hidden_rows is None else x[:num_logits]).float()
         if s.final_softcap is not None:  # Gemma: c * tanh(logits / c)
             logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
-        return logits
+        return logits, hidden
 
 
 def rope_buffer(index: int) -> str:

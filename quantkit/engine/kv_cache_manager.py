@@ -59,10 +59,10 @@ class KVCacheManager:
         """The longest cached prefix of full blocks, and its length in tokens.
 
         At most num_tokens - 1 tokens count as hits: the last token must run through the
-        model so there are logits to sample from. A request that wants prompt logprobs computes its
-        whole prompt (there are no logits for cached tokens).
+        model so there are logits to sample from. A request that wants prompt logprobs (or pools by mean) computes
+        its whole prompt (there are no outputs for cached tokens).
         """
-        if not self.enable_caching or request.num_computed_tokens > 0 or request.params.prompt_logprobs is not None:
+        if not self.enable_caching or request.num_computed_tokens > 0 or request.needs_whole_prompt:
             return KVCacheBlocks(), 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVBlock] = []

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from quantkit.engine.config import EngineConfig
 from quantkit.engine.llm_engine import LLMEngine
+from quantkit.engine.pooling import DEFAULT_POOLING, PoolingParams
 from quantkit.engine.request import RequestOutput
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.errors import QuantkitError
@@ -31,13 +33,27 @@ class LLM:
         A prompt is a string or a list of token ids. `on_output` is called as each request finishes
         (a progress bar hooks in here).
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _as_list(prompts)
         params = sampling_params or SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise QuantkitError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        return self._run(prompts, params, on_output)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling: str = DEFAULT_POOLING,
+              normalize: bool = True) -> list[EmbeddingOutput]:
+        """The embedding of every prompt (text or token ids), batched through the engine's forward: the final
+        hidden state, after the final norm, pooled by `pooling` ("last", vLLM's default for a generative model, or
+        "mean"), L2-normalized unless `normalize` is False. A bad prompt raises QuantkitError."""
+        prompts = _as_list(prompts)
+        params = PoolingParams(pooling, normalize)
+        outs = self._run(prompts, [params] * len(prompts))
+        if (bad := next((o for o in outs if o.error), None)) is not None:
+            raise QuantkitError(f"embed: {bad.error}")
+        return [EmbeddingOutput(o.request_id, o.prompt_token_ids, o.embedding.tolist()) for o in outs]
+
+    def _run(self, prompts: list, params: list, on_output=None) -> list[RequestOutput]:
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
         results: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
@@ -46,6 +62,20 @@ class LLM:
                 if on_output is not None:
                     on_output(out)
         return [results[i] for i in ids]
+
+
+@dataclass(frozen=True)
+class EmbeddingOutput:
+    """One prompt's embedding (`LLM.embed`)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float]
+
+
+def _as_list(prompts):
+    """One prompt (a string or a list of token ids) as a list of one; a list of prompts as it is."""
+    return [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)
 
 
 def context_limit_note(out: RequestOutput, params: SamplingParams, max_model_len: int) -> str | None:

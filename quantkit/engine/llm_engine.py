@@ -19,8 +19,9 @@ from quantkit.engine.detokenizer import IncrementalDetokenizer, find_stop
 from quantkit.engine.kv_cache_manager import KVCacheManager
 from quantkit.engine.kv_sizing import plan_kv
 from quantkit.engine.model_runner import ModelRunner, kv_block_bytes
-from quantkit.engine.logprobs import logprob_dicts
+from quantkit.engine.logprobs import check_logprobs_limit, logprob_dicts
 from quantkit.engine.parallel_sampling import RequestGroup, child_id, child_params
+from quantkit.engine.pooling import PoolingParams, PoolingState
 from quantkit.engine.request import Request, RequestOutput, RequestStatus
 from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
@@ -36,6 +37,7 @@ from quantkit.errors import QuantkitError
 
 log = logging.getLogger("quantkit.engine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+POOLING_SAMPLING = SamplingParams(max_tokens=1)  # an embedding request's (unused) sampling: one output, no logprobs
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -70,8 +72,8 @@ def non_finite_rows(logits: torch.Tensor) -> list[int]:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
-        from quantkit.model.checkpoint import resolve_model_path
-        from quantkit.model.loader import hf_config, load_tokenizer
+        from quantkit.model.loader import load_tokenizer
+        from quantkit.model.source import open_model
 
         self.cfg = cfg
         if cfg.num_threads is not None:
@@ -82,14 +84,14 @@ class LLMEngine:
 
             log.info(one_line(kernel_statuses()))  # which C++ kernels this start runs, as `quantkit env` says
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        path = resolve_model_path(cfg.model)
-        self.model, self.quant_info = load_decoder(path, self.dtype, self.device, cfg.cpu_int8_activations,
+        source = open_model(cfg.model)  # one read of the checkpoint: its path, config, spec, scheme and shards
+        self.model, self.quant_info = load_decoder(source, self.dtype, self.device, cfg.cpu_int8_activations,
                                                    cfg.cpu_int8_lm_head)
-        self.tokenizer = load_tokenizer(path)
+        self.tokenizer = load_tokenizer(cfg.tokenizer or source)
         s = self.model.shape
         self.max_model_len = self._max_model_len(cfg, s)
         self.model.use_rope_table(self.max_model_len)
-        self.eos_ids = eos_token_ids(path, getattr(hf_config(path), "eos_token_id", None), self.tokenizer)
+        self.eos_ids = eos_token_ids(source.path, getattr(source.hf_config, "eos_token_id", None), self.tokenizer)
         block_bytes = kv_block_bytes(s.num_layers, cfg.block_size, s.num_kv_heads, s.head_dim, self.dtype)
         self.kv_plan = plan_kv(cfg, block_bytes, self.max_model_len, self.device)
         self.kv = KVCacheManager(self.kv_plan.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
@@ -133,17 +135,23 @@ class LLMEngine:
             raise QuantkitError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
         return ids
 
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None,
-                    arrival_time: float | None = None, reject_bad_prompt: bool = False) -> str:
-        """Queue a prompt (text or token ids) for `params.n` samples. A bad prompt becomes a finished
-        request with an error (its output comes with the next step), or with `reject_bad_prompt` raises
-        QuantkitError and queues nothing. A live id raises QuantkitError."""
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | PoolingParams,
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    reject_bad_prompt: bool = False) -> str:
+        """Queue a prompt (text or token ids) for `params.n` samples, or with PoolingParams for its embedding (the
+        finished output's `embedding`). A bad prompt becomes a finished request with an error (its output comes
+        with the next step), or with `reject_bad_prompt` raises QuantkitError and queues nothing. A live id raises
+        QuantkitError."""
+        pooling = params if isinstance(params, PoolingParams) else None
+        params = POOLING_SAMPLING if pooling is not None else params
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self._groups:
             raise QuantkitError(f"request id {rid!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         try:
+            check_logprobs_limit(params.logprobs, params.prompt_logprobs, self.cfg.max_logprobs,
+                                 self.model.shape.vocab_size)
             ids, error = self.encode_prompt(prompt), None
             if params.structured_outputs is not None:  # a spec that does not compile is refused here, not mid-run
                 self.grammars.compile(params.structured_outputs)
@@ -152,7 +160,8 @@ class LLMEngine:
                 raise
             ids, error = ([] if text is not None else list(prompt)), str(e)
         children = [Request(child_id(rid, i, params.n), ids, child_params(params, i), self.cfg.block_size,
-                            prompt=text, arrival_time=arrival) for i in range(params.n)]
+                            prompt=text, arrival_time=arrival,
+                            pooling=None if pooling is None else PoolingState(pooling)) for i in range(params.n)]
         group = self._groups[rid] = RequestGroup(rid, text, ids, children)
         for child in children:
             self._group_of[child.request_id] = group
@@ -201,9 +210,10 @@ class LLMEngine:
                 if chunk.request.metrics.first_scheduled_time is None:
                     chunk.request.metrics.first_scheduled_time = now
             try:
-                logits = self.runner.execute(out)
+                logits, hidden = self.runner.execute(out)
                 self.scheduler.update_from_output(out)
                 self._postprocess(out, logits)
+                self._pool(out, hidden)
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 log.exception("engine step failed")
                 self.last_error = exc
@@ -248,6 +258,21 @@ class LLMEngine:
             self._sample(plain, logits[plain_rows])
         if self.cfg.speculative_config is not None:
             self._propose([c.request for c in chunks])
+
+    def _pool(self, out: SchedulerOutput, hidden: torch.Tensor | None) -> None:
+        """Embedding requests: add each chunk's pooled rows of `hidden` [rows, hidden] to its request's pool; a request
+        whose prompt has now run finishes with its embedding (a recompute after preemption starts the pool again)."""
+        row = 0
+        for chunk, span in out.pooling_spans():
+            req, pool = chunk.request, chunk.request.pooling
+            if chunk.start == 0:
+                pool.reset()
+            if span:  # (a chunk before the one holding the last token reads nothing when pooling by last)
+                pool.add(hidden[row:row + len(span)])
+                row += len(span)
+            if chunk.start + chunk.num_tokens == req.num_tokens:
+                req.embedding = pool.result()
+                self._finish(req, "stop")
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """One token for each request, from its row of logits [len(reqs), V]."""

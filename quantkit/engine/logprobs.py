@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from quantkit.engine.request import Logprob
+from quantkit.errors import QuantkitError
 
 
 ROWS_PER_PASS = 256  # bounds the [rows, vocab] temporaries of a long prompt's logprobs
@@ -41,3 +42,13 @@ def _logprob_dicts(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequ
             d.setdefault(top_i[r][j], Logprob(top_v[r][j], j + 1, decode(top_i[r][j])))
         out.append(d)
     return out
+
+
+def check_logprobs_limit(logprobs: int | None, prompt_logprobs: int | None, limit: int, vocab: int) -> None:
+    """A request's logprobs against the engine's --max-logprobs (-1: the vocabulary; never past it), in vLLM's
+    words; QuantkitError (a server's 400) when above."""
+    limit = vocab if limit == -1 else min(limit, vocab)
+    for what, value in (("sample", logprobs), ("prompt", prompt_logprobs)):
+        if value is not None and value > limit:
+            raise QuantkitError(f"Requested {what} logprobs of {value}, which is greater than max allowed: {limit} "
+                                "(--max-logprobs)")

@@ -51,9 +51,10 @@ class ModelRunner:
                     d[dst.to(self.device)] = c[src].to(self.device)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Swap blocks out, then in, then run the forward. Returns logits [the sampling chunks' rows (one each, or
-        1 + drafts with speculative decoding) + prompt logprob rows, vocab] fp32."""
+        1 + drafts with speculative decoding) + prompt logprob rows, vocab] fp32, and the final-normed hidden states
+        [the pooling spans' rows, hidden] fp32 (None when no embedding request runs in the step)."""
         self._copy_blocks(out.blocks_to_swap_out, to_cpu=True)
         self._copy_blocks(out.blocks_to_swap_in, to_cpu=False)
         ids: list[int] = []
@@ -69,6 +70,8 @@ class ModelRunner:
         meta = build_metadata([c.start + c.num_tokens for c in out.chunks], [c.num_tokens for c in out.chunks],
                               [c.block_ids for c in out.chunks], self.block_size, self.device, self.dtype,
                               out.block_table)
+        pooled = [r for _, span in out.pooling_spans() for r in span]
         dev = self.device
         return self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta,
-                          torch.tensor(rows, dtype=torch.int64, device=dev))
+                          torch.tensor(rows, dtype=torch.int64, device=dev),
+                          torch.tensor(pooled, dtype=torch.int64, device=dev) if pooled else None)

@@ -74,7 +74,7 @@ class RequestGroup:
         error = next((c.error for c in self.children if c.error), None)
         prompt_lp = None if first.prompt_logprobs is None else list(first.prompt_logprobs)
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished,
-                             error, metrics, prompt_lp)
+                             error, metrics, prompt_lp, first.embedding)
 
 
 def _finished_metrics(child: Request, gathered: RequestMetrics, n: int) -> RequestMetrics | None:

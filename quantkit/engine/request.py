@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from quantkit.engine.block_pool import BlockHash, hash_block_tokens
+from quantkit.engine.pooling import PoolingState
 from quantkit.engine.sampling_params import SamplingParams
 from quantkit.engine.spec_decode import NgramIndex
 
@@ -96,6 +97,8 @@ class Request:
     text: str = ""
     draft_token_ids: list[int] = field(default_factory=list)  # speculative decoding's guesses for the next step
     ngram_index: NgramIndex | None = field(default=None, repr=False)  # where the guesses are looked up
+    pooling: PoolingState | None = None  # an embedding request: its prompt's states pooled, nothing sampled
+    embedding: object | None = None  # the pooled vector (torch [hidden] fp32) once its prompt ran
 
     def __post_init__(self):
         self._all = list(self.prompt_token_ids)
@@ -126,6 +129,18 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """Whether every prompt position must run through the model (no prefix-cache hits): prompt logprobs, or
+        pooling by mean, read each position's output."""
+        return self.params.prompt_logprobs is not None or (self.pooling is not None
+                                                           and self.pooling.params.needs_every_token)
+
+    @property
+    def samples(self) -> bool:
+        """Whether the request samples tokens (an embedding request only pools its prompt)."""
+        return self.pooling is None
 
     @property
     def first_token_time(self) -> float | None:
@@ -192,3 +207,4 @@ class RequestOutput:
     error: str | None = None
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    embedding: object | None = None  # an embedding request's pooled vector (torch [hidden] fp32), once finished

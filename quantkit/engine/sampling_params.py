@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from quantkit.errors import QuantkitError
 
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (EngineConfig.max_logprobs)
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ class SamplingParams:
             raise QuantkitError(f"n must be at least 1 (got {self.n})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise QuantkitError(f"{name} must be in [0, {MAX_LOGPROBS}] (got {value})")
+            if value is not None and value < 0:  # the upper bound is the engine's (EngineConfig.max_logprobs)
+                raise QuantkitError(f"{name} must be at least 0 (got {value})")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise QuantkitError(f"{name} must be in [-2, 2] (got {getattr(self, name)})")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quantkit.engine.kv_cache_manager import KVCacheManager
+from quantkit.engine.pooling import pooled_rows
 from quantkit.engine.request import Request, RequestStatus
 from quantkit.engine.swap import SwapSpace
 
@@ -63,6 +64,18 @@ class SchedulerOutput:
                 count = min(c.start + c.num_tokens, c.request.num_prompt_tokens - 1) - c.start
                 if count > 0:
                     spans.append((c, offset, count))
+            offset += c.num_tokens
+        return spans
+
+    def pooling_spans(self) -> list[tuple[ScheduledChunk, range]]:
+        """(chunk, its rows in the step's flat tokens) for chunks of embedding requests: the positions their pooling
+        reads (every one for mean; the last prompt token's, in the chunk that holds it, for last)."""
+        spans, offset = [], 0
+        for c in self.chunks:
+            pool = c.request.pooling
+            if pool is not None:
+                rows = pooled_rows(pool.params, c.start, c.num_tokens, c.request.num_prompt_tokens)
+                spans.append((c, range(offset + rows.start - c.start, offset + rows.stop - c.start) if rows else rows))
             offset += c.num_tokens
         return spans
 
@@ -184,7 +197,7 @@ class Scheduler:
     def _chunk(self, req: Request, n: int, drafts: list[int] | None = None) -> ScheduledChunk:
         start, drafts = req.num_computed_tokens, drafts or []
         return ScheduledChunk(req, start, n, self.kv.block_ids(req.request_id),
-                              start + n - len(drafts) == req.num_tokens, list(drafts))
+                              req.samples and start + n - len(drafts) == req.num_tokens, list(drafts))
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Put `req` back at the head of the waiting queue, its KV swapped to CPU or dropped."""

@@ -14,35 +14,31 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from quantkit.engine.decoder import Decoder, DecoderShape, RMSNorm, rope_buffer
 from quantkit.engine.rope import inv_frequencies
 from quantkit.errors import QuantkitError
-from quantkit.model.checkpoint import ShardReader, read_config
-from quantkit.model.loader import QuantInfo, hf_config, replace_packed_linears
-from quantkit.model.quant_format import checkpoint_quant_info
+from quantkit.model.loader import QuantInfo, replace_packed_linears
 from quantkit.model.quant_linear import QuantLinear
-from quantkit.format.arch import get_submodule, spec_for
+from quantkit.model.source import ModelSource
+from quantkit.format.arch import get_submodule
 from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
 
 log = logging.getLogger("quantkit.engine")
 EMBED = "model.embed_tokens.weight"
 
 
-def load_decoder(path: Path, dtype: torch.dtype, device: torch.device, int8_activations: bool = False,
+def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, int8_activations: bool = False,
                  int8_lm_head: bool | None = None) -> tuple[Decoder, QuantInfo | None]:
-    """The decoder with every weight of the checkpoint at `path` loaded, in eval mode on `device`
+    """The decoder with every weight of the checkpoint `source` loaded, in eval mode on `device`
     (`int8_activations`: the 4-bit linears' decode batches run W4A8 on CPU, QuantLinear.repack_for_cpu;
     `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing;
     None: where the checkpoint's linears are quantized, see `int8_head_wanted`)."""
-    config_dict = read_config(path)
-    spec = spec_for(config_dict)  # unsupported architectures fail here, with the supported list
-    info = checkpoint_quant_info(path, config_dict)
-    shape = DecoderShape.from_config(hf_config(path))
-    reader = ShardReader(path)
+    path, info, reader = source.path, source.quant, source.reader
+    spec = source.spec  # unsupported architectures fail here, with the supported list
+    shape = DecoderShape.from_config(source.hf_config)
     with torch.device("meta"):
         model = Decoder(shape)
     quantized = replace_packed_linears(model, reader, info, dtype)

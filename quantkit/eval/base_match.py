@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
 from quantkit.model.fingerprint import weights_fingerprint
+from quantkit.model.source import ModelSource, open_model
 
 SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
@@ -44,19 +44,19 @@ def recorded_source(folder: Path) -> str | None:
         return None
 
 
-def base_mismatches(quantized: str, base: str) -> list[str]:
+def base_mismatches(quantized: str | ModelSource, base: str | ModelSource) -> list[str]:
     """How BASE differs from the checkpoint QUANTIZED was made from ([]: nothing says it is another model)."""
-    q_dir, b_dir = resolve_model_path(quantized), resolve_model_path(base)
-    found = [m] if (m := config_mismatch(read_config(q_dir), read_config(b_dir))) else []
-    recorded = recorded_source(q_dir)
-    if recorded is not None and (actual := weights_fingerprint(ShardReader(b_dir))) != recorded:
+    quantized, base = open_model(quantized), open_model(base)
+    found = [m] if (m := config_mismatch(quantized.config, base.config)) else []
+    recorded = recorded_source(quantized.path)
+    if recorded is not None and (actual := weights_fingerprint(base.reader)) != recorded:
         found.append(f"quantkit_meta.json's source_fingerprint {recorded} is not the base's weights ({actual})")
     if (tokenizers := tokenizer_mismatch(quantized, base)) is not None:
         found.append(f"tokenizer: {tokenizers}")
     return found
 
 
-def tokenizer_mismatch(quantized: str, base: str) -> str | None:
+def tokenizer_mismatch(quantized: str | ModelSource, base: str | ModelSource) -> str | None:
     """A one-line description of how the two tokenizers differ, or None when they agree."""
     from quantkit.model.loader import load_tokenizer
 

@@ -28,11 +28,18 @@ class PplProtocol:
     seqlen: int
     predictions: int  # scored next-token predictions: windows * (seqlen - 1)
     bos: str  # how BOS was handled
+    available: int | None = None  # the text's full windows when --limit scored only the first `windows`
 
     def describe(self) -> str:
-        return (f"{self.source}: {self.tokens} tokens, {self.windows} non-overlapping windows of {self.seqlen} "
-                f"({self.predictions} predictions, tail of {self.tokens - self.windows * self.seqlen} dropped); "
-                f"{self.bos}")
+        scored = f"{self.windows} non-overlapping windows of {self.seqlen}"
+        if self.available is not None:
+            scored = f"the first {self.windows} of {self.available} non-overlapping windows of {self.seqlen} (--limit)"
+        return (f"{self.source}: {self.tokens} tokens, {scored} ({self.predictions} predictions, tail of "
+                f"{self.tokens - self.available_windows * self.seqlen} dropped); {self.bos}")
+
+    @property
+    def available_windows(self) -> int:
+        return self.windows if self.available is None else self.available
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,14 @@ def window_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def perplexity(model, ids: torch.Tensor, seqlen: int, source: str, bos_note: str, batch_size: int = 4,
-               advance: Callable[[int], None] | None = None, device: str = "cpu") -> PplResult:
-    spans = disjoint_windows(len(ids), seqlen)
-    if not spans:
+               advance: Callable[[int], None] | None = None, device: str = "cpu",
+               limit: int | None = None) -> PplResult:
+    """Perplexity of `model` over the windows of ids [n_tokens]; `limit`: only the first that many windows
+    (lm-eval's --limit: a quick check on a large test file)."""
+    every = disjoint_windows(len(ids), seqlen)
+    if not every:
         raise QuantkitError(f"{source}: only {len(ids)} tokens, fewer than one window of --seqlen {seqlen}")
+    spans = every[:limit]
     total = 0.0
     for i in range(0, len(spans), batch_size):
         batch = torch.stack([ids[a:b] for a, b in spans[i:i + batch_size]]).to(device)  # [B, seqlen]
@@ -79,7 +90,8 @@ def perplexity(model, ids: torch.Tensor, seqlen: int, source: str, bos_note: str
         if advance is not None:
             advance(len(batch))
     predictions = len(spans) * (seqlen - 1)
-    protocol = PplProtocol(source, len(ids), len(spans), seqlen, predictions, bos_note)
+    available = len(every) if len(spans) < len(every) else None
+    protocol = PplProtocol(source, len(ids), len(spans), seqlen, predictions, bos_note, available)
     return PplResult(math.exp(total / predictions), total, protocol)
 
 

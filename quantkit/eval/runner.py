@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -17,6 +16,7 @@ from quantkit.eval.cache import ResultCache
 from quantkit.eval.mmlu import MmluResult
 from quantkit.eval.perplexity import PplResult
 from quantkit.eval.settings import EvalSettings
+from quantkit.model.source import ModelSource, open_model
 
 
 @dataclass
@@ -102,13 +102,14 @@ def model_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def evaluate_model(role: str, path: str, settings: EvalSettings, inputs: TaskInputs,
+def evaluate_model(role: str, model: str | ModelSource, settings: EvalSettings, inputs: TaskInputs,
                    progress: Bars | None = None) -> ModelRun:
     progress = progress or Bars()
-    run = ModelRun(role, path)
+    source = open_model(model)
+    run = ModelRun(role, source.name)
     cache = ResultCache(settings.cache_dir) if settings.cache_dir is not None and role == "base" else None
     keys = task_keys(settings, inputs)
-    ckpt = cache.checkpoint_hash(checkpoint_dir(path)) if cache is not None else None
+    ckpt = cache.checkpoint_hash(source.path) if cache is not None else None
     for task, key in keys.items():
         hit = cache.get(ckpt, key) if cache is not None else None
         if hit is not None:
@@ -118,7 +119,7 @@ def evaluate_model(role: str, path: str, settings: EvalSettings, inputs: TaskInp
     if not todo:
         return run
     start = time.perf_counter()
-    lm = load_lm(path, settings, int8_lm_head=settings.cpu_int8_lm_head and role == "quantized")
+    lm = load_lm(source, settings, int8_lm_head=settings.cpu_int8_lm_head and role == "quantized")
     run.quantization = getattr(lm, "quantization", NOT_QUANTIZED)
     if "ppl" in todo:
         run.ppl = run_ppl(lm, settings, inputs, progress, role)
@@ -155,20 +156,15 @@ def get_result(run: ModelRun, task: str) -> dict:
     return run.mmlu.to_dict() if task == "mmlu" else run.ppl.to_dict()
 
 
-def checkpoint_dir(path: str) -> Path:
-    from quantkit.model.checkpoint import resolve_model_path
-
-    return resolve_model_path(path)
-
-
-def load_lm(path: str, settings: EvalSettings, int8_lm_head: bool = False):
+def load_lm(model: str | ModelSource, settings: EvalSettings, int8_lm_head: bool = False):
     """The lm-eval backend over quantkit's loader (QuantLinear for quantized checkpoints); `int8_lm_head`: a float
     lm_head held in int8 as the engine's --cpu-int8-lm-head holds it (a packed one stays as it is)."""
     from quantkit.eval.lm_backend import DTYPES, QuantkitLM
     from quantkit.model.loader import load_model, load_tokenizer
 
-    model, info = load_model(path, dtype=DTYPES[settings.dtype], device=settings.device)
-    lm = QuantkitLM(model=model, tokenizer=load_tokenizer(path), batch_size=settings.batch_size,
+    source = open_model(model)
+    model, info = load_model(source, dtype=DTYPES[settings.dtype], device=settings.device)
+    lm = QuantkitLM(model=model, tokenizer=load_tokenizer(source), batch_size=settings.batch_size,
                     device=settings.device)
     lm.quantization = describe_quantization(info)
     if int8_lm_head and type(model.lm_head) is torch.nn.Linear and model.lm_head.bias is None:
@@ -193,14 +189,9 @@ def describe_quantization(info) -> str:
     return f"{info.method} {info.bits}-bit, {group} ({info.layout} layout)"
 
 
-def checkpoint_quantization(path: str) -> str:
-    """describe_quantization for a checkpoint folder or hub id, from its config.json (or an old AutoGPTQ
-    quantize_config.json)."""
-    from quantkit.model.checkpoint import read_config
-    from quantkit.model.quant_format import checkpoint_quant_info
-
-    folder = checkpoint_dir(path)
-    return describe_quantization(checkpoint_quant_info(folder, read_config(folder)))
+def checkpoint_quantization(model: str | ModelSource) -> str:
+    """describe_quantization for a checkpoint, from its config.json (or an old AutoGPTQ quantize_config.json)."""
+    return describe_quantization(open_model(model).quant)
 
 
 def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role: str) -> PplResult:
@@ -209,26 +200,26 @@ def run_ppl(lm, settings: EvalSettings, inputs: TaskInputs, progress: Bars, role
     if settings.seqlen > lm.max_length:
         raise QuantkitError(f"--seqlen {settings.seqlen} is above the model's context of {lm.max_length} tokens")
     ids, bos_note = tokenize_once(lm.tokenizer, inputs.ppl_text)
-    bar = progress.add(f"{role}: perplexity", total=len(ids) // settings.seqlen)
+    windows = len(ids) // settings.seqlen
+    bar = progress.add(f"{role}: perplexity", total=windows if settings.limit is None else min(windows, settings.limit))
     return perplexity(lm.model, ids, settings.seqlen, settings.ppl_text, bos_note, settings.batch_size,
-                      advance=lambda n: progress.advance(bar, n), device=settings.device)
+                      advance=lambda n: progress.advance(bar, n), device=settings.device, limit=settings.limit)
 
 
-def model_context(path: str) -> int:
+def model_context(model: str | ModelSource) -> int:
     """A checkpoint's context length (max_position_embeddings and kin), from its config.json."""
     from types import SimpleNamespace
 
     from quantkit.eval.lm_backend import model_context_length
-    from quantkit.model.checkpoint import read_config
 
-    return model_context_length(SimpleNamespace(**read_config(checkpoint_dir(path))))
+    return model_context_length(SimpleNamespace(**open_model(model).config))
 
 
-def clip_seqlen(settings: EvalSettings, paths: tuple[str, ...]) -> tuple[EvalSettings, str | None]:
-    """--seqlen clipped to the shortest context of `paths` (as quantize does), with a note saying so."""
+def clip_seqlen(settings: EvalSettings, models: tuple[str | ModelSource, ...]) -> tuple[EvalSettings, str | None]:
+    """--seqlen clipped to the shortest context of `models` (as quantize does), with a note saying so."""
     from dataclasses import replace
 
-    context = min(model_context(p) for p in paths)
+    context = min(model_context(m) for m in models)
     if settings.seqlen <= context:
         return settings, None
     return replace(settings, seqlen=context), f"--seqlen {settings.seqlen} clipped to the models' context of {context} tokens"

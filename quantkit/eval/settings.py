@@ -18,7 +18,7 @@ class EvalSettings:
     mmlu_dir: Path | None = None  # None: lm-eval's hub dataset (cais/mmlu)
     subjects: tuple[str, ...] = ()  # empty: every subject available
     num_fewshot: int = 5
-    limit: int | None = None  # questions per subject
+    limit: int | None = None  # MMLU: questions per subject; ppl: the first windows (lm-eval's --limit)
     ppl_text: str = "wikitext2"  # a text file, or "wikitext2" from the hub
     seqlen: int = 2048
     batch_size: int = 8
@@ -58,7 +58,8 @@ class EvalSettings:
 
     def ppl_key(self, text: str) -> dict:
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        return {"task": "ppl", "text": digest, "seqlen": self.seqlen, "dtype": self.dtype, "device": self.device}
+        key = {"task": "ppl", "text": digest, "seqlen": self.seqlen, "dtype": self.dtype, "device": self.device}
+        return key if self.limit is None else key | {"limit": self.limit}  # unlimited keys as before: caches stay valid
 
 
 def files_digest(mmlu_dir: Path, subjects: list[str]) -> str:

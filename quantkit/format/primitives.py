@@ -45,10 +45,16 @@ def minmax_params(w: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, 
     w: [N, L] float. Returns scale [N] (fp16-representable, fp32 dtype) and zero [N] (integral, fp32).
     Symmetric schemes put the zero at the middle code (8 for 4 bits), as GPTQ does.
     """
-    maxq = 2**bits - 1
     w = w.float()
-    xmin = torch.clamp(w.min(dim=1).values, max=0)
-    xmax = torch.clamp(w.max(dim=1).values, min=0)
+    return range_params(w.min(dim=-1).values, w.max(dim=-1).values, bits, sym)
+
+
+def range_params(xmin: torch.Tensor, xmax: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point [...] that map the range [xmin, xmax] [...] (widened to hold 0) onto the codes; what
+    minmax_params does with each row's min and max, and a scale search with shrunk ones."""
+    maxq = 2**bits - 1
+    xmin = torch.clamp(xmin, max=0)
+    xmax = torch.clamp(xmax, min=0)
     if sym:
         xmax = torch.maximum(xmin.abs(), xmax)
         xmin = torch.where(xmin < 0, -xmax, xmin)

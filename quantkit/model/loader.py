@@ -15,25 +15,15 @@ import torch
 from torch import nn
 
 from quantkit.errors import QuantkitError
-from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+from quantkit.model.checkpoint import ShardReader
 from quantkit.model.moe import linearize_experts
 from quantkit.model.quant_linear import QuantLinear
+from quantkit.model.source import ModelSource, open_model
 from quantkit.format.arch import get_submodule, spec_for
 from quantkit.format import compressed_tensors as ct
-from quantkit.model.quant_format import (QuantInfo, checkpoint_quant_info, packed_prefixes, read_packed, read_quant_info,
-                                         require_finite_scales)
+from quantkit.model.quant_format import QuantInfo, packed_prefixes, read_packed, read_quant_info, require_finite_scales
 
-__all__ = ["QuantInfo", "build_skeleton", "hf_config", "load_model", "load_tokenizer", "read_quant_info",
-           "replace_packed_linears"]
-
-
-def hf_config(path: Path):
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(str(path))
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
-    return cfg
+__all__ = ["QuantInfo", "build_skeleton", "load_model", "load_tokenizer", "read_quant_info", "replace_packed_linears"]
 
 
 def build_skeleton(config, dtype: torch.dtype) -> nn.Module:
@@ -85,22 +75,22 @@ def replace_packed_linears(model: nn.Module, reader: ShardReader, info: QuantInf
     return quantized
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(source: str | Path | ModelSource):
+    """A checkpoint's tokenizer, or a tokenizer's own folder (no config.json needed: --tokenizer), or a hub id's."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(resolve_model_path(str(path))))
+    if isinstance(source, (str, Path)) and (local := Path(str(source)).expanduser()).is_dir():
+        return AutoTokenizer.from_pretrained(str(local))
+    return AutoTokenizer.from_pretrained(str(open_model(source).path))
 
 
-def load_model(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+def load_model(name: str | Path | ModelSource, dtype: torch.dtype = torch.float32, device: str = "cpu",
                backend: str = "auto", finite_scales: bool = True) -> tuple[nn.Module, QuantInfo | None]:
     """A float checkpoint through transformers, or a quantized one with QuantLinear layers (`finite_scales`:
     see replace_packed_linears)."""
-    path = resolve_model_path(str(name))
-    config_dict = read_config(path)
-    spec_for(config_dict)  # unsupported architectures fail here, with the list
-    info = checkpoint_quant_info(path, config_dict)
-    reader = ShardReader(path)
-    config = hf_config(path)
+    source = open_model(name)
+    path, info, reader, config = source.path, source.quant, source.reader, source.hf_config
+    source.spec  # unsupported architectures fail here, with the list
     model = build_skeleton(config, dtype)
     state: dict[str, torch.Tensor] = {}
     quantized = replace_packed_linears(model, reader, info, dtype, backend, finite_scales)

@@ -32,7 +32,7 @@ from quantkit.quant.awq_capture import Capture, capture, merge_calls, strided_sa
 from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
     CLIP_TOKENS, act_mean, clip_sample, fake_quantize, input_gram, linear_output_mse, scaled_fake_weight, search_clip,
-    search_scale, weight_mean,
+    scale_candidates, search_scale, weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
 from quantkit.format.primitives import rtn_quantize
@@ -148,14 +148,14 @@ class AWQMethod:
         else:
             loss_of = self._module_loss(ctx, g, linears, originals, calls)
         x_mean = act_mean(cap.inputs[g.name]).to(originals[0].device)
-        w_mean = weight_mean(originals, ctx.scheme) if self.config.awq_duo_scaling else None
+        w_mean = weight_mean(originals, ctx.scheme) if self.config.awq_weight_statistic else None
         if g.feeder_repeats_kv:  # GQA v -> o: one scale per KV-head channel, shared by its query heads
             heads, kv_heads = head_counts(ctx.model_config)
             x_mean = tie_over_query_heads(x_mean, heads, kv_heads)
             w_mean = None if w_mean is None else tie_over_query_heads(w_mean, heads, kv_heads)
-        s, ratio, loss, history = search_scale(x_mean, w_mean, self.config.awq_grid, loss_of)
-        unscaled = history[0]  # ratio 0 without duo scaling, the identity tried first with it
-        return s, {**_scale_stats(s), "ratio": ratio, "loss_unscaled": unscaled, "loss_scaled": loss}
+        choice = search_scale(scale_candidates(x_mean, w_mean, self.config.awq_grid, self.config.awq_duo_scaling),
+                              loss_of)
+        return choice.best.scale, {**_scale_stats(choice.best.scale), **choice.stats()}
 
     @staticmethod
     def _module_loss(ctx: LayerContext, g: LinearGroup, linears, originals, calls):

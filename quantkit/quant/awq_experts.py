@@ -22,7 +22,7 @@ from quantkit.format.awq_plan import clip_key, scale_key
 from quantkit.model.moe import expert_batches
 from quantkit.quant.awq_apply import fold_scale
 from quantkit.quant.awq_search import (
-    CLIP_TOKENS, act_mean, linear_output_mse, scaled_fake_weight, search_scale, weight_mean,
+    CLIP_TOKENS, act_mean, linear_output_mse, scale_candidates, scaled_fake_weight, search_scale, weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
 
@@ -101,12 +101,12 @@ def _search_joint_scale(moe, config) -> tuple[torch.Tensor, dict]:
 
     x_mean = act_mean([tokens.x])
     w_mean = None
-    if config.awq_duo_scaling:  # the experts' mean, each expert's [gate; up] normalized as one group would be
+    if config.awq_weight_statistic:  # the experts' mean, each expert's [gate; up] normalized as one group would be
         means = [weight_mean([get_submodule(ctx.layer, n).weight for n in ctx.spec.experts.linears_of(e)[:2]],
                              ctx.scheme) for e, _ in moe.expert_linears()]
         w_mean = torch.stack(means).mean(dim=0)
-    s, ratio, loss, history = search_scale(x_mean, w_mean, config.awq_grid, loss_of)
-    return s, {"ratio": ratio, "loss_unscaled": history[0], "loss_scaled": loss}
+    choice = search_scale(scale_candidates(x_mean, w_mean, config.awq_grid, config.awq_duo_scaling), loss_of)
+    return choice.best.scale, choice.stats()
 
 
 def _search_down_scale(ctx: LayerContext, ex, config) -> tuple[torch.Tensor, dict]:
@@ -120,9 +120,9 @@ def _search_down_scale(ctx: LayerContext, ex, config) -> tuple[torch.Tensor, dic
         return linear_output_mse(scaled_fake_weight(w, s.to(w.device), ctx.scheme) - w, gram, 1)
 
     x_mean = ex.blended(lambda z: z.abs().mean(dim=0), ex.module.hidden)
-    w_mean = weight_mean([w], ctx.scheme) if config.awq_duo_scaling else None
-    s, ratio, loss, history = search_scale(x_mean, w_mean, config.awq_grid, loss_of)
-    return s, {"ratio": ratio, "loss_unscaled": history[0], "loss_scaled": loss}
+    w_mean = weight_mean([w], ctx.scheme) if config.awq_weight_statistic else None
+    choice = search_scale(scale_candidates(x_mean, w_mean, config.awq_grid, config.awq_duo_scaling), loss_of)
+    return choice.best.scale, choice.stats()
 
 
 def _strided_rows(tokens: int, max_tokens: int) -> torch.Tensor:

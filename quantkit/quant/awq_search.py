@@ -10,6 +10,7 @@ protects the input channels where |x| is large (the paper's "salient" channels).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -102,31 +103,65 @@ def scaled_fake_weight(w: torch.Tensor, s: torch.Tensor, scheme: QuantScheme) ->
     return fake_quantize(w.float() * s, scheme) / s
 
 
-def search_scale(x_mean: torch.Tensor, w_mean: torch.Tensor | None, n_grid: int,
-                 loss_of: Callable[[torch.Tensor], float]) -> tuple[torch.Tensor, float, float, list[float]]:
-    """Grid search over the ratio: returns (best scale [K], best ratio, best loss, all losses).
+@dataclass(frozen=True)
+class ScaleCandidate:
+    """One candidate AWQ scale: its exponent, whether the weight statistic enters (duo scaling), s [K] fp32."""
 
-    `loss_of(s)` gives the output error of the inspected module with the group's weights set
-    to Q(W * s) / s. Non-finite losses are never chosen. With duo scaling (w_mean given) no grid
-    point is the identity (ratio 0 gives 1 / w_mean), so the identity is tried first, reported as
-    ratio 0, then duo_ratio_grid, as llm-compressor's AWQModifier does: a group that scaling cannot
-    help stays unscaled.
-    """
-    best = (None, -1.0, float("inf"))
-    history = []
+    ratio: float
+    duo: bool
+    scale: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ScaleChoice:
+    """The search's answer for one smoothing group: the chosen candidate, its loss, and every candidate's loss
+    in the order tried (losses[0]: the identity, which every mode tries first)."""
+
+    best: ScaleCandidate
+    loss: float
+    losses: list[float]
+
+    def stats(self) -> dict:
+        """For quantkit_meta.json: the chosen ratio and formula (duo: the weight statistic entered), the unscaled
+        loss (the identity) and the chosen one."""
+        return {"ratio": self.best.ratio, "duo": self.best.duo, "loss_unscaled": self.losses[0],
+                "loss_scaled": self.loss}
+
+
+def scale_candidates(x_mean: torch.Tensor, w_mean: torch.Tensor | None, n_grid: int,
+                     duo_scaling: str) -> list[ScaleCandidate]:
+    """The candidates of one group, the identity first, for a duo_scaling mode (quantkit.config.DUO_SCALINGS):
+
+      "false": x_mean**r for r in ratio_grid (llm-awq; r = 0 is the identity);
+      "true":  the identity, then x_mean**r / w_mean**(1 - r) for r in duo_ratio_grid (no point of that
+               grid is the identity: r = 0 gives 1 / w_mean);
+      "both":  both lists, the identity once, so the group keeps whichever formula gives the lower loss (as
+               llm-compressor's duo_scaling="both", which splits its grid in two; here each formula keeps its
+               whole grid, so "both" is never worse on a group than either alone).
+    w_mean is needed for "true" and "both" (weight_mean of the group's linears)."""
+    plain = [ScaleCandidate(r, False, candidate_scale(x_mean, None, r)) for r in ratio_grid(n_grid)]
+    if duo_scaling == "false":
+        return plain
     if w_mean is None:
-        candidates = [(ratio, candidate_scale(x_mean, None, ratio)) for ratio in ratio_grid(n_grid)]
-    else:
-        candidates = [(0.0, torch.ones_like(x_mean))]
-        candidates += [(ratio, candidate_scale(x_mean, w_mean, ratio)) for ratio in duo_ratio_grid(n_grid)]
-    for ratio, s in candidates:
-        loss = loss_of(s)
-        history.append(loss)
-        if loss < best[2]:
-            best = (s, ratio, loss)
-    if best[0] is None:
-        raise RuntimeError(f"AWQ scale search found no finite loss (losses: {history})")
-    return best[0], best[1], best[2], history
+        raise ValueError(f"duo_scaling {duo_scaling!r} needs the weight statistic w_mean")
+    duo = [ScaleCandidate(r, True, candidate_scale(x_mean, w_mean, r)) for r in duo_ratio_grid(n_grid)]
+    identity = ScaleCandidate(0.0, False, torch.ones_like(x_mean))
+    return {"true": [identity, *duo], "both": [*plain, *duo]}[duo_scaling]
+
+
+def search_scale(candidates: list[ScaleCandidate], loss_of: Callable[[torch.Tensor], float]) -> ScaleChoice:
+    """The candidate with the lowest `loss_of(s)`: the output error of the inspected module with the group's
+    weights set to Q(W * s) / s. Non-finite losses are never chosen; ties keep the earlier candidate."""
+    best, best_loss = None, float("inf")
+    losses = []
+    for cand in candidates:
+        loss = loss_of(cand.scale)
+        losses.append(loss)
+        if loss < best_loss:
+            best, best_loss = cand, loss
+    if best is None:
+        raise RuntimeError(f"AWQ scale search found no finite loss (losses: {losses})")
+    return ScaleChoice(best, best_loss, losses)
 
 
 def clip_sample(xs: list[torch.Tensor], max_tokens: int = CLIP_TOKENS) -> torch.Tensor:

@@ -3,8 +3,12 @@ keyword arguments (RoPE cos/sin, mask, positions) the model passes to each layer
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+from quantkit.format.arch import get_submodule
 
 
 BATCH_TOKENS = 4096  # tokens per call of a decoder layer: samples are run together up to this many
@@ -77,3 +81,37 @@ def batch_samples(xs: list[torch.Tensor], max_tokens: int = BATCH_TOKENS) -> lis
     if run:
         batches.append(torch.cat(run) if len(run) > 1 else run[0])
     return batches
+
+
+class _HaveInputs(Exception):
+    """Raised by the last hooked linear to stop the layer's forward pass: what follows changes no statistic."""
+
+
+def fold_linear_inputs(ctx, names: list[str], update: Callable[[object, torch.Tensor], object]) -> dict[str, object]:
+    """A statistic of each linear's input over the calibration inputs of one decoder layer (a LayerContext, `ctx`),
+    in one run of the layer: state = update(state, x) for every input x [..., K] (state None at first).
+
+    Linears of one spec group read the same tensor: the first is hooked and its statistic shared. The run stops as
+    soon as the last hooked linear has its input (the rest of the layer would not change the statistics)."""
+    shared = {}
+    for g in ctx.spec.groups:
+        members = [n for n in g.linears if n in names]
+        for n in members:
+            shared[n] = members[0]
+    hooked = [n for n in ctx.spec.linears if n in set(shared.values())]  # in the order the layer calls them
+    state: dict[str, object] = {}
+
+    def hook_for(name: str, last: bool):
+        def hook(_module, args, _output):
+            state[name] = update(state.get(name), args[0])
+            if last:
+                raise _HaveInputs
+        return hook
+
+    handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
+    try:
+        ctx.run_for_hooks(_HaveInputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: state[shared[n]] for n in names}

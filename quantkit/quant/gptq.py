@@ -53,6 +53,9 @@ class GPTQOptions:
     act_order: bool = False
     static_groups: bool = False
     max_damp_retries: int = 6
+    # each group's scale and zero: min-max, or searched (quantkit.quant.scale_search) on the weight error (mse) or
+    # on the error weighted by diag(H), the inputs' mean square per channel (imatrix)
+    scale_search: str = "minmax"
 
 
 @dataclass
@@ -99,8 +102,17 @@ def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> 
     raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")
 
 
-def _group_params(w_cols: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
-    return minmax_params(w_cols, scheme.bits, scheme.sym)
+def group_params_fn(scheme: QuantScheme, search: str, diag: torch.Tensor):
+    """params(w_cols [N, L], start) -> scale, zero [N] of the group of columns start .. start + L (in the order
+    `diag` [K], H's diagonal, is given): min-max, or searched, weighted by diag with `imatrix`."""
+    if search == "minmax":
+        return lambda w_cols, start: minmax_params(w_cols, scheme.bits, scheme.sym)
+    from quantkit.quant.scale_search import search_params
+
+    def params(w_cols: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        imp = diag[start:start + w_cols.shape[1]] if search == "imatrix" else None
+        return search_params(w_cols, scheme.bits, scheme.sym, imp)
+    return params
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions) -> GPTQResult:
@@ -120,7 +132,8 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     zeros = torch.zeros_like(scales)
     static = None
     if opts.static_groups:  # group parameters from the original column groups, before act-order
-        static = [_group_params(w[:, s : s + gsize], scheme) for s in range(0, k, gsize)]
+        params = group_params_fn(scheme, opts.scale_search, torch.diag(h))
+        static = [params(w[:, s : s + gsize], s) for s in range(0, k, gsize)]
         for j, (scale, zero) in enumerate(static):
             scales[j], zeros[j] = scale, zero
 
@@ -128,6 +141,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     if opts.act_order:
         perm = torch.argsort(torch.diag(h), descending=True)
         w, h = w[:, perm], h[perm][:, perm]
+    params = group_params_fn(scheme, opts.scale_search, torch.diag(h).clone())  # permuted order, undamped
     u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries)
     del h
 
@@ -135,13 +149,13 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     # per-column quantize and the rank-1 updates several times faster than strided columns.
     wt = w.T.contiguous()
     del w
-    codes, row_losses = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros)
+    codes, row_losses = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros, params)
     return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, static is not None), row_losses, damp)
 
 
 def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, block_size: int,
                       static: list | None, perm: torch.Tensor, scales: torch.Tensor,
-                      zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      zeros: torch.Tensor, params) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ's lazy-batch loop over W^T [K, N] (updated in place), permuted column order; U [K, K]
     is the upper Cholesky factor of H^-1. Fills `scales`/`zeros` [groups, N] for groups found on
     the way (static groups come filled). Returns the codes [K, N] and the objective per row [N].
@@ -149,7 +163,8 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
     The updates are lazy at two levels, so no per-column step touches more than a few rows:
     a row of W^T gets the errors of the earlier columns of its sub-block (`SUB_BLOCK` columns)
     as one vector-matrix product just before it is quantized; each finished sub-block updates
-    the rest of its block, and each finished block the rest of W^T, as one GEMM."""
+    the rest of its block, and each finished block the rest of W^T, as one GEMM. `params(w_cols, start)` gives a
+    group's scale and zero when the loop reaches it (group_params_fn)."""
     k, n = wt.shape
     gsize = scheme.group_len(k)
     sub = math.gcd(SUB_BLOCK, gsize)  # group starts fall on sub-block starts, with every earlier error applied
@@ -169,7 +184,7 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
                 if static is not None:
                     scale, zero = static[int(perm[col]) // gsize]
                 elif col % gsize == 0:
-                    scale, zero = _group_params(_group_rows(wt, w1, i1, i, gsize).T, scheme)
+                    scale, zero = params(_group_rows(wt, w1, i1, i, gsize).T, col)
                     scales[col // gsize], zeros[col // gsize] = scale, zero
                 x = w1[i] if i == s1 else torch.addmv(w1[i], err1[s1:i].T, u1[s1:i, i], alpha=-1)  # [N]
                 _quantize_row(x, scale, zero, scheme.maxq, diag[col], codes[col], err1[i])

@@ -9,12 +9,9 @@ import torch
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import get_submodule
+from quantkit.quant.capture import fold_linear_inputs
 from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize, split_rows
 from quantkit.quant.methods import LayerContext, LayerResult
-
-
-class _HaveInputs(Exception):
-    """Raised by the last Hessian hook to stop the layer's forward pass early."""
 
 
 class GPTQMethod:
@@ -24,7 +21,7 @@ class GPTQMethod:
     def __init__(self, cfg: QuantizeConfig):
         self.cfg = cfg
         self.opts = GPTQOptions(damp=cfg.damp, block_size=cfg.block_size, act_order=cfg.desc_act,
-                                static_groups=cfg.static_groups)
+                                static_groups=cfg.static_groups, scale_search=cfg.scale_search)
 
     def sequential_groups(self, ctx: LayerContext) -> list[list[str]]:
         """Linears sharing an input, in the order the layer computes them (true-sequential);
@@ -77,31 +74,11 @@ class GPTQMethod:
 
         Each run stops as soon as the last hooked linear has its input: the rest of the layer
         (e.g. attention and MLP after q/k/v's input) would not change these Hessians."""
-        state: dict[str, list] = {}
+        def update(state, x):
+            h, n = state or (empty_hessian(x.shape[-1], x.device), 0)
+            return accumulate_hessian(h, n, x)
 
-        def hook_for(name, last):
-            def hook(_module, args, _output):
-                x = args[0]
-                h, n = state.get(name) or (empty_hessian(x.shape[-1], x.device), 0)
-                state[name] = list(accumulate_hessian(h, n, x))
-                if last:
-                    raise _HaveInputs
-            return hook
-
-        # Linears in one spec group read the same tensor: hook the first, share its Hessian.
-        shared = {}
-        for g in ctx.spec.groups:
-            members = [n for n in g.linears if n in names]
-            for n in members:
-                shared[n] = members[0]
-        hooked = [n for n in ctx.spec.linears if n in set(shared.values())]  # in the order the layer calls them
-        handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
-        try:
-            ctx.run_for_hooks(_HaveInputs)
-        finally:
-            for h in handles:
-                h.remove()
-        return {n: state[shared[n]][0] for n in names}
+        return {n: hn[0] for n, hn in fold_linear_inputs(ctx, names, update).items()}
 
 
 def _shared_input_stacks(ctx: LayerContext, names: list[str]) -> list[list[str]]:

@@ -29,11 +29,12 @@ from quantkit.config import QuantizeConfig
 from quantkit.devices import compute_dtype, resolve_device
 from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
-from quantkit.model.checkpoint import ShardReader, read_config, resolve_model_path
+from quantkit.model.checkpoint import ShardReader
 from quantkit.model.fingerprint import weights_fingerprint
-from quantkit.model.loader import build_skeleton, hf_config, read_quant_info
+from quantkit.model.loader import build_skeleton, read_quant_info
+from quantkit.model.source import ModelSource, open_model
 from quantkit.progress import progress_bar
-from quantkit.format.arch import ArchSpec, get_submodule, moe_shape, spec_for
+from quantkit.format.arch import ArchSpec, get_submodule, moe_shape
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.calib_amount import CalibrationAmount
@@ -111,8 +112,8 @@ class QuantizeReport:
         return sum(losses) / len(losses) if losses else 0.0
 
 
-def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader: ShardReader) -> QuantizePlan:
-    spec = spec_for(config_dict)
+def plan_quantization(cfg: QuantizeConfig, source: ModelSource) -> QuantizePlan:
+    spec, config_dict, reader = source.spec, source.config, source.reader  # an unsupported architecture fails here
     if read_quant_info(config_dict) is not None:
         raise QuantkitError(f"{cfg.model}: already quantized (config.json has a quantization_config)")
     num_layers = int(config_dict["num_hidden_layers"])
@@ -142,7 +143,7 @@ def plan_quantization(cfg: QuantizeConfig, path: Path, config_dict: dict, reader
     if seqlen > max_len:
         notes.append(f"--seqlen {seqlen} clipped to the model's context of {max_len} tokens")
         seqlen = max_len
-    return QuantizePlan(path, spec, num_layers, quantized, skipped, seqlen, notes, reader.total_bytes())
+    return QuantizePlan(source.path, spec, num_layers, quantized, skipped, seqlen, notes, reader.total_bytes())
 
 
 def packing_units(spec: ArchSpec, config) -> list[tuple[str, ...]]:
@@ -176,20 +177,19 @@ def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
 
 
 def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progress: bool = True,
-                   warn: Callable[[str], None] = log.warning) -> QuantizeReport:
+                   warn: Callable[[str], None] = log.warning, source: ModelSource | None = None) -> QuantizeReport:
     """Quantize cfg.model into `out_dir` (an empty folder). With cfg.dry_run, only plan. `warn` says a warning
     the moment it arises (cfg.strict turns it into a QuantkitError); the plan keeps it too.
 
     The report's seconds (quantkit_meta.json's wall_seconds) start after transformers' code for
     the model is imported (import_seconds, kept apart), as llm-compressor's `oneshot` call, which
-    the benchmarks time, starts after its imports."""
-    path = resolve_model_path(cfg.model)
-    import_seconds = 0.0 if cfg.dry_run or out_dir is None else import_model_code(path)
+    the benchmarks time, starts after its imports. `source`: cfg.model already opened (open_model)."""
+    source = open_model(cfg.model if source is None else source)
+    path, config_dict = source.path, source.config
+    import_seconds = 0.0 if cfg.dry_run or out_dir is None else import_model_code(source)
     start = time.perf_counter()
-    config_dict = read_config(path)
-    spec_for(config_dict)
-    reader = ShardReader(path)
-    plan = plan_quantization(cfg, path, config_dict, reader)
+    plan = plan_quantization(cfg, source)
+    reader = source.reader
     if cfg.quantize_lm_head:
         refuse_tied(config_dict)
     if cfg.dry_run or out_dir is None:
@@ -198,7 +198,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     device = resolve_device(cfg.device)
     dtype, why = compute_dtype(cfg.compute_dtype, device)
     method = make_method(cfg)
-    hf_cfg = hf_config(path)
+    hf_cfg = source.hf_config
     model = build_skeleton(hf_cfg, torch.float32)
     spec = plan.spec
     layers = get_submodule(model, spec.layers)
@@ -273,14 +273,14 @@ def _copy_outside_layers(cfg: QuantizeConfig, reader: ShardReader, writer: Shard
         writer.add({key: reader.get(key)})
 
 
-def import_model_code(path: Path) -> float:
+def import_model_code(source: ModelSource) -> float:
     """Import transformers and the modules this model's config, CausalLM class and tokenizer live
     in (imported lazily on first use); returns the seconds it took (a fresh process: ~1-3 s)."""
     t0 = time.perf_counter()
     from transformers import AutoTokenizer  # noqa: F401  (the tokenizer classes, used by _calibration)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    config_class = type(hf_config(path))
+    config_class = type(source.hf_config)
     if config_class in MODEL_FOR_CAUSAL_LM_MAPPING:
         MODEL_FOR_CAUSAL_LM_MAPPING[config_class]  # imports the modeling module (a lazy mapping)
     return time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""Round-to-nearest: the baseline method. Needs no calibration data."""
+"""Round-to-nearest: the baseline method. Needs no calibration data, unless its group scales are searched
+against the calibration inputs (--scale-search imatrix)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,28 @@ import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.format.arch import get_submodule
-from quantkit.format.primitives import QuantScheme
+from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
-def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: LayerResult) -> None:
+def quantize_weight(w: torch.Tensor, scheme: QuantScheme, scale_search: str = "minmax",
+                    importance: torch.Tensor | None = None) -> QuantizedWeight:
+    """W [N, K] rounded to nearest, its group scales and zeros from min-max or searched (quantkit.quant.scale_search:
+    `mse` on the weight error, `imatrix` weighted by importance [K])."""
+    if scale_search == "minmax":
+        return rtn_quantize(w, scheme)
+    from quantkit.quant.scale_search import searched_quantize
+
+    return searched_quantize(w, scheme, importance if scale_search == "imatrix" else None)
+
+
+def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: LayerResult, scale_search: str = "minmax",
+                importance: dict[str, torch.Tensor] | None = None) -> None:
     """RTN on each linear of `layer` named in `names`: the dequantized weight left in place, the integer
     weight and the squared weight error recorded in `result`."""
-    from quantkit.format.primitives import rtn_quantize
-
     for name in names:
         linear = get_submodule(layer, name)
-        qw = rtn_quantize(linear.weight.data, scheme)
+        qw = quantize_weight(linear.weight.data, scheme, scale_search, None if importance is None else importance[name])
         w_hat = qw.dequantize().to(linear.weight.dtype)
         result.losses[name] = float(torch.sum((linear.weight.data.float() - w_hat.float()) ** 2))
         linear.weight.data = w_hat
@@ -26,19 +37,26 @@ def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: Laye
 
 class RTNMethod:
     name = "rtn"
-    needs_calibration = False
 
     def __init__(self, cfg: QuantizeConfig):
         self.cfg = cfg
+        self.needs_calibration = cfg.scale_search == "imatrix"  # the inputs' mean square per channel
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult:
         result = LayerResult(weights={})
-        rtn_linears(ctx.layer, ctx.linears, ctx.scheme, result)
+        importance = None
+        if self.cfg.scale_search == "imatrix":
+            from quantkit.quant.imatrix import collect_importance
+
+            importance = collect_importance(ctx, list(ctx.linears))
+        rtn_linears(ctx.layer, ctx.linears, ctx.scheme, result, self.cfg.scale_search, importance)
         return result
 
     def quantize_experts(self, moe) -> LayerResult:
-        """Every quantized expert's linears (quantkit.quant.moe_experts.MoEContext), one expert at a time."""
+        """Every quantized expert's linears (quantkit.quant.moe_experts.MoEContext), one expert at a time (min-max
+        or the data-free search: the experts' own inputs are not collected here)."""
         result = LayerResult(weights={})
+        search = "mse" if self.cfg.scale_search != "minmax" else "minmax"
         for _, names in moe.expert_linears():
-            rtn_linears(moe.layer.layer, names, moe.layer.scheme, result)
+            rtn_linears(moe.layer.layer, names, moe.layer.scheme, result, search)
         return result

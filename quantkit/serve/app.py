@@ -6,6 +6,10 @@ Extension points, so that later features add to this app rather than rewrite it:
   - `app.state.server`: the `ServerState` every route reads (engine front, settings);
   - `startup_hooks` / `shutdown_hooks`: async callables run with the state after the engine front
     starts loading, and before it drains (a metrics exporter registers itself here).
+
+Middleware, outermost first: CORS (Starlette's, with vLLM's flags: a preflight is answered before any key is asked
+for, and every answer, a 401 included, carries the CORS headers a browser needs to read it), the HTTP metrics, the
+API keys.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from quantkit.errors import QuantkitError
 from quantkit.serve.auth import APIKeyMiddleware
@@ -23,12 +28,13 @@ from quantkit.serve.errors import install_error_handlers
 from quantkit.serve.http_metrics import HTTPMetricsMiddleware
 from quantkit.serve.metered import MeteredLLM
 from quantkit.serve.metrics import ServerMetrics
-from quantkit.serve.routes import chat, completions, health, ops, tokenize
+from quantkit.serve.routes import chat, completions, embeddings, health, ops, responses, tokenize
 from quantkit.serve.settings import ServeSettings
 from quantkit.serve.state import ServerState
 
 log = logging.getLogger("quantkit.serve")
-ROUTERS: tuple[APIRouter, ...] = (health.router, completions.router, chat.router, tokenize.router, ops.router)
+ROUTERS: tuple[APIRouter, ...] = (health.router, completions.router, chat.router, responses.router, embeddings.router,
+                                  tokenize.router, ops.router)
 PUBLIC_PATHS = ("/health", "/version", "/openapi.json", *ops.PUBLIC_PATHS)
 TOKEN_BUCKETS_UP_TO = 1_000_000  # request token histograms' last bucket when --max-model-len is not given
 Hook = Callable[[ServerState], Awaitable[None]]
@@ -61,7 +67,10 @@ def build_app(state: ServerState, settings: ServeSettings, extra_routers: Sequen
     state.metrics.register(ring)
     app.add_middleware(APIKeyMiddleware, ring=ring, public_paths=app.state.public_paths,
                        on_reject=state.metrics.observe_rejected)
-    app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics)  # outermost: sees the 401s and 429s too
+    app.add_middleware(HTTPMetricsMiddleware, metrics=state.metrics)  # sees the 401s and 429s too
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                       allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),
+                       allow_credentials=settings.allow_credentials)
     return app
 
 

@@ -27,7 +27,7 @@ class APIKeyMiddleware:
         self.app, self.ring, self.public_paths, self.on_reject = app, ring, public_paths, on_reject
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self.ring.enabled or scope["path"] in self.public_paths \
+        if scope["type"] != "http" or not self.ring.enabled or route_path(scope) in self.public_paths \
                 or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
@@ -39,7 +39,7 @@ class APIKeyMiddleware:
             self.on_reject("unauthorized")
             body = error_body(401, "invalid or missing API key (send Authorization: Bearer <key>)")
             return await _send_json(send, 401, body, {"www-authenticate": "Bearer"})
-        if not (scope.get("method") == "POST" and scope["path"].startswith("/v1/")):
+        if not (scope.get("method") == "POST" and route_path(scope).startswith("/v1/")):
             return await self.app(scope, receive, send)
         try:
             lease = self.ring.admit(key)
@@ -53,6 +53,13 @@ class APIKeyMiddleware:
         finally:
             current_lease.reset(token)
             lease.release()
+
+
+def route_path(scope) -> str:
+    """The path the routes see: behind --root-path uvicorn puts the prefix in front of every path (the ASGI
+    spec's `path` includes `root_path`), which routing takes off again."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] or "/" if root and path.startswith(root) else path
 
 
 async def _send_json(send, status: int, body: dict, headers: dict[str, str]) -> None:

@@ -31,12 +31,20 @@ def _arguments(text: str):
 
 def render_chat(tokenizer, messages: list[ChatMessage], template: str | None, add_generation_prompt: bool,
                 continue_final_message: bool = False, kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
-    if template is None and not getattr(tokenizer, "chat_template", None):
-        raise APIError(400, "this model's tokenizer has no chat template; start the server with "
-                            "--chat-template FILE (a Jinja template) to use /v1/chat/completions")
     if continue_final_message and add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
     conversation = [template_message(m) for m in messages]
+    return render_conversation(tokenizer, conversation, template, add_generation_prompt, continue_final_message,
+                               kwargs, tools)
+
+
+def render_conversation(tokenizer, conversation: list[dict], template: str | None, add_generation_prompt: bool,
+                        continue_final_message: bool = False, kwargs: dict | None = None,
+                        tools: list[dict] | None = None) -> str:
+    """Chat messages as dicts (with tool_calls and tool results too), and the tools the template shows the model."""
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, "this model's tokenizer has no chat template; start the server with "
+                            "--chat-template FILE (a Jinja template) to use /v1/chat/completions or /v1/responses")
     try:
         return tokenizer.apply_chat_template(conversation, chat_template=template, tokenize=False, tools=tools,
                                              add_generation_prompt=add_generation_prompt,

@@ -82,11 +82,13 @@ class Job:
 
     @classmethod
     def for_body(cls, state: ServerState, fmt: Format, prompts: list[list[int]], params: SamplingParams, body) -> Job:
-        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`)."""
+        """A job with the body's stream_options (`include_usage`, `continuous_usage_stats`), and the server's --seed
+        where the body gave no seed."""
         opts = body.stream_options
         usage_on = bool(opts and opts.include_usage)
         keep = body.n if params.n > body.n else None
-        return cls(state, fmt, prompts, params, usage_on, usage_on and opts.continuous_usage_stats, keep)
+        return cls(state, fmt, prompts, state.settings.default_seed(params), usage_on,
+                   usage_on and opts.continuous_usage_stats, keep)
 
     async def run(self, request: Request, stream: bool):
         return await (self.stream(request) if stream else self.respond(request))
@@ -136,7 +138,7 @@ class Job:
         for rid in self.request_ids:
             await self.state.llm.abort(rid)
 
-    async def _client_gone(self) -> JSONResponse:
+    async def client_gone(self) -> JSONResponse:
         """Abort what the job left in the engine; the status the access log and metrics record (nginx's 499:
         the client closed the request). Nobody reads the body."""
         await self.abort_all()
@@ -153,7 +155,7 @@ class Job:
         try:
             finals = await until_disconnect(request, collect())
         except ClientGone:
-            return await self._client_gone()
+            return await self.client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
         n = self.keep or self.params.n
@@ -177,14 +179,23 @@ class Job:
         return usage(sum(len(o.prompt_token_ids) for o in outs),
                      sum(len(c.token_ids) for o in outs for c in o.outputs))
 
-    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
+    async def first_output(self, request: Request) -> tuple[AsyncIterator[Item], Item] | JSONResponse:
+        """The outputs and the first of them, or the 499 response when the client left first (while queued or
+        prefilling, as a non-streaming client can). Until the first output a stream sends no header: admission
+        errors are still proper HTTP statuses."""
         it = self.outputs()
-        try:  # until the first output no header is sent: admission errors are still proper HTTP statuses
-            first = await until_disconnect(request, it.__anext__())
-        except ClientGone:  # left while queued or prefilling, as a non-streaming client can
-            return await self._client_gone()
+        try:
+            return it, await until_disconnect(request, it.__anext__())
+        except ClientGone:
+            return await self.client_gone()
         except Exception as exc:
             raise to_api_error(exc) from exc
+
+    async def stream(self, request: Request) -> StreamingResponse | JSONResponse:
+        started = await self.first_output(request)
+        if isinstance(started, JSONResponse):
+            return started
+        it, first = started
         return StreamingResponse(self._events(it, first), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

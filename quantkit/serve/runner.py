@@ -45,6 +45,14 @@ def transport_names() -> str:
     return f"{http} on {loop}"
 
 
+def listen_options(settings: ServeSettings) -> dict:
+    """uvicorn.Config's options for where the server listens: a Unix socket (--uds) or host and port, and the
+    prefix a proxy serves it under (--root-path: uvicorn puts it in front of every request's path, which the
+    routes take off, and the OpenAPI document names it as the server's URL)."""
+    where = {"uds": str(settings.uds)} if settings.uds is not None else {"host": settings.host, "port": settings.port}
+    return {**where, "root_path": settings.root_path}
+
+
 def make_front(settings: ServeSettings):
     from quantkit.engine.async_llm import AsyncLLM
 
@@ -61,7 +69,7 @@ async def serve(settings: ServeSettings, say: Callable[[str], None] = print, app
     """Serve until a signal drains the server; returns why the engine failed to load, if it did."""
     state = ServerState(None, settings, make_llm=lambda: make_front(settings))
     app = app_factory(state, settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+    config = uvicorn.Config(app, **listen_options(settings), log_level=settings.log_level,
                             lifespan="on", access_log=False, timeout_graceful_shutdown=5)
     server = _Server(config)
     loop = asyncio.get_running_loop()
@@ -100,9 +108,8 @@ async def _drain(state: ServerState, server: uvicorn.Server, timeout: float) -> 
 
 async def _announce_when_ready(state: ServerState, server: uvicorn.Server, settings: ServeSettings,
                                say: Callable[[str], None]) -> None:
-    url = f"http://{settings.host}:{settings.port}"
     say(f"loading {settings.engine.model} (served as {', '.join(settings.served_model_names)}); "
-        f"{url}/health answers 503 until it is ready")
+        f"{settings.url('/health')} answers 503 until it is ready")
     while state.engine_state == "loading":
         await asyncio.sleep(0.05)
     if state.engine_state == "dead":
@@ -111,4 +118,4 @@ async def _announce_when_ready(state: ServerState, server: uvicorn.Server, setti
     engine = state.llm.engine
     say(f"model {settings.engine.model}: max_model_len {engine.max_model_len}")
     say(engine.kv_plan.describe())
-    say(f"ready: serving the OpenAI API on {url}/v1 ({transport_names()})")
+    say(f"ready: serving the OpenAI API on {settings.url('/v1')} ({transport_names()})")

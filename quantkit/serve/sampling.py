@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.engine.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from quantkit.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError
 from quantkit.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -41,8 +41,8 @@ def num_logprobs(req: SamplingFields) -> int | None:
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     else:
         n = None
-    if n is not None and not 0 <= n <= MAX_LOGPROBS:
-        raise APIError(400, f"logprobs must be in 0..{MAX_LOGPROBS} (got {n})", param="logprobs")
+    if n is not None and n < 0:  # the upper bound is the engine's --max-logprobs, checked at admission
+        raise APIError(400, f"logprobs must be at least 0 (got {n})", param="logprobs")
     return n
 
 

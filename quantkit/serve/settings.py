@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.engine.config import EngineConfig
+from quantkit.engine.pooling import DEFAULT_POOLING, POOLING_METHODS
 from quantkit.errors import QuantkitError
+
+ANY = ("*",)  # vLLM's CORS defaults: every origin, method and header
 
 
 @dataclass(slots=True)
@@ -21,6 +26,15 @@ class ServeSettings:
     max_queued_requests: int | None = None  # None: unbounded, as vLLM
     shutdown_timeout: float = 30.0  # seconds requests in flight may take to finish on SIGTERM
     log_level: str = "info"
+    pooling: str = DEFAULT_POOLING  # /v1/embeddings: the final hidden state of the "last" token, or the "mean"
+    seed: int | None = None  # the seed of requests that give none (each such request samples as if it gave it)
+    # CORS (vLLM's flags and defaults): a browser page on another origin may call the API
+    allowed_origins: tuple[str, ...] = ANY
+    allowed_methods: tuple[str, ...] = ANY
+    allowed_headers: tuple[str, ...] = ANY
+    allow_credentials: bool = False
+    root_path: str = ""  # the path prefix a proxy serves this server under (it strips it before forwarding)
+    uds: Path | None = None  # listen on this Unix socket instead of host:port
     enable_auto_tool_choice: bool = False  # tool_choice "auto" parses the output with tool_call_parser (vLLM's flags)
     tool_call_parser: str | None = None  # a name of quantkit.serve.tool_calls.FORMATS
 
@@ -41,6 +55,26 @@ class ServeSettings:
                                 "calls in)")
         if not self.served_model_names:
             self.served_model_names = (self.engine.model,)
+        if self.seed is not None:  # vLLM's --seed seeds the engine too
+            self.engine.seed = self.seed
+        if self.pooling not in POOLING_METHODS:
+            raise QuantkitError(f"--pooling {self.pooling!r}: expected one of {', '.join(POOLING_METHODS)}")
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise QuantkitError(f"--root-path {self.root_path!r}: a path that starts with / and does not end with "
+                                "one, such as /llm")
+
+    def url(self, path: str = "") -> str:
+        """Where a client on this machine reaches `path` (a proxy adds --root-path in front; this server answers
+        without it)."""
+        if self.uds is not None:
+            return f"http://localhost{path} on the Unix socket {self.uds}"
+        return f"http://{self.host}:{self.port}{path}"
+
+    def default_seed(self, params):
+        """`params` (SamplingParams) with the server's --seed where the request gave no seed."""
+        if self.seed is None or params.seed is not None:
+            return params
+        return dataclasses.replace(params, seed=self.seed)
 
     def key_ring(self):
         """The keys of --api-key and --api-keys-file (read now: a bad file is a one-line error at start-up)."""
@@ -55,6 +89,20 @@ class ServeSettings:
     def model_name(self) -> str:
         """The first served name: what responses report, and what an omitted `model` means."""
         return self.served_model_names[0]
+
+
+def json_list(text: str | None, flag: str) -> tuple[str, ...] | None:
+    """A flag's JSON list of strings, as vLLM takes --allowed-origins (None when not given); a one-line error."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise QuantkitError(f"{flag}: not JSON ({exc.msg} at char {exc.pos}); expected a list such as "
+                            '\'["https://example.com"]\'') from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise QuantkitError(f"{flag}: expected a JSON list of strings")
+    return tuple(value)
 
 
 def tool_call_formats() -> tuple[str, ...]:

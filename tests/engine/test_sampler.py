@@ -111,7 +111,7 @@ def test_sampler_batches_greedy_rows_and_keeps_per_request_generators():
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"n": 0}, "n must be at least 1"),
-    ({"logprobs": 21}, "logprobs must be in"),
+    ({"logprobs": -1}, "logprobs must be at least 0"),
     ({"presence_penalty": 2.5}, "presence_penalty must be in"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens must be in"),
     ({"stop": [""]}, "stop strings"),

@@ -180,6 +180,21 @@ def test_the_report_says_what_the_quantized_checkpoint_is(tiny_llama, tiny_rtn, 
     assert "group size 64" in result.stdout
 
 
+def test_ppl_limit_scores_the_first_windows(tiny_llama, tiny_rtn, text_file, tmp_path):
+    """`--tasks ppl --limit N` (as lm-eval's --limit): both models over the first N windows, said in the report."""
+    out = tmp_path / "report.json"
+    result = invoke(tiny_rtn, *ppl_args(tiny_llama, text_file, "--seqlen", 64, "--limit", 2, "--output", out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    for role in ("base", "quantized"):
+        assert "the first 2 of" in data["runtime"][role]["ppl_protocol"], data["runtime"][role]
+    assert data["settings"]["limit"] == 2
+    assert "perplexity: at most the first 2 windows (--limit)" in result.stderr
+    whole = invoke(tiny_rtn, *ppl_args(tiny_llama, text_file, "--seqlen", 64, "--output", tmp_path / "all.json"))
+    assert whole.exit_code == 0, whole.output
+    assert json.loads((tmp_path / "all.json").read_text())["base"]["ppl"] != data["base"]["ppl"]
+
+
 def test_ppl_seqlen_is_clipped_to_the_context_and_the_report_says_so(tiny_llama, tiny_rtn, tmp_path):
     long_text = tmp_path / "long.txt"
     long_text.write_text(TEXT * 4)  # a few 512-token windows of the tiny model

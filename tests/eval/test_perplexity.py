@@ -41,6 +41,25 @@ def test_perplexity_equals_reference_loop(tiny, seqlen, batch):
     assert f"{p.windows} non-overlapping windows of {seqlen}" in p.describe()
 
 
+@pytest.mark.parametrize("limit", [1, 3])
+def test_limit_scores_the_first_windows_only(tiny, limit):
+    """--limit N (lm-eval's): the perplexity of the first N windows, and the protocol says how many there were."""
+    model, tok = tiny
+    ids, note = tokenize_once(tok, TEXT)
+    seqlen = 64
+    total = len(ids) // seqlen
+    assert total > 3
+    result = perplexity(model, ids, seqlen, "text", note, batch_size=2, limit=limit)
+    assert result.ppl == pytest.approx(reference_ppl(model, ids[:limit * seqlen], seqlen), rel=1e-5)
+    assert result.ppl != pytest.approx(perplexity(model, ids, seqlen, "text", note).ppl, rel=1e-6)
+    p = result.protocol
+    assert (p.windows, p.available, p.predictions) == (limit, total, limit * (seqlen - 1))
+    assert f"the first {limit} of {total} non-overlapping windows of {seqlen} (--limit)" in p.describe()
+    assert f"tail of {len(ids) - total * seqlen} dropped" in p.describe()
+    whole = perplexity(model, ids, seqlen, "text", note, limit=total + 5)  # a limit past the text: every window
+    assert whole.protocol.windows == total and whole.protocol.available is None
+
+
 def test_stories_real_text_reference(stories_dir, wikitext_test):
     model, _ = load_model(stories_dir)
     tok = load_tokenizer(stories_dir)

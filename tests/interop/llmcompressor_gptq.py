@@ -64,7 +64,10 @@ def calibration_windows(tok, path: str, nsamples: int, seqlen: int, seed: int) -
     return torch.stack([ids[s : s + seqlen] for s in starts.tolist()])
 
 
-def recipe(method: str, group_size: int, damp: float, targets: str = "attention", duo: bool = False):
+DUO = {"false": False, "true": True, "both": "both"}  # --duo -> AWQModifier's duo_scaling
+
+
+def recipe(method: str, group_size: int, damp: float, targets: str = "attention", duo: bool | str = False):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
     sym = method == "gptq"
@@ -122,7 +125,7 @@ def run(args) -> dict:
     if args.method == "awq":
         patch_cpu_pin_memory()
     start, cpu_start = time.perf_counter(), time.process_time()
-    oneshot(model=model, dataset=ds, recipe=recipe(args.method, args.group_size, args.damp, args.targets, args.duo),
+    oneshot(model=model, dataset=ds, recipe=recipe(args.method, args.group_size, args.damp, args.targets, DUO[args.duo]),
             num_calibration_samples=args.nsamples, max_seq_length=windows.shape[1],
             shuffle_calibration_samples=False, pipeline="sequential")
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
@@ -142,7 +145,8 @@ def main() -> None:
     ap.add_argument("--model", default=str(SHARED_DATA / "stories260K-hf"))
     ap.add_argument("--method", choices=("rtn", "gptq", "awq"), default="gptq")
     ap.add_argument("--targets", choices=tuple(TARGETS), default="attention")
-    ap.add_argument("--duo", action="store_true", help="AWQ: duo scaling (AWQModifier's default)")
+    ap.add_argument("--duo", nargs="?", const="true", default="false", choices=("false", "true", "both"),
+                    help="AWQ: duo scaling (AWQModifier's default: true), or both formulas searched")
     ap.add_argument("--ppl-tokens", type=int, default=None, help="score only the first N tokens of --ppl-text")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--group-size", type=int, default=64)

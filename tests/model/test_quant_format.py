@@ -77,9 +77,10 @@ FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj
                                   "ct-w8a16-channel"])
 def test_engine_reads_the_layout(name, layouts):
     from quantkit.engine.weights import load_decoder
+    from quantkit.model.source import open_model
 
     path, expected = layouts[name]
-    decoder, info = load_decoder(path, torch.float32, torch.device("cpu"))
+    decoder, info = load_decoder(open_model(path), torch.float32, torch.device("cpu"))
     linears = _quant_linears(decoder)
     parts = {n: [f"{n.rpartition('.')[0]}.{p}" for p in FUSED.get(n.rpartition(".")[2], ())] or [n] for n in linears}
     assert sorted(p for names in parts.values() for p in names) == sorted(expected)

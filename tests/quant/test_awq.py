@@ -194,13 +194,16 @@ def test_v_to_o_scaled_with_full_heads(tmp_path):
     assert awq < rtn
 
 
-def test_duo_scaling_runs_and_beats_rtn(tiny_llama, tmp_path):
+@pytest.mark.parametrize("duo", ["true", "both"])
+def test_duo_scaling_runs_and_beats_rtn(tiny_llama, tmp_path, duo):
     model = load_float(tiny_llama)
     xs, kwargs = layer_inputs(model, nsamples=2, seqlen=64, outlier_channels=4)
-    config = awq_config(tmp_path, 32, awq_duo_scaling=True)
+    config = awq_config(tmp_path, 32, awq_duo_scaling=duo)
     rtn, awq, result, _ = block_errors(model, xs, kwargs, config.scheme, config)
     assert awq < rtn
-    assert all("loss_unscaled" in g for g in result.stats["groups"].values())
+    groups = result.stats["groups"].values()
+    assert all("loss_unscaled" in g and isinstance(g["duo"], bool) for g in groups)
+    assert all(g["loss_scaled"] <= g["loss_unscaled"] for g in groups)
 
 
 def _run_layers(model, xs, kwargs, config, layers=(0, 1), **spec_fields):

@@ -7,7 +7,7 @@ import torch
 
 from quantkit.quant.awq_search import (
     act_mean, candidate_scale, duo_ratio_grid, input_gram, linear_output_mse, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
-    search_clip, search_scale, weight_mean,
+    scale_candidates, search_clip, search_scale, weight_mean,
 )
 from quantkit.format.primitives import QuantScheme, rtn_quantize
 
@@ -55,10 +55,11 @@ def test_scaled_fake_weight_is_float_exact_without_quantization_error():
 def test_search_scale_picks_the_lowest_loss():
     x_mean = torch.tensor([1.0, 4.0])
     target = candidate_scale(x_mean, None, 0.35)
-    s, ratio, loss, history = search_scale(x_mean, None, 20, lambda s: float((s - target).abs().sum()))
-    assert ratio == 0.35 and loss == min(history) and torch.equal(s, target)
+    choice = search_scale(scale_candidates(x_mean, None, 20, "false"), lambda s: float((s - target).abs().sum()))
+    assert choice.best.ratio == 0.35 and not choice.best.duo and choice.loss == min(choice.losses)
+    assert torch.equal(choice.best.scale, target)
     with pytest.raises(RuntimeError):
-        search_scale(x_mean, None, 4, lambda s: float("nan"))
+        search_scale(scale_candidates(x_mean, None, 4, "false"), lambda s: float("nan"))
 
 
 def test_duo_scaling_tries_the_identity_first():
@@ -66,11 +67,51 @@ def test_duo_scaling_tries_the_identity_first():
     a group whose loss is lowest unscaled stays unscaled."""
     x_mean, w_mean = torch.tensor([1.0, 4.0, 2.0]), torch.tensor([0.5, 1.0, 0.25])
     assert not torch.allclose(candidate_scale(x_mean, w_mean, 0.0), torch.ones(3))
-    s, ratio, loss, history = search_scale(x_mean, w_mean, 20, lambda s: float((s - 1).abs().sum()))
-    assert len(history) == 20 and history[0] == loss == 0.0 and ratio == 0.0 and torch.equal(s, torch.ones(3))
+    choice = search_scale(scale_candidates(x_mean, w_mean, 20, "true"), lambda s: float((s - 1).abs().sum()))
+    assert len(choice.losses) == 20 and choice.losses[0] == choice.loss == 0.0 and choice.best.ratio == 0.0
+    assert torch.equal(choice.best.scale, torch.ones(3)) and not choice.best.duo
     assert duo_ratio_grid(20) == [i / 18 for i in range(19)]  # 0 to 1 inclusive: 19 points and the identity
-    _, _, _, plain = search_scale(x_mean, None, 20, lambda s: float((s - 1).abs().sum()))
-    assert len(plain) == 20  # without duo scaling, ratio 0 is the identity already
+    plain = scale_candidates(x_mean, None, 20, "false")
+    assert len(plain) == 20 and torch.equal(plain[0].scale, torch.ones(3))  # ratio 0 is the identity already
+    both = scale_candidates(x_mean, w_mean, 20, "both")
+    assert len(both) == 39 and [c.duo for c in both] == [False] * 20 + [True] * 19  # the identity once
+    with pytest.raises(ValueError, match="needs the weight statistic"):
+        scale_candidates(x_mean, None, 20, "both")
+
+
+def _synthetic_group(seed: int, heavy: bool):
+    """A smoothing group of two linears [48 + 32, 128] on inputs with a few outlier channels: its candidates'
+    statistics and loss_of(s), the linears' output MSE with weights Q(W s) / s (asymmetric g32)."""
+    g = torch.Generator().manual_seed(seed)
+    k = 128
+    x = torch.randn(256, k, generator=g) * torch.exp(torch.randn(k, generator=g) * (1.5 if heavy else 0.5))
+    ws = [torch.randn(48, k, generator=g), torch.randn(32, k, generator=g) * torch.rand(k, generator=g)]
+    if heavy:
+        ws = [w * torch.distributions.StudentT(3.0).sample(w.shape) for w in ws]
+    scheme = QuantScheme(4, 32, False)
+    gram, tokens = input_gram([x])
+    w = torch.cat(ws)
+
+    def loss_of(s):
+        return linear_output_mse(scaled_fake_weight(w, s, scheme) - w, gram, tokens)
+    return act_mean([x]), weight_mean(ws, scheme), loss_of
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_both_formulas_never_lose_to_either_alone(heavy):
+    """duo_scaling "both": on every group its loss is at most the lower of "false"'s and "true"'s, and it keeps
+    the formula that won (over these groups, each formula wins somewhere: "both" is not one of them in disguise)."""
+    torch.manual_seed(0)
+    winners = set()
+    for seed in range(8):
+        x_mean, w_mean, loss_of = _synthetic_group(seed, heavy)
+        loss = {mode: search_scale(scale_candidates(x_mean, w_mean, 20, mode), loss_of) for mode in ("false", "true", "both")}
+        assert loss["both"].loss <= min(loss["false"].loss, loss["true"].loss)
+        assert loss["both"].loss == min(loss["false"].loss, loss["true"].loss)
+        winner = min(("false", "true"), key=lambda m: loss[m].loss)
+        assert loss["both"].best.duo == (winner == "true" and loss["true"].best.duo)
+        winners.add(loss["both"].best.duo)
+    assert winners == {False, True}, winners
 
 
 def test_a_linears_output_error_from_its_inputs_gram_matrix_equals_running_the_tokens():

@@ -153,6 +153,30 @@ def test_stories260k_group_size(stories_dir, wikitext_test, tmp_path):
         assert ppl[method] / ppl["rtn_asym"] <= limit, (method, ppl[method], ppl["rtn_asym"], limit)
 
 
+# [stories260k_g64_search] of configs/accuracy_floors.toml: name -> method and flags
+SEARCHED = {"rtn_mse": ("rtn", "--scale-search", "mse"), "rtn_imatrix": ("rtn", "--scale-search", "imatrix"),
+            "gptq_imatrix": ("gptq", "--scale-search", "imatrix"), "awq_both": ("awq", "--awq-duo-scaling", "both")}
+
+
+def test_stories260k_searched_scales_and_duo_both_meet_their_floors(stories_dir, wikitext_test, tmp_path):
+    """The searched group scales and AWQ's duo "both" on stories260K-hf (a fixed checkpoint), as
+    test_stories260k_group_size: each under its floor (the RTN floors sit below min-max RTN's measured 1.117)."""
+    from transformers import AutoTokenizer
+
+    calib_args = ("--calib", wikitext_test, "--nsamples", "16", "--seqlen", "256", "--group-size", "64")
+    tok = AutoTokenizer.from_pretrained(str(stories_dir))
+    ppl = {}
+    for name, (method, *flags) in SEARCHED.items():
+        code, output = run_cli("quantize", stories_dir, "--out", tmp_path / name, "--method", method, *flags,
+                               *calib_args)
+        assert code == 0, output
+        ppl[name] = wikitext_ppl(load_model(tmp_path / name)[0], tok, wikitext_test)
+    base = wikitext_ppl(load_model(stories_dir)[0], tok, wikitext_test)
+    floors = tomllib.loads((REPO / "configs" / "accuracy_floors.toml").read_text())["stories260k_g64_search"]
+    for name, limit in floors["max_ppl_ratio"].items():
+        assert ppl[name] / base <= limit, (name, ppl[name] / base, limit)
+
+
 def test_check_flag_runs_the_kernel_check(tiny_llama, tmp_path):
     output = quantize(tiny_llama, tmp_path / "q", "--check", calib=synthetic_calib(tmp_path / "c.txt"))
     assert "check: 14 packed layers" in output and "passed" in output
@@ -162,3 +186,41 @@ def test_awq_closing_table_shows_block_loss_and_scales(tiny_llama, tmp_path):
     output = quantize(tiny_llama, tmp_path / "q", "--method", "awq", calib=synthetic_calib(tmp_path / "c.txt"))
     assert "block loss RTN -> AWQ" in output and "AWQ scales" in output
     assert "quantkit quantize: awq -> awq" in output
+
+
+def test_awq_duo_scaling_both_is_recorded_with_each_groups_formula(tiny_llama, tmp_path):
+    """--awq-duo-scaling both: the mode in quantkit_meta.json's config, and per smoothing group which formula won."""
+    out = tmp_path / "q"
+    output = quantize(tiny_llama, out, "--method", "awq", "--awq-duo-scaling", "both",
+                      calib=synthetic_calib(tmp_path / "c.txt"))
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    assert meta["config"]["awq_duo_scaling"] == "both"
+    groups = [g for layer in meta["layers"] for g in layer["stats"]["groups"].values()]
+    assert groups and all(isinstance(g["duo"], bool) and g["loss_scaled"] <= g["loss_unscaled"] for g in groups)
+    duo = sum(g["duo"] for g in groups)
+    assert f"duo formula in {duo} of {len(groups)}" in " ".join(output.replace("│", " ").split())
+
+
+def _layer_losses(out):
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    return meta, {(layer["index"], name): v for layer in meta["layers"] for name, v in layer["losses"].items()}
+
+
+def test_rtn_scale_search_mse_is_data_free_and_below_minmax_on_every_linear(tiny_llama, tmp_path):
+    calib = synthetic_calib(tmp_path / "c.txt")
+    quantize(tiny_llama, tmp_path / "minmax", "--method", "rtn", calib=calib)
+    quantize(tiny_llama, tmp_path / "mse", "--method", "rtn", "--scale-search", "mse", calib=calib)
+    _, minmax = _layer_losses(tmp_path / "minmax")
+    meta, mse = _layer_losses(tmp_path / "mse")
+    assert meta["config"]["scale_search"] == "mse" and meta["calibration_token_sha256"] is None  # no calibration read
+    assert minmax.keys() == mse.keys() and all(mse[k] < minmax[k] for k in mse), (mse, minmax)
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_scale_search_imatrix_reads_the_calibration(tiny_llama, tmp_path, method):
+    out = tmp_path / "q"
+    output = quantize(tiny_llama, out, "--method", method, "--scale-search", "imatrix",
+                      calib=synthetic_calib(tmp_path / "c.txt"))
+    meta = json.loads((out / "quantkit_meta.json").read_text())
+    assert meta["config"]["scale_search"] == "imatrix" and meta["calibration_token_sha256"] is not None
+    assert "uses no calibration data" not in output

@@ -63,7 +63,10 @@ def test_truncated_and_corrupt_safetensors(model_copy, tmp_path):
 
 @pytest.mark.parametrize("args,pattern", [(("--bits", "3"), "--bits"), (("--group-size", "48"), "--group-size"),
                                           (("--method", "smoothquant"), "unknown method"),
-                                          (("--method", "awq", "--desc-act"), "act-order")])
+                                          (("--method", "awq", "--desc-act"), "act-order"),
+                                          (("--method", "awq", "--awq-duo-scaling", "maybe"), "--awq-duo-scaling"),
+                                          (("--scale-search", "hqq"), "unknown --scale-search"),
+                                          (("--method", "awq", "--scale-search", "mse"), "applies to --method rtn and gptq")])
 def test_unsupported_options(tiny_llama, tmp_path, args, pattern):
     out = tmp_path / "q"
     assert_clean_failure(*quantize(tiny_llama, out, *args), out, pattern)

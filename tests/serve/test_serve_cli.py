@@ -17,6 +17,13 @@ from tests_support.cli import run_cli
     (("--log-level", "loud"), "--log-level"),
     (("--tool-call-parser", "nope"), "hermes, llama3_json, mistral"),
     (("--enable-auto-tool-choice",), "--tool-call-parser"),
+    (("--pooling", "cls"), "--pooling"),
+    (("--allowed-origins", "https://a.example"), "--allowed-origins: not JSON"),
+    (("--allowed-methods", '{"a": 1}'), "--allowed-methods: expected a JSON list"),
+    (("--root-path", "llm/"), "--root-path"),
+    (("--max-logprobs", "-2"), "max_logprobs"),
+    (("--speculative-config", '{"method": "eagle"}'), "speculative decoding"),
+    (("--speculative-config", "ngram"), "--speculative-config: not JSON"),
 ])
 def test_bad_flags_are_one_line_errors(args, words):
     code, output = run_cli("serve", "some-model", *args)
@@ -30,7 +37,9 @@ def test_help_lists_vllms_flag_names(monkeypatch):
     assert code == 0
     for flag in ("--served-model-name", "--api-key", "--max-model-len", "--max-num-batched-tokens",
                  "--gpu-memory-utilization", "--enable-prefix-caching", "--max-queued-requests", "--chat-template",
-                 "--enable-auto-tool-choice", "--tool-call-parser"):
+                 "--enable-auto-tool-choice", "--tool-call-parser",
+                 "--seed", "--tokenizer", "--max-logprobs", "--allowed-origins", "--allowed-methods", "--allowed-headers",
+                 "--allow-credentials", "--root-path", "--uds", "--speculative-config", "--pooling"):
         assert flag in output
 
 

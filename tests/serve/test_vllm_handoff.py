@@ -1,6 +1,7 @@
 """`serve --engine vllm`: our flags as `vllm serve` argv (names checked against vLLM 0.32's parser), and
 the one-line error without vLLM."""
 
+import json
 import os
 from pathlib import Path
 
@@ -95,8 +96,11 @@ def test_argv_parses_in_vllm(tmp_path):
     python = VLLM_CPU / "bin" / "python"
     if not python.exists():
         pytest.skip(f"no vLLM venv at {VLLM_CPU}")
-    engine = EngineConfig("m", max_model_len=256, kv_cache_memory=1024**3, enable_prefix_caching=False)
-    argv = ["serve", *vllm_serve_args(ServeSettings(engine, api_keys=("k",)), 1, 1, Path("t.jinja")).argv]
+    engine = EngineConfig("m", max_model_len=256, kv_cache_memory=1024**3, enable_prefix_caching=False,
+                          max_logprobs=30, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    settings = ServeSettings(engine, api_keys=("k",), seed=5, allowed_origins=("https://a.example",),
+                             allow_credentials=True, root_path="/llm")  # issue 37's flags parse too
+    argv = ["serve", *vllm_serve_args(settings, 1, 1, Path("t.jinja")).argv]
     code = ("import sys, json\nfrom vllm.entrypoints.cli.serve import ServeSubcommand\n"
             "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
             "p = FlexibleArgumentParser(); sp = p.add_subparsers()\n"
@@ -170,3 +174,49 @@ def test_quantkit_cpu_kernel_flags_are_noted_not_passed():
     assert not any("int8" in a for a in h.argv)
     assert [n.split()[0] for n in h.notes if "quantkit's own CPU kernel" in n] == ["--cpu-int8-activations",
                                                                                   "--cpu-int8-lm-head"]
+
+
+def test_issue_37_flags_map_by_vllms_names():
+    engine = EngineConfig("m", tokenizer="org/tok", max_logprobs=50,
+                          speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    s = ServeSettings(engine, seed=7, allowed_origins=("https://a.example",), allowed_headers=("authorization",),
+                      allow_credentials=True, root_path="/llm", uds=Path("/tmp/q.sock"), pooling="mean")
+    h = vllm_serve_args(s, passthrough=["--enforce-eager", "--max-num-partial-prefills", "2"])
+    expected = {"--seed": ["7"], "--tokenizer": ["org/tok"], "--max-logprobs": ["50"],
+                "--allowed-origins": ['["https://a.example"]'], "--allowed-headers": ['["authorization"]'],
+                "--allow-credentials": [], "--root-path": ["/llm"], "--uds": ["/tmp/q.sock"]}
+    for name, values in expected.items():
+        assert option(h.argv, name) == values, name
+    assert json.loads(option(h.argv, "--speculative-config")[0]) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 5}
+    assert "--allowed-methods" not in h.argv  # vLLM's default, ["*"], is left to vLLM
+    assert h.argv[-3:] == ["--enforce-eager", "--max-num-partial-prefills", "2"]  # what followed `--`, last
+    assert any(n.startswith("--pooling is quantkit's own") for n in h.notes)
+    plain = vllm_serve_args(ServeSettings(EngineConfig("m"))).argv
+    assert not {"--seed", "--tokenizer", "--max-logprobs", "--allowed-origins", "--root-path", "--uds"} & set(plain)
+
+
+def test_what_follows_the_double_dash_reaches_vllm_as_given(tmp_path):
+    """A real `quantkit serve --engine vllm ... -- ...` process: the exact argv the `vllm` it runs receives (a stand-in
+    `vllm` that writes its arguments down: no vLLM is installed here)."""
+    import subprocess
+    import sys
+
+    fake, seen = tmp_path / "vllm", tmp_path / "argv.txt"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {seen}\n")
+    fake.chmod(0o755)
+    out = subprocess.run([sys.executable, "-m", "quantkit.cli", "serve", "org/model", "--engine", "vllm",
+                          "--vllm-executable", str(fake), "--port", "9001", "--seed", "3", "--max-logprobs", "8",
+                          "--", "--enforce-eager", "--max-num-partial-prefills", "2"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    argv = seen.read_text().splitlines()
+    settings = ServeSettings(EngineConfig("org/model", max_logprobs=8), port=9001, seed=3)
+    assert argv == ["serve", *vllm_serve_args(settings, passthrough=["--enforce-eager", "--max-num-partial-prefills",
+                                                                      "2"]).argv]
+    assert argv[-3:] == ["--enforce-eager", "--max-num-partial-prefills", "2"]
+
+
+def test_arguments_after_double_dash_need_engine_vllm():
+    code, output = run_cli("serve", "some/model", "--", "--enforce-eager")
+    assert code == 2 and "goes to vLLM, with --engine vllm only" in output and "Traceback" not in output

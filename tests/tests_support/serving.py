@@ -18,7 +18,7 @@ import uvicorn
 
 from quantkit.engine.config import EngineConfig
 from quantkit.serve.app import build_app
-from quantkit.serve.runner import make_front
+from quantkit.serve.runner import listen_options, make_front
 from quantkit.serve.settings import ServeSettings
 from quantkit.serve.state import ServerState
 
@@ -31,11 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_health(url: str, want: int = 200, timeout: float = 120.0) -> None:
+def wait_health(url: str, want: int = 200, timeout: float = 120.0, uds=None) -> None:
+    """Until GET {url}/health answers `want`; `uds`: the Unix socket of a server listening on one (--uds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=5).status_code == want:
+        transport = httpx.HTTPTransport(uds=str(uds)) if uds is not None else None
+        with contextlib.suppress(httpx.HTTPError), httpx.Client(transport=transport, timeout=5) as http:
+            if http.get(f"{url}/health").status_code == want:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"{url}/health did not answer {want} within {timeout} s")
@@ -84,7 +86,7 @@ class Running:
 
 
 def settings_for(model, **kw) -> ServeSettings:
-    engine_keys = {f for f in EngineConfig.__slots__}
+    engine_keys = set(EngineConfig.__slots__) - set(ServeSettings.__slots__)  # seed: the server's (it sets the engine's)
     engine_kw = {k: kw.pop(k) for k in list(kw) if k in engine_keys}
     engine_kw.setdefault("num_threads", 1)
     engine_kw.setdefault("max_num_seqs", 16)
@@ -96,17 +98,17 @@ def settings_for(model, **kw) -> ServeSettings:
 def serve_in_thread(settings: ServeSettings, make_llm=None, ready: bool = True) -> Iterator[Running]:
     state = ServerState(None, settings, make_llm=make_llm or (lambda: make_front(settings)))
     app = build_app(state, settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(app, **listen_options(settings), log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{settings.port}"
+    url = "http://localhost" if settings.uds is not None else f"http://127.0.0.1:{settings.port}"
     try:
         deadline = time.monotonic() + 30
         while not server.started and thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
         if ready:
-            wait_health(url)
+            wait_health(url, uds=settings.uds)
         yield Running(url, state, server)
     finally:
         server.should_exit = True
