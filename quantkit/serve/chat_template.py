@@ -30,7 +30,8 @@ def _arguments(text: str):
 
 
 def render_chat(tokenizer, messages: list[ChatMessage], template: str | None, add_generation_prompt: bool,
-                continue_final_message: bool = False, kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
+                continue_final_message: bool = False, kwargs: dict | None = None,
+                tools: list[dict] | None = None) -> str:
     if continue_final_message and add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true")
     conversation = [template_message(m) for m in messages]

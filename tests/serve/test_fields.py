@@ -137,7 +137,8 @@ def test_prompt_logprobs_score_every_prompt_token(client, tools_client):
     out = client.completions.create(model="stories", prompt="Once upon a time", max_tokens=2,
                                     extra_body={"prompt_logprobs": 2})
     lps = out.choices[0].model_extra["prompt_logprobs"]  # vLLM's place on /v1/completions: the choice
-    ids = httpx.post(f"{str(client.base_url).removesuffix('/v1/')}/tokenize", json={"prompt": "Once upon a time"}).json()
+    root = str(client.base_url).removesuffix("/v1/")
+    ids = httpx.post(f"{root}/tokenize", json={"prompt": "Once upon a time"}).json()
     assert len(lps) == ids["count"] and lps[0] is None
     for token, entry in zip(ids["tokens"][1:], lps[1:]):
         assert str(token) in entry and len(entry) <= 3 and all(v["logprob"] <= 0 for v in entry.values())
