@@ -88,10 +88,25 @@ def placeholder_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, [0.0] * 3 + [-float(i) for i in range(size - 3)], [int(t) for t in types]
 
 
+GGUF_ROPE_TYPES = ("default", "llama3")  # llama3: the frequencies' divisors as the tensor rope_freqs.weight
+
+
+def rope_freq_factors(shape: DecoderShape) -> torch.Tensor | None:
+    """llama.cpp's `rope_freqs.weight` for a Llama 3.1-style RoPE: each frequency's divisor (the default RoPE's
+    inverse frequency over the scaled one), which llama.cpp applies in its RoPE; None for the default RoPE."""
+    from quantkit.engine.rope import inv_frequencies
+
+    if shape.rope["rope_type"] == "default":
+        return None
+    scaled = inv_frequencies(shape.rope, shape.head_dim, shape.max_position_embeddings)
+    plain = inv_frequencies({**shape.rope, "rope_type": "default"}, shape.head_dim, shape.max_position_embeddings)
+    return (plain / scaled).to(torch.float32)
+
+
 def _write_metadata(writer, shape: DecoderShape, config, file_type: int, name: str) -> None:
-    if shape.rope["rope_type"] != "default":
+    if shape.rope["rope_type"] not in GGUF_ROPE_TYPES:
         raise QuantkitError(f"RoPE type {shape.rope['rope_type']!r} is not written to GGUF here "
-                            "(only the default Llama RoPE)")
+                            f"(only {', '.join(GGUF_ROPE_TYPES)})")
     writer.add_name(name)
     writer.add_file_type(file_type)
     writer.add_vocab_size(shape.vocab_size)
@@ -155,7 +170,10 @@ def write_gguf(model_dir: Path, out: Path, file_type: str = "f32") -> Path:
     writer = gguf.GGUFWriter(tmp, ARCHS[arch][0])
     try:
         _write_metadata(writer, shape, config, ftype, Path(model_dir).name)
-        for name, t in gguf_tensors(state, arch, shape, dtype).items():
+        tensors = gguf_tensors(state, arch, shape, dtype)
+        if (factors := rope_freq_factors(shape)) is not None:
+            tensors["rope_freqs.weight"] = factors
+        for name, t in tensors.items():
             writer.add_tensor(name, t.contiguous().numpy())
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

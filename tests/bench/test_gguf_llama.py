@@ -156,3 +156,42 @@ def test_a_failed_write_leaves_no_partial_file(tiny_llama, tmp_path, monkeypatch
     with pytest.raises(OSError, match="disk full"):
         mod.write_gguf(tiny_llama, tmp_path / "m.gguf")
     assert list(Path(tmp_path).iterdir()) == []
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def test_llama3_rope_factors_make_llamacpps_frequencies_transformers_own():
+    """llama.cpp divides each default RoPE frequency by rope_freqs.weight: the result must be transformers' llama3
+    frequencies (computed here by transformers, not by quantkit's engine)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from quantkit.bench.gguf_llama import rope_freq_factors
+    from quantkit.engine.decoder_shape import DecoderShape
+
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+                         intermediate_size=64, vocab_size=300, max_position_embeddings=512,
+                         rope_parameters=dict(LLAMA3_ROPE), architectures=["LlamaForCausalLM"])
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    d = 256 // 4
+    plain = 500000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    factors = rope_freq_factors(DecoderShape.from_config(config))
+    assert factors.shape == (d // 2,) and factors.dtype == torch.float32
+    assert factors.min() >= 1.0 and factors.max() == pytest.approx(8.0)  # short wavelengths kept, long ones / 8
+    torch.testing.assert_close(plain / factors.double(), want.double(), rtol=1e-6, atol=0)
+
+
+def test_a_llama3_rope_model_is_written_with_its_frequency_factors(tmp_path):
+    from tests_support.tiny_models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m", family="llama")
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.pop("rope_scaling", None)
+    cfg["rope_parameters"] = dict(LLAMA3_ROPE)
+    (model / "config.json").write_text(json.dumps(cfg))
+    out = write_gguf(model, tmp_path / "m.gguf")
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert tuple(tensors["rope_freqs.weight"].data.shape) == (head_dim // 2,)
