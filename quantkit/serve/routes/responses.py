@@ -142,4 +142,5 @@ STORED_RESPONSE_ROUTES = {"/v1/responses/{response_id}": ["GET", "DELETE"],  # w
                           "/v1/responses/{response_id}/cancel": ["POST"],
                           "/v1/responses/{response_id}/input_items": ["GET"]}
 for _path, _methods in STORED_RESPONSE_ROUTES.items():
-    router.add_api_route(_path, _stateless, methods=_methods)
+    for _method in _methods:  # one route a method: each its own OpenAPI operation id
+        router.add_api_route(_path, _stateless, methods=[_method], name=f"stored_response_{_method.lower()}")
