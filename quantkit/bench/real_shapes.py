@@ -9,8 +9,8 @@ bandwidth, the bound of a memory-bound decode.
 into ~/.cache/quantkit/real-shapes/NAME (or --out), streamed shard by shard so that the 8B model is never whole in
 memory, with weights drawn as transformers initialises a Llama (normal, std `initializer_range` 0.02; norms at 1),
 which leaves the logits far from flat (std about 0.02 sqrt(hidden): 0.9 at 1B, 1.3 at 8B). The tokenizer is a
-byte-level BPE trained on the synthetic corpus, padded with reserved special tokens to the model's vocabulary, as
-Llama 3's own ends with 256 of them (benchmarks feed token ids). --gptq / --awq also write its 4-bit checkpoints
+byte-level BPE trained on the synthetic corpus, padded with reserved tokens to the model's vocabulary (benchmarks feed
+token ids). --gptq / --awq also write its 4-bit checkpoints
 (`quantkit quantize --method rtn`, group 128: RTN packs at the speed such work needs). Everything is written to a
 temporary folder and renamed, and reused when present.
 
@@ -143,13 +143,23 @@ def _save(shards: list[dict], out: Path, save_file) -> None:
 
 
 def padded_tokenizer(vocab: int):
-    """The synthetic corpus's byte-level BPE (vocab 4096), padded to `vocab` with reserved special tokens."""
+    """The synthetic corpus's byte-level BPE (vocab 4096), padded to `vocab` with reserved tokens held in the BPE's
+    own vocabulary (no merge makes them, so encoding never does). As transformers' added special tokens, 124k of them
+    took 73 s to load at every start (transformers' added-token handling), where a real Llama 3 tokenizer adds 256."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     from quantkit.calibration.synthetic import build_tokenizer
 
     tok = build_tokenizer(vocab_size=4096)
-    reserved = [f"<|reserved_special_token_{i}|>" for i in range(vocab - len(tok))]
-    tok.add_special_tokens({"additional_special_tokens": reserved})
-    return tok
+    data = json.loads(tok.backend_tokenizer.to_str())
+    first = len(tok)
+    data["model"]["vocab"].update({f"<|reserved_token_{i}|>": first + i for i in range(vocab - first)})
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), bos_token=tok.bos_token,
+                                   eos_token=tok.eos_token, pad_token=tok.pad_token, unk_token=None,
+                                   model_max_length=tok.model_max_length)
 
 
 def default_root() -> Path:
