@@ -11,7 +11,9 @@ use), which copies text it has seen in its context as trained language models do
             model's greedy answer soon loops, and the loop is drafted and accepted).
 Prints decode tokens/s without and with speculation (--k drafts, prompt_lookup_max 4 and prompt_lookup_min 4 as vLLM
 defaults the minimum to the maximum; --lookup-min 1 drafts after any repeated token), the ratio, and the draft
-acceptance over the timed rounds.
+acceptance over the timed rounds. With --llamacpp-venv, llama.cpp's own n-gram speculation (llama-cpp-python's
+LlamaPromptLookupDecoding: the longest of 1..4-gram matches, --k drafts) on the same model (an F32 GGUF), prompts and
+threads, against llama.cpp without it, at batch 1.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=80)
     ap.add_argument("--lookup-min", type=int, default=None)
+    ap.add_argument("--llamacpp-venv", type=Path, default=None, help="a venv with llama-cpp-python and gguf")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = args.model or ensure_model(spec=default_spec())
@@ -81,6 +84,28 @@ def main(argv=None) -> None:
         p, s = statistics.median(rates["plain"]), statistics.median(rates["spec"])
         print(f"{name}: plain {p:.1f} tok/s, spec {s:.1f} tok/s, ratio {s / p:.2f}; drafts accepted "
               f"{accepted}/{drafts}; greedy tokens identical: {same}")
+    if args.llamacpp_venv is not None:
+        llamacpp(args, model, loads)
+
+
+def llamacpp(args, model: Path, loads: dict[str, list[list[int]]]) -> None:
+    """llama.cpp's own n-gram speculation on the same model and prompts (batch 1: llama-cpp-python decodes one
+    sequence at a time, so each prompt runs alone)."""
+    import tempfile
+
+    from quantkit.bench.gguf_llama import write_gguf
+    from quantkit.bench.vs_llamacpp import llamacpp_speculation
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gguf = write_gguf(model, Path(tmp) / "model-f32.gguf", "f32")
+        workloads = {name: {"prompts": prompts, "temperature": 0.0 if name == "repeat" else 1.0}
+                     for name, prompts in loads.items()}
+        report = llamacpp_speculation(args.llamacpp_venv / "bin" / "python", gguf, workloads, args.threads, args.k,
+                                      4, args.max_tokens, args.rounds)
+    for name, r in report.items():
+        p, s = statistics.median(r["plain"]), statistics.median(r["spec"])
+        print(f"llama.cpp {name}: plain {p:.1f} tok/s, spec {s:.1f} tok/s, ratio {s / p:.2f}; "
+              f"greedy tokens identical: {r['same']}")
 
 
 if __name__ == "__main__":

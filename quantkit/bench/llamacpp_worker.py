@@ -11,6 +11,12 @@ Standalone (imports only llama_cpp, numpy and the standard library). Two modes:
       prefill_s: the prompt's evaluation and the first token; decode_s: the remaining max_tokens - 1
       tokens, one evaluation each. first_logits are the logits after the prompt (only when the job
       asks "logits": true). A line "quit" ends it.
+  python llamacpp_worker.py speculate '{"model": "path.gguf", "threads": n, "n_ctx": n, "k": K, "ngram": N,
+                                        "max_tokens": n, "rounds": r, "workloads": {"name": {"prompts": [[ids]],
+                                        "temperature": t}}}'
+      llama-cpp-python's own n-gram speculation (LlamaPromptLookupDecoding, N-gram lookup, K drafts) against the
+      same model without it, in alternating rounds; prints one JSON line {name: {"plain": [tok/s a round],
+      "spec": [...], "same": greedy tokens identical}}. Generation ignores EOS (Llama.generate does not stop).
 """
 
 import ctypes
@@ -74,9 +80,49 @@ def serve(args: dict) -> None:
               flush=True)
 
 
+def decode(llm, prompt: list, max_tokens: int, temperature: float) -> list:
+    """max_tokens tokens after `prompt` (greedy at temperature 0, else plain sampling at it, seeded)."""
+    llm.set_seed(0)
+    out = []
+    sampling = dict(top_k=1) if temperature == 0 else dict(top_k=0, top_p=1.0, min_p=0.0, temp=temperature)
+    for token in llm.generate(prompt, reset=True, repeat_penalty=1.0, **sampling):
+        out.append(int(token))
+        if len(out) == max_tokens:
+            break
+    return out
+
+
+def speculate(args: dict) -> None:
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    common = dict(model_path=args["model"], n_ctx=args["n_ctx"], n_batch=args["n_ctx"], n_threads=args["threads"],
+                  n_threads_batch=args["threads"], seed=0, verbose=False)
+    plain = Llama(**common)
+    spec = Llama(**common, draft_model=LlamaPromptLookupDecoding(max_ngram_size=args["ngram"],
+                                                                  num_pred_tokens=args["k"]))
+    report = {}
+    for name, load in args["workloads"].items():
+        prompts, temperature, n = load["prompts"], load["temperature"], args["max_tokens"]
+        same = all(decode(plain, p, n, 0.0) == decode(spec, p, n, 0.0) for p in prompts)
+        rates = {"plain": [], "spec": []}
+        for llm in (plain, spec):  # warm-up
+            decode(llm, prompts[0], n, temperature)
+        for r in range(args["rounds"]):
+            order = (("plain", plain), ("spec", spec)) if r % 2 == 0 else (("spec", spec), ("plain", plain))
+            for label, llm in order:
+                start = time.perf_counter()
+                tokens = sum(len(decode(llm, p, n, temperature)) for p in prompts)
+                rates[label].append(tokens / (time.perf_counter() - start))
+        report[name] = {**rates, "same": same}
+    print(json.dumps(report), flush=True)
+
+
 def main() -> None:
     if sys.argv[1] == "quantize":
         quantize(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    elif sys.argv[1] == "speculate":
+        speculate(json.loads(sys.argv[2]))
     else:
         serve(json.loads(sys.argv[2]))
 

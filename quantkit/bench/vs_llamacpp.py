@@ -80,6 +80,20 @@ def _peer_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
 
 
+def llamacpp_speculation(python: Path, gguf: Path, workloads: dict, threads: int, k: int, ngram: int,
+                         max_tokens: int, rounds: int) -> dict:
+    """llama-cpp-python's own n-gram speculation against none on `gguf` (llamacpp_worker.py speculate):
+    {workload: {"plain": [tok/s a round], "spec": [...], "same": bool}}; `workloads`: {name: {"prompts": [[ids]],
+    "temperature": t}}."""
+    job = {"model": str(gguf), "threads": threads, "n_ctx": 512, "k": k, "ngram": ngram, "max_tokens": max_tokens,
+           "rounds": rounds, "workloads": workloads}
+    proc = subprocess.run([str(python), str(WORKER), "speculate", json.dumps(job)], capture_output=True, text=True,
+                          cwd=gguf.parent, env=_peer_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp speculation failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def llamacpp_quantize(python: Path, src: Path, dst: Path, kind: str, threads: int) -> float:
     """llama.cpp's quantizer in the peer venv; returns its seconds."""
     proc = subprocess.run([str(python), str(WORKER), "quantize", str(src), str(dst), kind, str(threads)],

@@ -59,3 +59,22 @@ def test_llamacpp_runs_the_converted_model_like_quantkit(tiny_llama, tmp_path):
         rate = float(re.search(rf"{re.escape(system)}.*? decode +(\S+) tok/s", out).group(1))
         assert rate > 0, out
     assert "decode ratio quantkit 4-bit" in out
+
+
+@pytest.mark.interop
+@pytest.mark.slow
+def test_llamacpps_own_ngram_speculation_keeps_greedy_tokens(tiny_llama, tmp_path):
+    if not (VENV / "bin" / "python").exists():
+        pytest.skip(f"no llama-cpp-python venv at {VENV}")
+    from quantkit.bench.gguf_llama import write_gguf
+    from quantkit.bench.vs_llamacpp import llamacpp_speculation
+
+    gguf = write_gguf(tiny_llama, tmp_path / "m.gguf", "f32")
+    prompt = [5, 9, 14, 23, 5, 9, 14, 23, 5, 9]  # a repeating prompt: the lookup finds drafts
+    report = llamacpp_speculation(VENV / "bin" / "python", gguf, {"repeat": {"prompts": [prompt], "temperature": 0.0},
+                                                                  "sampled": {"prompts": [prompt], "temperature": 1.0}},
+                                  threads=2, k=4, ngram=4, max_tokens=16, rounds=1)
+    assert set(report) == {"repeat", "sampled"}
+    for r in report.values():
+        assert r["same"] is True  # speculation never changes greedy tokens
+        assert len(r["plain"]) == len(r["spec"]) == 1 and min(r["plain"] + r["spec"]) > 0
