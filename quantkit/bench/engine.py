@@ -224,7 +224,7 @@ def main() -> None:
     ap.add_argument("--against-vllm", metavar="VENV", help="compare with vLLM's CPU build in VENV (workloads a-c)")
     ap.add_argument("--rounds", type=int, default=3, help="--against-vllm: alternating rounds; the median counts")
     ap.add_argument("--dtype", default="auto", help="--against-vllm: both systems' dtype (auto: ours for this CPU)")
-    ap.add_argument("--workloads", default="a,b,c", help="--against-vllm: which of a, b, c")
+    ap.add_argument("--workloads", default="a,b,c", help="--against-vllm: which of a, b, c, d8, d32")
     ap.add_argument("--gptq", action="store_true", help="--against-vllm: also the model's 4-bit GPTQ checkpoint")
     ap.add_argument("--gptq-only", action="store_true", help="--against-vllm: only the 4-bit GPTQ checkpoint")
     ap.add_argument("--vllm-log", default="out/vllm-bench.log", help="--against-vllm: where vLLM's stderr goes")

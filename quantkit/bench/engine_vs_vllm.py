@@ -7,11 +7,16 @@ Workloads (token-id prompts, greedy, EOS ignored):
   (a) 64 prompts x 128 tokens in, 128 out
   (b) 32 prompts sharing a 512-token prefix + 32 own tokens, 32 out
   (c) one request, 128 in, 128 out
+  (d8), (d32) decode throughput at 8 and 32 concurrent sequences: that many prompts x 128 tokens in, 128 out, fresh
+       random prompts each run (no prefix cache helps); decode tok/s = the tokens after each sequence's first /
+       (wall time of the run - wall time of a max_tokens=1 run on as many other fresh prompts)
 Model: MODEL, or the embedded benchmark model: a random Llama (hidden 1024, intermediate 2816, 8 layers, 16 heads,
 8 KV heads, vocab 32000); with --gptq, also its 4-bit RTN checkpoint in the GPTQ v1 layout (symmetric, group 128),
 which vLLM reads. vLLM runs in a subprocess of VENV's python (quantkit/bench/vllm_process.py) with
-VLLM_CPU_OMP_THREADS_BIND covering the same number of cores. Per round and workload: ours, then vLLM.
-TTFT is the wall time of the same prompts with max_tokens=1 (one definition for both systems).
+VLLM_CPU_OMP_THREADS_BIND covering the same number of cores; idle, its worker spins (the report says how many cores),
+so it is stopped (SIGSTOP) between its jobs. Per round and workload both systems run, in alternating order.
+TTFT is the wall time of the same prompts with max_tokens=1 (one definition for both systems). Resident memory of
+each engine's process after load and at the end (quantkit's: this process, which also holds the benchmark).
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from pathlib import Path
 
 import torch
 
+from quantkit.bench.rounds import round_order
 from quantkit.progress import Bar
 
 SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048)
 MAX_MODEL_LEN = 1024
-WORKLOADS = ("a", "b", "c")
+WORKLOADS = ("a", "b", "c", "d8", "d32")
 DTYPES = ("auto", "bfloat16", "float32")
 
 
@@ -39,6 +45,8 @@ class Workload:
     name: str
     prompts: list[list[int]]
     max_tokens: int
+    vocab: int = 32000
+    fresh: bool = False  # decode throughput: fresh prompts each run, and the decode rate reported
 
     @property
     def tokens_needed(self) -> int:
@@ -55,7 +63,14 @@ def workloads(vocab: int = 32000) -> list[Workload]:
     prefix = ids(512)
     return [Workload("a", [ids(128) for _ in range(64)], 128),
             Workload("b", [prefix + ids(32) for _ in range(32)], 32),
-            Workload("c", [ids(128)], 128)]
+            Workload("c", [ids(128)], 128),
+            *(Workload(f"d{n}", [ids(128) for _ in range(n)], 128, vocab, fresh=True) for n in (8, 32))]
+
+
+def fresh_prompts(w: Workload, seed: int) -> list[list[int]]:
+    """Prompts of `w`'s lengths, random ids from `seed`: ones no earlier run has cached."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, w.vocab, (len(p),), generator=g).tolist() for p in w.prompts]
 
 
 @dataclass(frozen=True)
@@ -157,12 +172,16 @@ class WorkloadResult:
     tok_s: dict[str, list[float]] = field(default_factory=dict)
     ttft_s: dict[str, list[float]] = field(default_factory=dict)
     tokens: dict[str, list[int]] = field(default_factory=dict)
+    decode_tok_s: dict[str, list[float]] = field(default_factory=dict)  # fresh-prompt workloads only
 
     def median_tok_s(self, system: str) -> float:
         return statistics.median(self.tok_s[system])
 
     def median_ttft_s(self, system: str) -> float:
         return statistics.median(self.ttft_s[system])
+
+    def median_decode_tok_s(self, system: str) -> float | None:
+        return statistics.median(self.decode_tok_s[system]) if system in self.decode_tok_s else None
 
     def ratios(self) -> tuple[float, float] | None:
         """(tok/s, TTFT) of quantkit over vLLM, ratios of the medians; None without vLLM."""
@@ -187,12 +206,16 @@ class Comparison:
     results: list[WorkloadResult]
     vllm_kernels: list[str] = field(default_factory=list)
     vllm_error: str | None = None
+    rss: dict[str, tuple[int, int]] = field(default_factory=dict)  # bytes after load and at the end
+    kv_cache: dict[str, str] = field(default_factory=dict)
+    vllm_idle_cores: float | None = None
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
         for r, d in zip(self.results, out["results"]):
             d["median_tok_s"] = {s: r.median_tok_s(s) for s in r.tok_s}
             d["median_ttft_s"] = {s: r.median_ttft_s(s) for s in r.ttft_s}
+            d["median_decode_tok_s"] = {s: r.median_decode_tok_s(s) for s in r.decode_tok_s}
             ratios = r.ratios()
             d["tok_s_ratio"], d["ttft_ratio"] = ratios if ratios else (None, None)
         return out
@@ -212,8 +235,23 @@ class Comparison:
             if (ratios := r.ratios()) is not None:
                 line += f" | tok/s ratio {ratios[0]:.2f}x, TTFT ratio {ratios[1]:.2f}x"
             out.append(f"({r.workload}) {line}")
+            if r.decode_tok_s:
+                out.append(f"({r.workload}) decode " + " | ".join(
+                    f"{n} {r.median_decode_tok_s(n):8.1f} tok/s (range {min(v):.1f}-{max(v):.1f})"
+                    for n, v in r.decode_tok_s.items()) + self._decode_ratio(r))
+        out += [f"{n}: RSS after load {a / 2**20:.0f} MiB, at the end {b / 2**20:.0f} MiB; KV cache "
+                f"{self.kv_cache.get(n, '?')}" for n, (a, b) in self.rss.items()]
+        if self.vllm_idle_cores is not None:
+            out.append(f"vLLM's worker idle after its jobs: {self.vllm_idle_cores:.2f} cores busy over 3 s; so it was "
+                       f"stopped (SIGSTOP) between its jobs")
         out += [f"vLLM: {line}" for line in self.vllm_kernels]
         return out
+
+    @staticmethod
+    def _decode_ratio(r: WorkloadResult) -> str:
+        if "vLLM" not in r.decode_tok_s:
+            return ""
+        return f" | decode ratio {r.median_decode_tok_s('quantkit') / r.median_decode_tok_s('vLLM'):.2f}x"
 
 
 class Ours:
@@ -232,11 +270,17 @@ class Ours:
         return time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
-def measure(system, w: Workload, result: WorkloadResult, name: str) -> None:
-    seconds, tokens = system.run(w.prompts, w.max_tokens)
+def measure(system, w: Workload, result: WorkloadResult, name: str, r: int = 0) -> None:
+    """One run of `w` on `system`: output tok/s, then TTFT (max_tokens 1); for a fresh-prompt workload, each on its
+    own fresh prompts (round `r`'s), and the decode rate from the two."""
+    full, first = (fresh_prompts(w, 2 * r + 1), fresh_prompts(w, 2 * r + 2)) if w.fresh else (w.prompts, w.prompts)
+    seconds, tokens = system.run(full, w.max_tokens)
     result.tokens.setdefault(name, []).append(tokens)
     result.tok_s.setdefault(name, []).append(tokens / seconds)
-    result.ttft_s.setdefault(name, []).append(system.run(w.prompts, 1)[0])
+    ttft = system.run(first, 1)[0]
+    result.ttft_s.setdefault(name, []).append(ttft)
+    if w.fresh:
+        result.decode_tok_s.setdefault(name, []).append((tokens - len(full)) / (seconds - ttft))
 
 
 @dataclass
@@ -260,7 +304,7 @@ class Contest:
             self.vllm_error = str(e)
             self.systems.pop("vLLM").close()
             for r in self.results.values():
-                for per_system in (r.tok_s, r.ttft_s, r.tokens):
+                for per_system in (r.tok_s, r.ttft_s, r.tokens, r.decode_tok_s):
                     per_system.pop("vLLM", None)
 
     def rounds(self, wls: list[Workload], names: list[str], rounds: int, label: str, bar: Bar) -> list[float]:
@@ -272,9 +316,9 @@ class Contest:
                 self.attempt(name, lambda s: s.run(w.prompts[:2], 2))
         for i in range(rounds):
             for w in wls:
-                for name in names:
+                for name in round_order(names, i):
                     bar.describe(f"{label}: round {i + 1} of {rounds}, ({w.name}) on {name}")
-                    self.attempt(name, lambda s: measure(s, w, self.results[w.name], name))
+                    self.attempt(name, lambda s: measure(s, w, self.results[w.name], name, i))
                     bar()
             loads.append(os.getloadavg()[0])
         return loads
@@ -283,6 +327,7 @@ class Contest:
 def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = None) -> Comparison:
     """`model` on quantkit's engine and, with `cfg.vllm_venv`, on vLLM, alternating rounds; `bar` advances after each
     measured workload of each system and names the part under way."""
+    from quantkit.bench.peak_rss import rss_bytes
     from quantkit.bench.vllm_process import VLLM
     from quantkit.devices import auto_cpu_dtype
     from quantkit.engine.weights import WeightMemory
@@ -293,24 +338,30 @@ def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = N
     bar.describe(f"{label}: loading in quantkit")
     ours = Ours(model, dtype, cfg.threads, max_len)
     contest = Contest({"quantkit": ours}, {w.name: WorkloadResult(w.name) for w in wls})
-    startup = {"quantkit": ours.startup}
+    startup, rss, idle = {"quantkit": ours.startup}, {"quantkit": rss_bytes()}, None
     if cfg.vllm_venv is not None:
         bar.describe(f"{label}: starting vLLM")
         try:
-            contest.systems["vLLM"] = VLLM(cfg.vllm_venv.resolve(), model, dtype, cfg.threads, cfg.vllm_log, max_len)
-            startup["vLLM"] = contest.systems["vLLM"].startup
+            vllm = VLLM(cfg.vllm_venv.resolve(), model, dtype, cfg.threads, cfg.vllm_log, max_len, pause_idle=True)
+            contest.systems["vLLM"], startup["vLLM"], rss["vLLM"] = vllm, vllm.startup, vllm.rss()
         except RuntimeError as e:
             contest.vllm_error = str(e)
     names = ["quantkit"] + (["vLLM"] if cfg.vllm_venv is not None else [])  # what the progress bar counts
     try:
         loads = contest.rounds(wls, names, cfg.rounds, label, bar)
         kernels = contest.systems["vLLM"].kernels() if "vLLM" in contest.systems else []
+        ends = {"quantkit": rss_bytes()}
+        if "vLLM" in contest.systems:
+            ends["vLLM"], idle = contest.systems["vLLM"].rss(), contest.systems["vLLM"].idle_cores()
     finally:
         if "vLLM" in contest.systems:
             contest.systems["vLLM"].close()
+    kv = {"quantkit": ours.llm.engine.kv_plan.describe().removeprefix("KV cache: "),
+          "vLLM": "2 GiB pool (VLLM_CPU_KVCACHE_SPACE=2)"}
     return Comparison(label, str(model), dtype, cfg.threads, cfg.rounds, (min(loads), max(loads)),
                       startup, WeightMemory.of(ours.llm.engine.model).describe(),
-                      list(contest.results.values()), kernels, contest.vllm_error)
+                      list(contest.results.values()), kernels, contest.vllm_error,
+                      {n: (rss[n], ends[n]) for n in ends}, kv, idle)
 
 
 def comparisons(cfg: EngineBenchConfig, bar: Bar | None = None) -> list[Comparison]:

@@ -3,12 +3,17 @@
 The subprocess runs quantkit/bench/vllm_worker.py (standard library and vLLM only): it loads the model once, then
 answers one JSON line per job. Its stderr, and the lines vLLM logs to stdout, go to a log file, from which the
 kernels vLLM picked and, when it exits, its last error line are read.
+
+Idle, vLLM's CPU worker keeps spinning (about 1.45 of 2 cores between jobs, docs/BENCHMARKS.md), which slows whatever
+runs beside it. With `pause_idle` the worker is stopped (SIGSTOP) between its jobs and continued (SIGCONT) for each,
+so the other system's rounds run on an idle machine; `idle_cores()` measures the spinning first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,8 +23,9 @@ class VLLM:
     """vLLM in a subprocess of its own venv, fed one JSON job per line."""
 
     def __init__(self, venv: Path, model: Path, dtype: str, threads: int, log: Path, max_model_len: int,
-                 speculative_config: dict | None = None):
-        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE="2",
+                 speculative_config: dict | None = None, pause_idle: bool = False, kv_cache_gib: int = 2):
+        self.pause_idle, self.kv_cache_gib = pause_idle, kv_cache_gib
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
                    HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
         model = model.resolve()  # the worker runs in the model's parent folder
         args = json.dumps(dict(model=str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64,
@@ -41,6 +47,7 @@ class VLLM:
             self.log_file.close()
             raise
         self.startup = time.perf_counter() - t
+        self._signal(signal.SIGSTOP)
 
     def _answer(self) -> dict:
         for line in self.proc.stdout:
@@ -62,9 +69,34 @@ class VLLM:
 
     def generate(self, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0) -> dict:
         """The worker's answer: {"seconds", "tokens", "token_ids"} (sampled with seed 0 at temperature > 0)."""
+        self._signal(signal.SIGCONT)
         self.proc.stdin.write(json.dumps(dict(prompts=prompts, max_tokens=max_tokens, temperature=temperature)) + "\n")
         self.proc.stdin.flush()
-        return self._answer()
+        answer = self._answer()
+        self._signal(signal.SIGSTOP)
+        return answer
+
+    def _signal(self, sig: int) -> None:
+        """Stop or continue the worker between jobs (with pause_idle, while it is alive)."""
+        if self.pause_idle and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def idle_cores(self, seconds: float = 3.0) -> float:
+        """Cores the worker keeps busy while it has no job (CPU time over `seconds` of wall time, running)."""
+        from quantkit.bench.peak_rss import cpu_seconds
+
+        os.kill(self.proc.pid, signal.SIGCONT)
+        before = cpu_seconds(self.proc.pid)
+        time.sleep(seconds)
+        used = cpu_seconds(self.proc.pid) - before
+        self._signal(signal.SIGSTOP)
+        return used / seconds
+
+    def rss(self) -> int:
+        """The worker's resident set now, in bytes."""
+        from quantkit.bench.peak_rss import rss_bytes
+
+        return rss_bytes(self.proc.pid)
 
     def kernels(self) -> list[str]:
         """What vLLM's log says of the kernels it picked ("Using CPUWNA16LinearKernel for mixed-precision linear")."""
@@ -74,6 +106,7 @@ class VLLM:
     def close(self) -> None:
         """Ask the worker to quit; kill it where it has died mid-job or does not exit within a minute."""
         try:
+            self._signal(signal.SIGCONT)
             self.proc.stdin.write("quit\n")
             self.proc.stdin.flush()
             self.proc.wait(timeout=60)

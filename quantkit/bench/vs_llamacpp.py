@@ -1,7 +1,8 @@
 """quantkit's engine against llama.cpp (llama-cpp-python) at batch 1: same model, prompt and threads, one sitting.
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
-                                       [--model DIR --gptq DIR] [--int8-activations]
+                                       [--model DIR --gptq DIR] [--gguf-dir DIR] [--int8-activations]
+  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--vllm-venv VENV] ...
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
@@ -16,6 +17,15 @@ with llama.cpp's and quantkit's ratios.
 llama.cpp runs in a subprocess of VENV's python (quantkit/bench/llamacpp_worker.py) started outside
 the repo root, with n_threads = n_threads_batch = --threads. Conversion check: llama.cpp F32's greedy
 tokens against quantkit fp32's, and its logits after the prompt against transformers' fp32 logits.
+--gguf-dir keeps the GGUFs (4.7 GB F32 at the 1B shape) for the next run of the same --model.
+
+--ttft: the time-to-first-token table instead. Batch 1, one fresh random prompt of each length a round (no prefix
+cache can answer it), max_tokens 1, every system once a round in alternating order: quantkit's engine on the 4-bit
+checkpoint (wall time of `generate`; with --bf16 also the float model), llama.cpp on each of --quants (one worker
+each; its own timing of the prompt's evaluation and argmax), vLLM's CPU build on the same 4-bit checkpoint with
+--vllm-venv (its worker's timing of `generate`; stopped between its jobs, since idle it spins). Resident memory of
+each process after load and at the end; quantkit and llama.cpp hold the same KV cache (context = longest prompt + 64,
+16-bit), vLLM its least pool, 1 GiB.
 """
 
 from __future__ import annotations
@@ -27,11 +37,13 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+MiB = 1024**2
 PROMPT_LEN, NEW_TOKENS, N_CTX = 128, 128, 512
 WORKER = Path(__file__).resolve().with_name("llamacpp_worker.py")
 
@@ -60,12 +72,13 @@ class Tally:
 class Quantkit:
     """quantkit's engine, one sequence at a time."""
 
-    def __init__(self, model: Path, dtype: str, threads: int, int8_activations: bool = False):
+    def __init__(self, model: Path, dtype: str, threads: int, int8_activations: bool = False, n_ctx: int = N_CTX,
+                 kv_cache_memory: int | None = None):
         from quantkit.engine import LLM
         from quantkit.engine.weights import WeightMemory
 
-        self.llm = LLM(str(model), dtype=dtype, max_model_len=N_CTX, max_num_seqs=1, num_threads=threads,
-                       cpu_int8_activations=int8_activations)
+        self.llm = LLM(str(model), dtype=dtype, max_model_len=n_ctx, max_num_seqs=1, num_threads=threads,
+                       cpu_int8_activations=int8_activations, kv_cache_memory=kv_cache_memory)
         self.kernel = WeightMemory.of(self.llm.engine.model).describe()
 
     def run(self, prompt: list[int], max_tokens: int) -> Run:
@@ -74,6 +87,14 @@ class Quantkit:
         out = self.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))[0]
         m = out.metrics
         return Run(m.time_to_first_token, m.decode_time, list(out.outputs[0].token_ids))
+
+    def first_token_s(self, prompt: list[int]) -> float:
+        """Wall time of the prompt and its first token (max_tokens 1)."""
+        from quantkit.engine import SamplingParams
+
+        t = time.perf_counter()
+        self.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        return time.perf_counter() - t
 
 
 def _peer_env() -> dict:
@@ -106,8 +127,8 @@ def llamacpp_quantize(python: Path, src: Path, dst: Path, kind: str, threads: in
 class LlamaCpp:
     """llama-cpp-python in a subprocess of its venv, all models loaded once, fed one JSON job per line."""
 
-    def __init__(self, python: Path, models: dict[str, Path], threads: int, log: Path):
-        args = json.dumps(dict(models={k: str(v) for k, v in models.items()}, threads=threads, n_ctx=N_CTX))
+    def __init__(self, python: Path, models: dict[str, Path], threads: int, log: Path, n_ctx: int = N_CTX):
+        args = json.dumps(dict(models={k: str(v) for k, v in models.items()}, threads=threads, n_ctx=n_ctx))
         self.proc = subprocess.Popen([str(python), str(WORKER), "serve", args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
                                      cwd=next(iter(models.values())).parent, env=_peer_env())
@@ -173,10 +194,18 @@ def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     else:
         gptq = {"4-bit GPTQ": make_gptq(dense, tmp), "4-bit GPTQ + 4-bit lm_head": make_gptq(dense, tmp, lm_head=True)}
     python = Path(args.llamacpp_venv) / "bin" / "python"
-    ggufs = {"F32": write_gguf(dense, tmp / "model-f32.gguf", "f32")}
+    where = Path(args.gguf_dir) if args.gguf_dir else tmp
+    where.mkdir(parents=True, exist_ok=True)
+    ggufs = {"F32": where / "model-f32.gguf"}
+    if not ggufs["F32"].is_file():
+        write_gguf(dense, ggufs["F32"], "f32")
     for kind in filter(None, args.quants.split(",")):
-        ggufs[kind] = tmp / f"model-{kind.lower()}.gguf"
-        seconds = llamacpp_quantize(python, ggufs["F32"], ggufs[kind], kind, args.threads)
+        ggufs[kind] = where / f"model-{kind.lower()}.gguf"
+        if ggufs[kind].is_file():  # --gguf-dir: made by an earlier run from the same --model
+            continue
+        part = ggufs[kind].with_suffix(".part")
+        seconds = llamacpp_quantize(python, ggufs["F32"], part, kind, args.threads)
+        part.rename(ggufs[kind])
         print(f"llama.cpp quantized F32 -> {kind} in {seconds:.2f} s "
               f"({ggufs[kind].stat().st_size / 1024**2:.1f} MiB; F32 {ggufs['F32'].stat().st_size / 1024**2:.1f} MiB)")
     return dense, gptq, ggufs
@@ -234,6 +263,114 @@ def report(args, tallies: dict[str, Tally], loads: list[float], ours: dict, peer
           f"{decode['quantkit fp32 (float model)'] / decode['llama.cpp F32']:.2f}x")
 
 
+@dataclass
+class Held:
+    """One system of the time-to-first-token table: its timer (prompt -> seconds), its process, the KV cache it
+    holds, and its resident set after load and at the end (bytes)."""
+
+    first_token_s: Callable[[list[int]], float]
+    pid: int | str
+    kv: str
+    rss_after_load: int = 0
+    rss_at_end: int = 0
+
+
+def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    """K and V of every layer for one token, in 16-bit: what llama.cpp's default f16 KV cache holds a token."""
+    c = json.loads((model / "config.json").read_text())
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
+
+
+def ttft_systems(args, tmp: Path, n_ctx: int) -> tuple[dict[str, Held], list]:
+    """quantkit (4-bit, and bf16 with --bf16, in this process), llama.cpp (one worker per --quants type) and, with
+    --vllm-venv, vLLM on the 4-bit checkpoint; each loaded and its RSS read. Also what must be closed."""
+    from quantkit.bench.peak_rss import rss_bytes
+    from quantkit.bench.vllm_process import VLLM
+    from quantkit.devices import auto_cpu_dtype
+
+    dense, gptq, ggufs = prepare(args, tmp)
+    checkpoint = gptq["4-bit GPTQ"]
+    kv = kv_bytes_per_token(dense) * n_ctx
+    same = f"{n_ctx} tokens, {kv / MiB:.0f} MiB"
+    auto, held, closing = auto_cpu_dtype()[0], {}, []
+    for label, model, dtype in [("4-bit GPTQ", checkpoint, auto)] + ([("bf16", dense, "bfloat16")] if args.bf16 else []):
+        q = Quantkit(model, dtype, args.threads, n_ctx=n_ctx, kv_cache_memory=kv)
+        note = "" if label == "4-bit GPTQ" else "; the process also holds the 4-bit model"
+        held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{same}, {dtype}{note}", rss_bytes())
+    python = Path(args.llamacpp_venv) / "bin" / "python"
+    for kind in (k for k in ggufs if k != "F32"):
+        peer = LlamaCpp(python, {kind: ggufs[kind]}, args.threads, Path(args.log).resolve(), n_ctx)
+        closing.append(peer)
+        held[f"llama.cpp {kind}"] = Held(lambda p, peer=peer, kind=kind: peer.run(kind, p, 1).prefill_s,
+                                         peer.proc.pid, f"{same}, f16", rss_bytes(peer.proc.pid))
+    if args.vllm_venv:
+        vllm = VLLM(Path(args.vllm_venv), checkpoint, auto, args.threads, Path(args.vllm_log), n_ctx,
+                    pause_idle=True, kv_cache_gib=1)
+        closing.append(vllm)
+        held["vLLM 4-bit GPTQ"] = Held(lambda p: vllm.run([p], 1)[0], vllm.proc.pid,
+                                       f"1 GiB pool (VLLM_CPU_KVCACHE_SPACE=1, its least), {auto}", vllm.rss())
+    return held, closing
+
+
+def ttft_table(args, tmp: Path) -> None:
+    """Time to first token at each --ttft prompt length, batch 1, every system once a round in alternating order,
+    a fresh random prompt each round (so that no prefix cache answers it); seconds, ratios and resident memory."""
+    from quantkit.bench.peak_rss import rss_bytes
+    from quantkit.bench.rounds import round_order
+
+    lengths = sorted(int(n) for n in args.ttft.split(","))
+    n_ctx = max(lengths) + 64
+    held, closing = ttft_systems(args, tmp, n_ctx)
+    vocab = json.loads(((Path(args.model) if args.model else tmp / "bf16") / "config.json").read_text())["vocab_size"]
+    names = list(held)
+    for name in names:  # warm-up, not counted
+        held[name].first_token_s(random_prompt(64, vocab, 1))
+    seconds = {(n, L): [] for n in names for L in lengths}
+    loads = [os.getloadavg()[0]]
+    for r in range(args.rounds):
+        for L in lengths:
+            prompt = random_prompt(L, vocab, 1000 * (r + 1) + L)
+            for name in round_order(names, r):
+                seconds[name, L].append(held[name].first_token_s(prompt))
+        loads.append(os.getloadavg()[0])
+        print(f"round {r + 1}: " + ", ".join(f"{n} @{L} {seconds[n, L][-1]:.2f} s" for n in names for L in lengths)
+              + f"; load {loads[-1]:.1f}", flush=True)
+    for h in held.values():
+        h.rss_at_end = rss_bytes(h.pid)
+    for c in closing:
+        if hasattr(c, "idle_cores"):
+            print(f"vLLM's worker idle after its jobs: {c.idle_cores():.2f} cores busy over 3 s (so it was stopped "
+                  f"with SIGSTOP between its jobs)")
+    for c in closing:
+        c.close()
+    ttft_report(args, held, seconds, lengths, loads)
+
+
+def ttft_report(args, held: dict[str, Held], seconds: dict, lengths: list[int], loads: list[float]) -> None:
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    print(f"\n== time to first token, batch 1, {args.threads} threads each, median of {args.rounds} alternating "
+          f"rounds (fresh prompt each round); load average {min(loads):.1f}-{max(loads):.1f}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    print("| system | " + " | ".join(f"TTFT @{L} s (range)" for L in lengths)
+          + " | RSS after load | RSS at end | KV cache held |")
+    print("|---|" + "---|" * (len(lengths) + 3))
+    for name, h in held.items():
+        cells = [f"{med[name, L]:.2f} ({min(seconds[name, L]):.2f}-{max(seconds[name, L]):.2f})" for L in lengths]
+        print(f"| {name} | " + " | ".join(cells)
+              + f" | {h.rss_after_load / MiB:.0f} MiB | {h.rss_at_end / MiB:.0f} MiB | {h.kv} |")
+    print()
+    for ours in (n for n in held if n.startswith("quantkit")):
+        for peer in (n for n in held if not n.startswith("quantkit")):
+            print(f"TTFT ratio {ours} / {peer}: "
+                  + ", ".join(f"{med[ours, L] / med[peer, L]:.2f}x @{L}" for L in lengths))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llamacpp-venv", required=True, metavar="VENV", help="a venv with llama-cpp-python and gguf")
@@ -243,6 +380,11 @@ def main() -> None:
     ap.add_argument("--model", help="a float HF Llama to use instead of the random one")
     ap.add_argument("--gptq", help="its 4-bit GPTQ checkpoint (needed with --model)")
     ap.add_argument("--log", default="out/llamacpp-bench.log", help="where llama.cpp's stderr goes")
+    ap.add_argument("--gguf-dir", help="where the GGUFs are written, and reused from by later runs of the same --model")
+    ap.add_argument("--ttft", metavar="N,N", help="instead: time to first token at these prompt lengths (with RSS)")
+    ap.add_argument("--bf16", action="store_true", help="--ttft: also quantkit's engine on the float model in bf16")
+    ap.add_argument("--vllm-venv", help="--ttft: also vLLM's CPU build (in this venv) on the 4-bit checkpoint")
+    ap.add_argument("--vllm-log", default="out/vllm-ttft.log", help="where vLLM's log goes")
     ap.add_argument("--int8-activations", action="store_true",
                     help="also each 4-bit checkpoint with --cpu-int8-activations (bf16 CPUs)")
     args = ap.parse_args()
@@ -255,7 +397,7 @@ def main() -> None:
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        compare(args, Path(tmp))
+        (ttft_table if args.ttft else compare)(args, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """`quantkit bench ...`: benchmarks as commands. `quantkit bench serve` measures an OpenAI-compatible server;
-`quantkit bench engine` runs the engine on three fixed workloads, beside vLLM's CPU build when given its venv."""
+`quantkit bench engine` runs the engine on fixed workloads, beside vLLM's CPU build when given its venv."""
 
 from __future__ import annotations
 
@@ -82,14 +82,16 @@ def bench_engine(
     rounds: int = typer.Option(3, "--rounds", help="Alternating rounds; the median counts."),
     workloads: str = typer.Option("a,b,c", "--workloads",
                                   help="a: 64 prompts x 128 in, 128 out; b: 32 prompts on a shared 512-token prefix "
-                                       "+ 32 own, 32 out; c: one request, 128 in, 128 out."),
+                                       "+ 32 own, 32 out; c: one request, 128 in, 128 out; d8, d32: decode "
+                                       "throughput at 8 and 32 concurrent sequences (128 in, 128 out, fresh "
+                                       "prompts)."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (quantkit's pick for this CPU), bfloat16 or float32."),
     gptq: bool = typer.Option(False, "--gptq", help="Embedded model: also its 4-bit GPTQ checkpoint (RTN, group 128)."),
     gptq_only: bool = typer.Option(False, "--gptq-only", help="Embedded model: only its 4-bit GPTQ checkpoint."),
     vllm_log: Path = typer.Option(Path("out/vllm-bench.log"), "--vllm-log", help="Where vLLM's stderr goes."),
     output: Path | None = typer.Option(None, "--output", help="Write the report here as JSON."),
 ) -> None:
-    """Output tokens/s and TTFT of the engine on three workloads (token-id prompts, greedy, EOS ignored), beside
+    """Output tokens/s and TTFT of the engine on fixed workloads (token-id prompts, greedy, EOS ignored), beside
     vLLM's CPU build with --against-vllm: same model, prompts and threads, alternating rounds."""
     from quantkit.bench.engine_vs_vllm import EngineBenchConfig, comparisons, measurements
     from quantkit.model.checkpoint import resolve_model_path
