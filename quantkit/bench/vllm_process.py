@@ -19,6 +19,13 @@ import time
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """In the worker before exec: SIGKILL when the benchmark dies, which a stopped worker would not notice (EOF)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class VLLM:
     """vLLM in a subprocess of its own venv, fed one JSON job per line."""
 
@@ -36,7 +43,8 @@ class VLLM:
         self.log_file = log.open("w")  # vLLM's stderr, and its stdout's lines other than the worker's answers
         self.proc = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_worker.py")),
                                       args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
-                                     env=env, text=True, cwd=model.parent)  # not the repo root: its
+                                     env=env, text=True, cwd=model.parent,
+                                     preexec_fn=_die_with_parent if pause_idle else None)  # not the repo root: its
         # kernels/ folder would shadow a `kernels` package vLLM imports
         try:
             if "ready" not in self._answer():
