@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.engine_vs_vllm import EngineBenchConfig, measurements, workloads_for
+from quantkit.bench.engine_vs_vllm import (EngineBenchConfig, Workload, WorkloadResult, measure, measurements,
+                                           workloads_for)
 from quantkit.errors import QuantkitError
 from tests_support.cli import run_cli
 
@@ -28,6 +29,44 @@ def test_workloads_take_the_models_vocabulary_and_must_fit_its_context(tiny_llam
     assert [len(w.prompts) for w in chosen] == [64, 1] and [w.max_tokens for w in chosen] == [128, 128]
     ids = [t for w in chosen for p in w.prompts for t in p]
     assert min(ids) >= 3 and max(ids) < 512
+
+
+def test_the_decode_workloads_hold_8_and_32_sequences_of_the_models_vocabulary(tiny_llama):
+    chosen, _ = workloads_for(tiny_llama, ("d8", "d32"))
+    assert [(w.name, len(w.prompts), w.max_tokens, w.fresh) for w in chosen] == [("d8", 8, 128, True),
+                                                                                ("d32", 32, 128, True)]
+    assert all(len(p) == 128 and 3 <= min(p) and max(p) < 512 for w in chosen for p in w.prompts)
+
+
+class FakeEngine:
+    """Answers a run of n prompts with `max_tokens` tokens each, in 1 s per token step plus 0.5 s of prompt, and
+    keeps the prompts it saw."""
+
+    def __init__(self):
+        self.seen = []
+
+    def run(self, prompts, max_tokens):
+        self.seen.append(prompts)
+        return 0.5 + (max_tokens - 1) * 1.0, len(prompts) * max_tokens
+
+
+def test_a_fresh_workload_runs_new_prompts_each_time_and_rates_decode_without_the_prompt():
+    w = Workload("d2", [[5] * 6, [7] * 6], 5, vocab=100, fresh=True)
+    engine, result = FakeEngine(), WorkloadResult("d2")
+    measure(engine, w, result, "quantkit", r=0)
+    measure(engine, w, result, "quantkit", r=1)
+    assert len({str(p) for p in engine.seen}) == 4 and w.prompts not in engine.seen  # every run its own prompts
+    assert all([len(p) for p in prompts] == [6, 6] for prompts in engine.seen)
+    assert result.tok_s["quantkit"] == [10 / 4.5] * 2 and result.ttft_s["quantkit"] == [0.5] * 2
+    assert result.decode_tok_s["quantkit"] == [2 * 4 / 4.0] * 2  # the 8 tokens after the first, over 4.5 - 0.5 s
+    assert result.median_decode_tok_s("quantkit") == 2.0 and result.median_decode_tok_s("vLLM") is None
+
+
+def test_a_fixed_workload_reruns_its_prompts_and_rates_no_decode():
+    w = Workload("c", [[5] * 6], 5)
+    engine, result = FakeEngine(), WorkloadResult("c")
+    measure(engine, w, result, "quantkit")
+    assert engine.seen == [w.prompts, w.prompts] and result.decode_tok_s == {}
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.vs_llamacpp import PROMPT_LEN, Run, Tally, common_prefix
+from quantkit.bench.vs_llamacpp import PROMPT_LEN, Run, Tally, common_prefix, kv_bytes_per_token, random_prompt
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("QUANTKIT_LLAMACPP_VENV", REPO.parent / ".venvs" / "llamacpp"))
@@ -32,6 +32,20 @@ def test_tally_rates_prefill_from_the_prompt_and_decode_from_the_tokens_after_th
     t.add(Run(prefill_s=0.25, decode_s=1.0, tokens=list(range(9))))
     t.add(Run(prefill_s=1.0, decode_s=4.0, tokens=list(range(9))))
     assert t.medians() == (4.0, PROMPT_LEN / 0.5)
+
+
+def test_the_kv_cache_of_a_token_is_k_and_v_of_every_layer_in_16_bit(tmp_path):
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 16, "num_key_value_heads": 8, "hidden_size": 2048, '
+                                          '"num_attention_heads": 32}')
+    assert kv_bytes_per_token(tmp_path) == 2 * 16 * 8 * 64 * 2  # Llama-3.2-1B: 32 KiB
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2, "num_key_value_heads": 2, "hidden_size": 64, '
+                                          '"num_attention_heads": 4, "head_dim": 32}')
+    assert kv_bytes_per_token(tmp_path) == 2 * 2 * 2 * 32 * 2
+
+
+def test_ttft_prompts_are_fresh_per_seed_and_in_the_vocabulary():
+    a, b = random_prompt(512, 1000, 1), random_prompt(512, 1000, 2)
+    assert len(a) == 512 and a != b and a == random_prompt(512, 1000, 1) and 3 <= min(a + b) and max(a + b) < 1000
 
 
 @pytest.mark.interop
