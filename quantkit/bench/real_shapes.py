@@ -223,9 +223,11 @@ BANDWIDTH_LOOPS = {"stream": "the streaming-read kernel (kernels/csrc/stream_rea
 def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5, loop: str = "stream") -> float:
     """Bytes read per second (best of `repeats`) over `gib` GiB with `threads` threads, by `loop` (BANDWIDTH_LOOPS;
     "stream" raises RuntimeError where its kernel is not built)."""
+    if loop == "sum":
+        return sum_bandwidth(threads, gib, repeats)
     from quantkit.kernels.stream_read import stream_read_bandwidth
 
-    return (stream_read_bandwidth if loop == "stream" else sum_bandwidth)(threads, gib, repeats)
+    return stream_read_bandwidth(threads, gib, repeats)
 
 
 def main(argv=None) -> None:
