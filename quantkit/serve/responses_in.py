@@ -112,7 +112,7 @@ class StreamOptions(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    """The honoured fields (responses_fields.FIELDS); the others were checked before this model is built."""
+    """The honoured fields (fields.FIELDS[RESPONSES]); the others were checked before this model is built."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from quantkit.serve.responses_fields import FIELDS
+from quantkit.serve.fields import FIELDS, RESPONSES
 from tests_support.serving import serve_in_thread, settings_for
 
 # A chat template that shows tools, tool calls and tool results, so the round trip reaches the prompt.
@@ -160,7 +160,7 @@ def test_a_named_function_streams_its_call(client):
     assert final.output[0].arguments == done[0].arguments and final.output[0].status == "completed"
 
 
-# A value that asks for something, for each field the server refuses (FIELDS' honoured=False).
+# A value that asks for something, for each field the server refuses (FIELDS[RESPONSES]' honoured=False).
 REFUSED = {"top_logprobs": 3, "include": ["message.output_text.logprobs"], "previous_response_id": "resp_1",
            "conversation": "conv_1", "background": True, "background_options": {"x": 1},
            "prompt": {"id": "pmpt_1"}, "reasoning": {"effort": "high"}, "context_management": [{"type": "compaction"}],
@@ -174,8 +174,8 @@ def test_every_client_field_is_classified():
     """A field a new openai release adds fails here until FIELDS says whether it is honoured or refused."""
     from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
-    assert set(ResponseCreateParamsBase.__annotations__) | {"stream"} == set(FIELDS)
-    assert set(REFUSED) == {name for name, rule in FIELDS.items() if not rule.honoured}
+    assert set(ResponseCreateParamsBase.__annotations__) | {"stream"} == set(FIELDS[RESPONSES])
+    assert set(REFUSED) == {name for name, rule in FIELDS[RESPONSES].items() if not rule.honoured}
 
 
 @pytest.mark.parametrize("field,value", [*REFUSED.items(), *LIMITED.items(), ("temprature", 0.5)])

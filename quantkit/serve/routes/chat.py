@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from quantkit.serve.chat_template import render_chat
 from quantkit.serve.errors import APIError
-from quantkit.serve.fields import CHAT, refuse_unsupported
+from quantkit.serve.fields import CHAT, check_body
 from quantkit.serve.generation import Job
 from quantkit.serve.protocol import ChatCompletionRequest
 from quantkit.serve.responses import Format
@@ -23,7 +23,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = server(request)
     engine = state.require_ready()
     model = state.check_model(body.model)
-    refuse_unsupported(body, CHAT)
+    check_body(body, CHAT)
     tools = plan_tools(body, state.settings.enable_auto_tool_choice, state.settings.tool_call_parser)
     spec = structured_spec(body)
     if tools is not None and tools.spec is not None:

@@ -10,7 +10,7 @@ import dataclasses
 
 from fastapi import APIRouter, Request
 
-from quantkit.serve.fields import COMPLETIONS, refuse_unsupported
+from quantkit.serve.fields import COMPLETIONS, check_body
 from quantkit.serve.generation import Job
 from quantkit.serve.protocol import CompletionRequest
 from quantkit.serve.responses import Format
@@ -26,7 +26,7 @@ async def completions(body: CompletionRequest, request: Request):
     state = server(request)
     engine = state.require_ready()
     model = state.check_model(body.model)
-    refuse_unsupported(body, COMPLETIONS)
+    check_body(body, COMPLETIONS)
     spec = structured_spec(body)
     tokenizer = state.tokenizer
     prompts = prompt_token_ids(tokenizer, body.prompt)

@@ -1,6 +1,6 @@
 """POST /v1/responses (OpenAI's Responses API), stateless: the request holds the whole conversation.
 
-The fields are checked against responses_fields.FIELDS first (a 400 names anything not honoured), the input becomes
+The fields are checked against fields.FIELDS first (a 400 names anything not honoured), the input becomes
 chat messages through the chat template (responses_in), the engine runs one sample, and responses_out turns its
 output into the response object or its stream of events. Nothing is stored, so the routes that read stored responses
 answer 400 and say why.
@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from quantkit.engine.request import RequestOutput
 from quantkit.serve.chat_template import render_conversation
 from quantkit.serve.errors import APIError
+from quantkit.serve.fields import RESPONSES, STATELESS, check_fields
 from quantkit.serve.generation import ClientGone, Job, to_api_error, until_disconnect
 from quantkit.serve.responses import Format
-from quantkit.serve.responses_fields import STATELESS, check_fields
 from quantkit.serve.responses_in import (ResponsesRequest, validated, conversation, input_items, sampling_params,
                                          structured_output, tool_plan)
 from quantkit.serve.responses_out import ResponseEvents, output_decoder, sse_event, usage
@@ -37,7 +37,7 @@ CONTEXT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens"}  # che
 
 @router.post("/v1/responses")
 async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
-    check_fields(raw)
+    check_fields(RESPONSES, raw)
     body = validated(ResponsesRequest, raw, "")
     state = server(request)
     engine = state.require_ready()
