@@ -21,9 +21,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from quantkit.serve.responses_in import ResponsesRequest, ToolPlan
-from quantkit.serve.tool_calls import (FORMATS, StreamEvent, ToolCall, ToolCallStream, calls_from_required,
-                                       new_call_id)
+from quantkit.serve.responses_in import ResponsesRequest
+from quantkit.serve.tool_calls import StreamEvent, ToolCall, ToolCallStream, calls_from_required, new_call_id
+from quantkit.serve.tool_choice import ToolPlan
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 OBFUSCATION_BLOCK = 16  # delta events are padded to a multiple of this many characters (stream_options)
@@ -73,11 +73,11 @@ class _HeldCalls(OutputDecoder):
         return [StreamEvent(index=i, call=c) for i, c in enumerate(calls)]
 
 
-def output_decoder(plan: ToolPlan, parser: str) -> OutputDecoder | ToolCallStream:
+def output_decoder(plan: ToolPlan) -> OutputDecoder | ToolCallStream:
     if plan.mode == "auto":
-        return ToolCallStream(FORMATS[parser])
+        return ToolCallStream(plan.parser)
     if plan.mode in ("required", "named"):
-        return _HeldCalls(plan.named)
+        return _HeldCalls(plan.name)
     return OutputDecoder()
 
 

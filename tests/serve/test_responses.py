@@ -224,18 +224,39 @@ def test_stored_responses_are_refused_as_the_server_is_stateless(client):
 
 def _decoded(text: str, splits: int, plan_mode: str = "auto", max_calls: int | None = None) -> tuple[list, dict]:
     """The events and final response of an output fed to tool_choice's decoder in `splits` pieces."""
-    from quantkit.serve.responses_in import ResponsesRequest, ToolPlan
+    from quantkit.serve.responses_in import ResponsesRequest, tool_request
     from quantkit.serve.responses_out import ResponseEvents, output_decoder, usage
+    from quantkit.serve.tool_choice import plan_tools
 
-    events = ResponseEvents(ResponsesRequest(input="x"), "m", max_calls)
-    decoder = output_decoder(ToolPlan(plan_mode, [{"type": "function", "function": WEATHER}], max_calls=max_calls),
-                             "hermes")
+    body = ResponsesRequest(input="x", tools=[WEATHER], tool_choice=plan_mode, max_tool_calls=max_calls)
+    plan = plan_tools(tool_request(body), auto_enabled=True, parser="hermes")  # the route's own way to its plan
+    assert plan.max_calls == max_calls
+    events = ResponseEvents(body, "m", plan.max_calls)
+    decoder = output_decoder(plan)
     out = events.start()
     step = -(-len(text) // splits)
     for i in range(0, len(text), step):
         out += events.pieces(decoder.feed(text[i:i + step]))
     out += events.pieces(decoder.finish()) + events.finish(usage(3, 4), None)
     return out, out[-1]["response"]
+
+
+@pytest.mark.parametrize("choice", ["none", "auto", "required", {"type": "function", "name": "get_weather"}])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_responses_request_gets_the_plan_of_the_same_chat_request(choice, parallel):
+    """One planner, tool_choice.plan_tools, for both endpoints: the same tools and choice, the same plan."""
+    from quantkit.serve.protocol import ChatCompletionRequest
+    from quantkit.serve.responses_in import ResponsesRequest, tool_request
+    from quantkit.serve.tool_choice import chat_tool_request, plan_tools
+
+    function = {k: v for k, v in WEATHER.items() if k != "type"}
+    chat_choice = {"type": "function", "function": {"name": choice["name"]}} if isinstance(choice, dict) else choice
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tool_choice=chat_choice,
+                                 tools=[{"type": "function", "function": function}], parallel_tool_calls=parallel)
+    responses = ResponsesRequest(input="x", tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel)
+    plans = [plan_tools(r, auto_enabled=True, parser="hermes")
+             for r in (chat_tool_request(chat), tool_request(responses))]
+    assert plans[0] == plans[1] and plans[0].mode == (choice if isinstance(choice, str) else "named")
 
 
 @pytest.mark.parametrize("splits", [1, 7, 200])

@@ -22,15 +22,14 @@ from quantkit.serve.fields import RESPONSES, STATELESS, check_fields
 from quantkit.serve.generation import ClientGone, Job, to_api_error, until_disconnect
 from quantkit.serve.responses import Format
 from quantkit.serve.responses_in import (ResponsesRequest, validated, conversation, input_items, sampling_params,
-                                         structured_output, tool_plan)
+                                         structured_output, tool_request)
 from quantkit.serve.responses_out import ResponseEvents, output_decoder, sse_event, usage
 from quantkit.serve.routes.common import encode, server
 from quantkit.serve.sampling import check_context
-from quantkit.serve.tool_choice import require_auto_enabled
+from quantkit.serve.tool_choice import plan_tools
 
 log = logging.getLogger("quantkit.serve")
 router = APIRouter()
-DEFAULT_TOOL_CALL_PARSER = "hermes"  # required and named calls' output, when the server has no --tool-call-parser
 INCOMPLETE = {"length": "max_output_tokens"}  # engine finish_reason -> incomplete_details.reason
 CONTEXT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens"}  # check_context's names -> these
 
@@ -44,9 +43,7 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     model = state.check_model(body.model)
     if body.user or body.safety_identifier:
         log.info("responses request: user=%s safety_identifier=%s", body.user, body.safety_identifier)
-    plan = tool_plan(body)
-    if plan.mode == "auto":  # OpenAI's default whenever tools are given, under the chat endpoint's rule
-        require_auto_enabled(state.settings.enable_auto_tool_choice, state.settings.tool_call_parser)
+    plan = plan_tools(tool_request(body), state.settings.enable_auto_tool_choice, state.settings.tool_call_parser)
     spec = structured_output(body, plan)
     text = render_conversation(state.tokenizer, conversation(body.instructions, input_items(body.input)),
                                state.settings.chat_template, add_generation_prompt=True, tools=plan.tools or None)
@@ -64,8 +61,7 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     # here but for its fields, since responses_out writes this endpoint's bodies. The engine request is named resp_...
     job = Job(state, Format(chat=True, model=model, tokenizer=None, top_logprobs=None), [ids], params)
     job.request_ids = [events.id]
-    parser = state.settings.tool_call_parser or DEFAULT_TOOL_CALL_PARSER
-    run = _Run(job, events, output_decoder(plan, parser))
+    run = _Run(job, events, output_decoder(plan))
     return await (run.stream(request) if body.stream else run.respond(request))
 
 
