@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request
 
 from quantkit.serve.chat_template import render_chat
 from quantkit.serve.errors import APIError
-from quantkit.serve.fields import CHAT, check_body
+from quantkit.serve.fields import CHAT
 from quantkit.serve.generation import Job
 from quantkit.serve.protocol import ChatCompletionRequest
 from quantkit.serve.responses import Format
-from quantkit.serve.routes.common import encode, log_user, server
+from quantkit.serve.routes.common import admit, encode, log_user
 from quantkit.serve.sampling import check_context, num_logprobs, requested_max_tokens, sampling_params
 from quantkit.serve.structured import structured_spec
 from quantkit.serve.tool_choice import chat_tool_request, plan_tools
@@ -20,10 +20,7 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    state = server(request)
-    engine = state.require_ready()
-    model = state.check_model(body.model)
-    check_body(body, CHAT)
+    state, engine, model = admit(request, body, CHAT)
     settings = state.settings
     tools = plan_tools(chat_tool_request(body), settings.enable_auto_tool_choice, settings.tool_call_parser)
     spec = structured_spec(body)
