@@ -26,6 +26,7 @@ BOTH = (CHAT, COMPLETIONS)
 PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions", RESPONSES: "/v1/responses",
          EMBEDDINGS: "/v1/embeddings"}
 STATELESS = "this server is stateless: it stores no responses or conversations"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # /v1/responses' `include` that asks for output logprobs
 
 
 def _anything(value) -> bool:
@@ -141,10 +142,10 @@ ROWS: list[_Rows] = [
     _honoured("prompt_cache_key", (RESPONSES,), "a routing hint: the prefix cache is automatic and shared"),
     _honoured("prompt_cache_retention", (RESPONSES,),
               "the prefix cache lives in memory, for as long as its blocks are free", _one_of("in_memory")),
-    _refused("top_logprobs", (RESPONSES,),
-             "log probabilities are not returned by /v1/responses here; use /v1/chat/completions", _one_of(0)),
-    _refused("include", (RESPONSES,), "no extra output data is available (no logprobs, reasoning or tool results)",
-             _off),
+    _honoured("top_logprobs", (RESPONSES,), "0 to 20 alternatives of each output token, with include "
+              "message.output_text.logprobs"),
+    _honoured("include", (RESPONSES,), "only message.output_text.logprobs: no reasoning, tool results or images here",
+              lambda value: value is None or (isinstance(value, list) and set(value) <= {LOGPROBS_INCLUDE})),
     _refused("previous_response_id conversation", (RESPONSES,),
              f"{STATELESS}; send the whole conversation as input items", _off),
     _refused("background background_options", (RESPONSES,),

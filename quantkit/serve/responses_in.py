@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quantkit.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError
+from quantkit.serve.fields import LOGPROBS_INCLUDE
 from quantkit.serve.tool_choice import ToolPlan, ToolRequest
 
 log = logging.getLogger("quantkit.serve")
@@ -133,6 +134,8 @@ class ResponsesRequest(BaseModel):
     truncation: str | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
+    include: list[str] | None = None  # message.output_text.logprobs only (fields.FIELDS)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 def validated(model: type[BaseModel], value, param: str):
@@ -246,10 +249,26 @@ def structured_output(body: ResponsesRequest, plan: ToolPlan) -> StructuredOutpu
     return None
 
 
-def sampling_params(body: ResponsesRequest, max_tokens: int, spec: StructuredOutputsParams | None) -> SamplingParams:
+def num_logprobs(body: ResponsesRequest, plan: ToolPlan) -> int | None:
+    """How many alternatives come with each output token's logprob (OpenAI's way: include
+    message.output_text.logprobs asks for the logprobs, top_logprobs for alternatives), or None when not asked.
+    They are reported on output_text, so only where the output is text (tool_choice none or no tools)."""
+    if LOGPROBS_INCLUDE not in (body.include or []):
+        if body.top_logprobs:
+            raise APIError(400, f"top_logprobs needs include [{LOGPROBS_INCLUDE!r}] (as OpenAI's API)",
+                           param="top_logprobs")
+        return None
+    if plan.mode != "none":
+        raise APIError(400, f"include {LOGPROBS_INCLUDE}: logprobs come on output text, so not with tool_choice "
+                            f"{plan.mode!r} (the output may hold calls)", param="include")
+    return body.top_logprobs or 0
+
+
+def sampling_params(body: ResponsesRequest, max_tokens: int, spec: StructuredOutputsParams | None,
+                    logprobs: int | None = None) -> SamplingParams:
     try:
         return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
                               top_p=1.0 if body.top_p is None else body.top_p, max_tokens=max_tokens,
-                              structured_outputs=spec)
+                              structured_outputs=spec, logprobs=logprobs)
     except QuantkitError as exc:
         raise APIError(400, str(exc)) from exc

@@ -161,13 +161,15 @@ def test_a_named_function_streams_its_call(client):
 
 
 # A value that asks for something, for each field the server refuses (FIELDS[RESPONSES]' honoured=False).
-REFUSED = {"top_logprobs": 3, "include": ["message.output_text.logprobs"], "previous_response_id": "resp_1",
+REFUSED = {"previous_response_id": "resp_1",
            "conversation": "conv_1", "background": True, "background_options": {"x": 1},
            "prompt": {"id": "pmpt_1"}, "reasoning": {"effort": "high"}, "context_management": [{"type": "compaction"}],
            "prompt_cache_options": {"mode": "explicit"}, "moderation": {"model": "m"}, "image": {"detail": "low"},
            "access_programs": {"cyber": "standard"}}
 # Honoured fields that take only some values, with one they refuse.
-LIMITED = {"truncation": "auto", "service_tier": "priority", "prompt_cache_retention": "24h"}
+LIMITED = {"truncation": "auto", "service_tier": "priority", "prompt_cache_retention": "24h",
+           "include": ["message.output_text.logprobs", "reasoning.encrypted_content"],
+           "top_logprobs": 21}  # OpenAI's bound is 20
 
 
 def test_every_client_field_is_classified():
@@ -194,6 +196,9 @@ def test_a_value_that_asks_nothing_is_accepted(client, field, value):
 
 
 @pytest.mark.parametrize("body,param", [
+    ({"input": "Hi", "top_logprobs": 3}, "top_logprobs"),  # without include message.output_text.logprobs
+    ({"input": "Hi", "include": ["message.output_text.logprobs"], "tools": [WEATHER], "tool_choice": "required"},
+     "include"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
@@ -213,6 +218,36 @@ def test_bad_requests_are_400s_in_openais_shape(server, body, param):
     assert err["type"] == "invalid_request_error" and err["message"]
     if param is not None:
         assert err["param"] == param, err
+
+
+def test_logprobs_come_on_output_text_as_chat_reports_them(client):
+    """include message.output_text.logprobs with top_logprobs: each output token's logprob and alternatives on the
+    output_text part (and on each delta event, streamed), the same as the chat endpoint's for the same prompt."""
+    include = ["message.output_text.logprobs"]
+    r = client.responses.create(model="stories", input="Once", max_output_tokens=8, temperature=0, top_logprobs=3,
+                                include=include)
+    part = r.output[0].content[0]
+    assert r.top_logprobs == 3 and len(part.logprobs) == r.usage.output_tokens == 8
+    chat = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Once"}],
+                                          max_completion_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    assert part.text == chat.choices[0].message.content
+    expected = chat.choices[0].logprobs.content
+    assert [lp.token for lp in part.logprobs] == [lp.token for lp in expected]
+    assert [lp.bytes for lp in part.logprobs] == [lp.bytes for lp in expected]
+    assert [lp.logprob for lp in part.logprobs] == pytest.approx([lp.logprob for lp in expected], abs=1e-4)
+    for got, want in zip(part.logprobs, expected):
+        assert len(got.top_logprobs) == 3 and [t.token for t in got.top_logprobs] == [t.token for t in want.top_logprobs]
+        assert got.top_logprobs[0].logprob >= got.top_logprobs[-1].logprob and got.logprob <= 0
+
+    events = list(client.responses.create(model="stories", input="Once", max_output_tokens=8, temperature=0,
+                                          top_logprobs=3, include=include, stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = events[-1].response.output[0].content[0]
+    assert [lp.token for lp in streamed] == [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+    assert [lp.logprob for lp in final.logprobs] == pytest.approx([lp.logprob for lp in part.logprobs], abs=1e-4)
+    plain = client.responses.create(model="stories", input="Once", max_output_tokens=4, temperature=0)
+    assert plain.output[0].content[0].logprobs == [] and plain.top_logprobs is None  # not asked: none
 
 
 def test_stored_responses_are_refused_as_the_server_is_stateless(client):

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from quantkit.engine.request import RequestOutput
+from quantkit.engine.request import CompletionOutput, RequestOutput
 from quantkit.serve.chat_template import render_conversation
 from quantkit.serve.errors import APIError
 from quantkit.serve.fields import RESPONSES, STATELESS, check_fields
 from quantkit.serve.generation import ClientGone, Job, to_api_error, until_disconnect
-from quantkit.serve.responses import Format
-from quantkit.serve.responses_in import (ResponsesRequest, validated, conversation, input_items, sampling_params,
-                                         structured_output, tool_request)
+from quantkit.serve.responses import Format, chat_logprobs
+from quantkit.serve.responses_in import (ResponsesRequest, validated, conversation, input_items, num_logprobs,
+                                         sampling_params, structured_output, tool_request)
 from quantkit.serve.responses_out import ResponseEvents, output_decoder, sse_event, usage
 from quantkit.serve.routes.common import encode, server
 from quantkit.serve.sampling import check_context
@@ -53,7 +54,8 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     except APIError as exc:
         exc.param = CONTEXT_PARAMS.get(exc.param, exc.param)
         raise
-    params = sampling_params(body, max_tokens, spec)
+    top_logprobs = num_logprobs(body, plan)
+    params = sampling_params(body, max_tokens, spec, top_logprobs)
     state.check_queue()
     events = ResponseEvents(body, model, plan.max_calls,
                             obfuscate=body.stream_options is None or body.stream_options.include_obfuscation)
@@ -61,19 +63,35 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     # here but for its fields, since responses_out writes this endpoint's bodies. The engine request is named resp_...
     job = Job(state, Format(chat=True, model=model, tokenizer=None, top_logprobs=None), [ids], params)
     job.request_ids = [events.id]
-    run = _Run(job, events, output_decoder(plan))
+    run = _Run(job, events, output_decoder(plan),
+               None if top_logprobs is None else Logprobs(state.tokenizer, top_logprobs))
     return await (run.stream(request) if body.stream else run.respond(request))
+
+
+@dataclass
+class Logprobs:
+    """The output tokens' logprobs asked for (include message.output_text.logprobs), as chat writes them."""
+
+    tokenizer: object
+    top: int  # alternatives per token (top_logprobs)
+    sent: int = 0  # tokens reported so far
+
+    def new(self, sample: CompletionOutput) -> list[dict]:
+        start, self.sent = self.sent, len(sample.token_ids)
+        return chat_logprobs(self.tokenizer, sample, start, self.sent, self.top)["content"]
 
 
 class _Run:
     """One response: the engine request's outputs -> the decoder's pieces -> the response's events."""
 
-    def __init__(self, job: Job, events: ResponseEvents, decoder):
-        self.job, self.events, self.decoder, self.sent = job, events, decoder, 0
+    def __init__(self, job: Job, events: ResponseEvents, decoder, logprobs: Logprobs | None = None):
+        self.job, self.events, self.decoder, self.logprobs, self.sent = job, events, decoder, logprobs, 0
 
     def _step(self, out: RequestOutput) -> list[dict]:
         sample = out.outputs[0]
         delta, self.sent = sample.text[self.sent:], len(sample.text)
+        if self.logprobs is not None:
+            self.events.logprobs(self.logprobs.new(sample))
         pieces = self.events.pieces(self.decoder.feed(delta))
         if not sample.finished:
             return pieces
