@@ -7,7 +7,7 @@ Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermedia
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
 group 128, GPTQ v1 layout: what `quantkit quantize --method rtn --format gptq` writes; and the same with
 lm_head packed, `--quantize-lm-head`), or the ones given.
-llama.cpp gets the same float model as an F32 GGUF (quantkit.bench.gguf_llama; bf16 values are exact
+llama.cpp gets the same float model as an F32 GGUF (quantkit.bench.gguf_export; bf16 values are exact
 in F32), quantized by llama.cpp's own `llama_model_quantize` to each of --quants.
 Workload: one request, 128 prompt tokens (workload (c) of the vLLM benchmark), 128 new tokens, greedy,
 EOS ignored. Prompt processing tok/s = 128 / time to first token; decode tok/s = the other 127 tokens /
@@ -165,7 +165,7 @@ def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     4-bit checkpoints: linears only, and lm_head packed too (`--quantize-lm-head`; llama.cpp's Q4 types
     quantize the output layer as well, to Q6_K)."""
     from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
-    from quantkit.bench.gguf_llama import write_gguf
+    from quantkit.bench.gguf_export import write_gguf
 
     dense = Path(args.model) if args.model else make_dense(tmp)
     if args.gptq:
