@@ -44,14 +44,18 @@ class WorkerProcess:
         return self.answer()
 
     def close(self) -> None:
-        """Ask the worker to quit; kill it where it has died mid-job or does not exit within a minute."""
-        try:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=60)
+        quit_worker(self.proc)
+
+
+def quit_worker(proc: subprocess.Popen) -> None:
+    """Ask a line-fed peer worker to quit; kill it where it has died mid-job or does not exit within a minute."""
+    try:
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        proc.wait(timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait(timeout=60)
 
 
 @dataclass

@@ -72,20 +72,25 @@ def greedy(llm, prompt: list, max_tokens: int, want_logits: bool) -> dict:
 
 
 def serve(args: dict) -> None:
-    import llama_cpp
     from llama_cpp import Llama
 
     models = {name: Llama(model_path=path, n_ctx=args["n_ctx"], n_batch=args["n_ctx"], n_threads=args["threads"],
                           n_threads_batch=args["threads"], seed=0, verbose=False)
               for name, path in args["models"].items()}
+    answer_jobs(lambda job: greedy(models[job["model"]], job["prompt"], job["max_tokens"], job.get("logits", False)))
+
+
+def answer_jobs(handle) -> None:
+    """Say ready (with llama.cpp's version and system info), then answer each JSON line on stdin with
+    handle(job) as one JSON line, until a line "quit"."""
+    import llama_cpp
+
     info = llama_cpp.llama_print_system_info().decode()
     print(json.dumps({"ready": True, "system_info": info, "version": llama_cpp.__version__}), flush=True)
     for line in sys.stdin:
         if line.strip() == "quit":
             break
-        job = json.loads(line)
-        print(json.dumps(greedy(models[job["model"]], job["prompt"], job["max_tokens"], job.get("logits", False))),
-              flush=True)
+        print(json.dumps(handle(json.loads(line))), flush=True)
 
 
 def decode(llm, prompt: list, max_tokens: int, temperature: float) -> list:
@@ -189,16 +194,8 @@ class BatchedDecoder:
 
 
 def batched(args: dict) -> None:
-    import llama_cpp
-
     decoder = BatchedDecoder(args["model"], args["threads"], args["n_ctx"], args["max_seqs"])
-    info = llama_cpp.llama_print_system_info().decode()
-    print(json.dumps({"ready": True, "system_info": info, "version": llama_cpp.__version__}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            break
-        job = json.loads(line)
-        print(json.dumps(decoder.run(job["prompts"], job["max_tokens"])), flush=True)
+    answer_jobs(lambda job: decoder.run(job["prompts"], job["max_tokens"]))
 
 
 MODES = {"speculate": lambda: speculate(json.loads(sys.argv[2])), "batched": lambda: batched(json.loads(sys.argv[2])),
