@@ -26,6 +26,7 @@ import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -196,8 +197,8 @@ def _write_metadata(writer, shape: DecoderShape, config, file_type: int, name: s
     writer.add_add_bos_token(False)  # prompts are token ids, fed as they are
 
 
-def read_float_checkpoint(model_dir: Path) -> tuple[GGUFArch, Iterator[tuple[str, torch.Tensor]]]:
-    """(the GGUF row of its HF architecture, its tensors one at a time) of a float HF checkpoint in safetensors."""
+def read_float_checkpoint(model_dir: Path) -> tuple[GGUFArch, list[Path]]:
+    """(the GGUF row of its HF architecture, its safetensors files) of a float HF checkpoint."""
     config = json.loads((model_dir / "config.json").read_text())
     arch = (config.get("architectures") or ["?"])[0]
     if arch not in GGUF_ARCHS:
@@ -208,44 +209,58 @@ def read_float_checkpoint(model_dir: Path) -> tuple[GGUFArch, Iterator[tuple[str
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise QuantkitError(f"{model_dir}: no *.safetensors files")
-    return GGUF_ARCHS[arch], _tensors(files)
+    return GGUF_ARCHS[arch], files
 
 
-def _tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each tensor of the files, read when asked for: a model is never twice in memory (bf16 and the GGUF's type)."""
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def read_tensors(files: list[Path], meta: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of the files, read when asked for (a model is never whole in memory); with `meta`, tensors of
+    the same shapes and dtypes on the meta device, read from the headers only."""
     from safetensors import safe_open
 
     for f in files:
         with safe_open(f, framework="pt") as reader:
             for name in reader.keys():
-                yield name, reader.get_tensor(name)
+                if meta:
+                    part = reader.get_slice(name)
+                    yield name, torch.empty(part.get_shape(), dtype=SAFETENSORS_DTYPES[part.get_dtype()], device="meta")
+                else:
+                    yield name, reader.get_tensor(name)
 
 
 def write_gguf(model_dir: Path, out: Path, file_type: str = "f32") -> Path:
     """Write `model_dir` (a float HF model of a `GGUF_ARCHS` architecture) to `out` as a GGUF of `file_type`
     (f32 or f16).
 
-    Written to a temporary name beside `out`, then renamed: a failure leaves no half-written file.
+    Streamed: the tensors' names, shapes and types first (computed on the meta device), then each tensor's data as
+    it is converted, so that memory holds one layer's experts at most. Written to a temporary name beside `out`,
+    then renamed: a failure leaves no half-written file.
     """
     import gguf
+    import numpy as np
 
     from transformers import AutoConfig
 
     dtype, ftype = FILE_TYPES[file_type]
-    arch, tensors = read_float_checkpoint(Path(model_dir))
+    arch, files = read_float_checkpoint(Path(model_dir))
     config = AutoConfig.from_pretrained(model_dir)
     shape = DecoderShape.from_config(config)
+    factors = rope_freq_factors(shape)
+    extra = [("rope_freqs.weight", factors)] if factors is not None else []
     tmp = out.with_name(out.name + ".partial")
     writer = gguf.GGUFWriter(tmp, arch.name)
     try:
         _write_metadata(writer, shape, config, ftype, Path(model_dir).name, arch)
-        for name, t in gguf_tensors(tensors, arch, shape, dtype):
-            writer.add_tensor(name, t.contiguous().numpy())
-        if (factors := rope_freq_factors(shape)) is not None:
-            writer.add_tensor("rope_freqs.weight", factors.numpy())
+        for name, t in [*gguf_tensors(read_tensors(files, meta=True), arch, shape, dtype), *extra]:
+            np_dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+            writer.add_tensor_info(name, tuple(t.shape), np_dtype, t.numel() * np_dtype.itemsize)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for _, t in chain(gguf_tensors(read_tensors(files), arch, shape, dtype), extra):  # one at a time
+            writer.write_tensor_data(t.contiguous().numpy())
         writer.close()
     except BaseException:
         writer.close()

@@ -153,7 +153,7 @@ def test_a_failed_write_leaves_no_partial_file(tiny_llama, tmp_path, monkeypatch
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", boom)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", boom)
     with pytest.raises(OSError, match="disk full"):
         mod.write_gguf(tiny_llama, tmp_path / "m.gguf")
     assert list(Path(tmp_path).iterdir()) == []
