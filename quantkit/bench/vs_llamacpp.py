@@ -1,7 +1,7 @@
 """quantkit's engine against llama.cpp (llama-cpp-python) at batch 1: same model, prompt and threads, one sitting.
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
-                                       [--model DIR --gptq DIR] [--gguf-dir DIR] [--int8-activations]
+                                       [--model DIR --gptq DIR] [--gguf-dir DIR] [--quantized-only] [--int8-activations]
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--vllm-venv VENV] ...
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
@@ -18,6 +18,8 @@ llama.cpp runs in a subprocess of VENV's python (quantkit/bench/llamacpp_worker.
 the repo root, with n_threads = n_threads_batch = --threads. Conversion check: llama.cpp F32's greedy
 tokens against quantkit fp32's, and its logits after the prompt against transformers' fp32 logits.
 --gguf-dir keeps the GGUFs (4.7 GB F32 at the 1B shape) for the next run of the same --model.
+--quantized-only (8B shapes): only the 4-bit systems, no float rows or conversion check, llama.cpp's types quantized
+from a streamed F16 GGUF rather than an F32 one.
 
 --ttft: the time-to-first-token table instead. Batch 1, one fresh random prompt of each length a round (no prefix
 cache can answer it), max_tokens 1, every system once a round in alternating order: quantkit's engine on the 4-bit
@@ -178,18 +180,22 @@ def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     python = Path(args.llamacpp_venv) / "bin" / "python"
     where = Path(args.gguf_dir) if args.gguf_dir else tmp
     where.mkdir(parents=True, exist_ok=True)
-    ggufs = {"F32": where / "model-f32.gguf"}
-    if not ggufs["F32"].is_file():
-        write_gguf(dense, ggufs["F32"], "f32")
+    base = "F16" if args.quantized_only else "F32"  # an 8B model's F32 file would be 32 GB
+    ggufs = {base: where / f"model-{base.lower()}.gguf"}
+    needed = [k for k in filter(None, args.quants.split(",")) if not (where / f"model-{k.lower()}.gguf").is_file()]
+    if not ggufs[base].is_file() and (needed or not args.quantized_only):
+        write_gguf(dense, ggufs[base], base.lower())
     for kind in filter(None, args.quants.split(",")):
         ggufs[kind] = where / f"model-{kind.lower()}.gguf"
         if ggufs[kind].is_file():  # --gguf-dir: made by an earlier run from the same --model
             continue
         part = ggufs[kind].with_suffix(".part")
-        seconds = llamacpp_quantize(python, ggufs["F32"], part, kind, args.threads)
+        seconds = llamacpp_quantize(python, ggufs[base], part, kind, args.threads)
         part.rename(ggufs[kind])
-        print(f"llama.cpp quantized F32 -> {kind} in {seconds:.2f} s "
-              f"({ggufs[kind].stat().st_size / 1024**2:.1f} MiB; F32 {ggufs['F32'].stat().st_size / 1024**2:.1f} MiB)")
+        print(f"llama.cpp quantized {base} -> {kind} in {seconds:.2f} s ({ggufs[kind].stat().st_size / 1024**2:.1f} "
+              f"MiB; {base} {ggufs[base].stat().st_size / 1024**2:.1f} MiB)")
+    if args.quantized_only:  # the float file is only the quantizer's input
+        del ggufs[base]
     return dense, gptq, ggufs
 
 
@@ -201,8 +207,8 @@ def compare(args, tmp: Path) -> None:
     vocab = json.loads((dense / "config.json").read_text())["vocab_size"]
     prompt = next(w for w in workloads(vocab) if w.name == "c").prompts[0]
     auto = auto_cpu_dtype()[0]  # float32 where bf16 would be emulated: then one float row
-    ours = {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
-    if auto != "float32":
+    ours = {} if args.quantized_only else {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
+    if auto != "float32" and not args.quantized_only:
         ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
     for label, path in gptq.items():
         ours[f"quantkit {label}, {auto}"] = Quantkit(path, auto, args.threads)
@@ -211,7 +217,8 @@ def compare(args, tmp: Path) -> None:
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
                **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
-    print(conversion_check(dense, prompt, ours["quantkit fp32 (float model)"], peer))
+    if not args.quantized_only:
+        print(conversion_check(dense, prompt, ours["quantkit fp32 (float model)"], peer))
     for run in systems.values():  # warm-up, not counted
         run(prompt[:16], 4)
     tallies = {n: Tally() for n in systems}
@@ -241,8 +248,9 @@ def report(args, tallies: dict[str, Tally], loads: list[float], ours: dict, peer
     for q4 in (n for n in decode if n.startswith("quantkit 4-bit")):
         for peer_name in (n for n in decode if n.startswith("llama.cpp")):
             print(f"decode ratio {q4} / {peer_name}: {decode[q4] / decode[peer_name]:.2f}x")
-    print(f"decode ratio quantkit fp32 / llama.cpp F32: "
-          f"{decode['quantkit fp32 (float model)'] / decode['llama.cpp F32']:.2f}x")
+    if "llama.cpp F32" in decode:
+        print(f"decode ratio quantkit fp32 / llama.cpp F32: "
+              f"{decode['quantkit fp32 (float model)'] / decode['llama.cpp F32']:.2f}x")
 
 
 @dataclass
@@ -363,6 +371,8 @@ def main() -> None:
     ap.add_argument("--gptq", help="its 4-bit GPTQ checkpoint (needed with --model)")
     ap.add_argument("--log", default="out/llamacpp-bench.log", help="where llama.cpp's stderr goes")
     ap.add_argument("--gguf-dir", help="where the GGUFs are written, and reused from by later runs of the same --model")
+    ap.add_argument("--quantized-only", action="store_true",
+                    help="only the 4-bit systems: no float rows, the GGUFs quantized from an F16 file (8B shapes)")
     ap.add_argument("--ttft", metavar="N,N", help="instead: time to first token at these prompt lengths (with RSS)")
     ap.add_argument("--bf16", action="store_true", help="--ttft: also quantkit's engine on the float model in bf16")
     ap.add_argument("--vllm-venv", help="--ttft: also vLLM's CPU build (in this venv) on the 4-bit checkpoint")
