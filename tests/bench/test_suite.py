@@ -49,3 +49,16 @@ def test_cache_from_before_new_settings_stays_valid(tmp_path):
     (tmp_path / "train_meta.json").write_text(json.dumps({"spec": old}))
     assert cached_model(tmp_path, TinySpec()) == tmp_path
     assert cached_model(tmp_path, replace(TinySpec(), tie=True)) is None
+
+
+def test_every_model_the_tests_can_build_has_floors():
+    """Every CI-trained model and shipped checkpoint has a [suite_NAME] table with the four floored methods."""
+    import tomllib
+    from pathlib import Path
+
+    tables = tomllib.loads((Path(__file__).resolve().parents[2] / "configs" / "accuracy_floors.toml").read_text())
+    for m in SUITE:
+        if m.ci or m.spec is None:
+            floors = tables[f"suite_{m.name}"]["max_ppl_ratio"]
+            assert {"rtn", "rtn-mse", "gptq", "awq"} <= set(floors), m.name
+            assert all(1.0 < f < 1.1 for f in floors.values()), (m.name, floors)
