@@ -27,23 +27,40 @@ from grammar_engines import wikitext_tokenizer  # noqa: E402
 SCHEMA = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
 
 
-def main(argv=None) -> None:
-    from quantkit.bench.engine_vs_vllm import make_dense
-    from quantkit.engine import LLM, SamplingParams, StructuredOutputsParams
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """The flags of this benchmark and of structured_outputs_http.py."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def bench_model(folder: Path) -> Path:
+    """quantkit bench engine's random Llama in `folder`, with the WikiText-2 byte-level BPE as its tokenizer."""
+    from quantkit.bench.engine_vs_vllm import make_dense
+
+    model = make_dense(folder)
+    wikitext_tokenizer().save_pretrained(model)
+    return model
+
+
+def random_prompts(batch: int) -> list[list[int]]:
+    """`batch` prompts of 64 token ids, the same every run."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, 26000, (64,), generator=g).tolist() for _ in range(batch)]
+
+
+def main(argv=None) -> None:
+    from quantkit.bench.rounds import alternate
+    from quantkit.engine import LLM, SamplingParams, StructuredOutputsParams
+
+    args = parser(__doc__, rounds=3).parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-structured-") as tmp:
-        model = make_dense(Path(tmp))
-        wikitext_tokenizer().save_pretrained(model)
-        llm = LLM(str(model), max_num_seqs=args.batch, max_model_len=512)
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(3, 26000, (64,), generator=g).tolist() for _ in range(args.batch)]
+        llm = LLM(str(bench_model(Path(tmp))), max_num_seqs=args.batch, max_model_len=512)
+        prompts = random_prompts(args.batch)
         free = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
         held = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True,
                               structured_outputs=StructuredOutputsParams(json=SCHEMA))
@@ -51,19 +68,18 @@ def main(argv=None) -> None:
         llm.engine.grammars.compile(held.structured_outputs)
         compile_ms = (time.perf_counter() - start) * 1e3
         llm.generate(prompts, free)  # warm-up
-        rates: dict[str, list[float]] = {"free": [], "json schema": []}
-        for r in range(args.rounds):
-            for name, params in (list(rates.items()) if r % 2 == 0 else list(rates.items())[::-1]):
-                start = time.perf_counter()
-                outs = llm.generate(prompts, free if name == "free" else held)
-                tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-                params.append(tokens / (time.perf_counter() - start))
+
+        def rate(params: SamplingParams) -> float:
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
+
+        rates = alternate({"free": lambda: rate(free), "json schema": lambda: rate(held)}, args.rounds)
         free_s, held_s = statistics.median(rates["free"]), statistics.median(rates["json schema"])
         print(f"batch {args.batch}, {args.max_tokens} tokens each, {args.threads} threads, dtype "
               f"{str(llm.engine.dtype).removeprefix('torch.')}; schema compiled in {compile_ms:.1f} ms (once)")
         print(f"free text: {free_s:.1f} tok/s; json schema: {held_s:.1f} tok/s; ratio {held_s / free_s:.3f} "
               f"(rounds: {[round(x) for x in rates['free']]} / {[round(x) for x in rates['json schema']]})")
-
 
 if __name__ == "__main__":
     main()

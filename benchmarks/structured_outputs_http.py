@@ -15,7 +15,6 @@ shared machine's drifting load cancels better).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -24,11 +23,9 @@ import time
 from pathlib import Path
 
 import httpx
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grammar_engines import wikitext_tokenizer  # noqa: E402
-from structured_outputs import SCHEMA  # noqa: E402
+from structured_outputs import SCHEMA, bench_model, parser, random_prompts  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
@@ -50,18 +47,12 @@ async def one_round(url: str, prompts: list[list[int]], max_tokens: int, held: b
 
 
 def main(argv=None) -> None:
-    from quantkit.bench.engine_vs_vllm import make_dense
+    from quantkit.bench.rounds import alternate
     from quantkit.bench.serve_vs_vllm import free_port, start
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    args = ap.parse_args(argv)
+    args = parser(__doc__, rounds=4).parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-structured-http-") as tmp:
-        model = make_dense(Path(tmp))
-        wikitext_tokenizer().save_pretrained(model)
+        model = bench_model(Path(tmp))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = start([sys.executable, "-m", "quantkit.cli", "serve", str(model), "--port", str(port),
@@ -69,14 +60,11 @@ def main(argv=None) -> None:
                       "--served-model-name", "bench", "--log-level", "warning"],
                      {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}, url)  # this checkout's quantkit
         try:
-            g = torch.Generator().manual_seed(0)
-            prompts = [torch.randint(3, 26000, (64,), generator=g).tolist() for _ in range(args.batch)]
+            prompts = random_prompts(args.batch)
             asyncio.run(one_round(url, prompts, 8, held=True))  # warm-up; compiles the schema (once)
             asyncio.run(one_round(url, prompts, 8, held=False))
-            rates: dict[bool, list[float]] = {False: [], True: []}
-            for r in range(args.rounds):
-                for held in ((False, True) if r % 2 == 0 else (True, False)):
-                    rates[held].append(asyncio.run(one_round(url, prompts, args.max_tokens, held)))
+            rates = alternate({held: lambda held=held: asyncio.run(one_round(url, prompts, args.max_tokens, held))
+                               for held in (False, True)}, args.rounds)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -86,7 +74,6 @@ def main(argv=None) -> None:
     print(f"free text: {free_s:.1f} tok/s; json schema: {held_s:.1f} tok/s; ratio {held_s / free_s:.3f}, median of "
           f"the rounds' ratios {paired:.3f} (rounds: {[round(x) for x in rates[False]]} / "
           f"{[round(x) for x in rates[True]]})")
-
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ a round is then not tied to it, whatever the machine does between runs).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -18,6 +18,15 @@ T = TypeVar("T")
 def round_order(runs: Sequence[T], r: int) -> list[T]:
     """The runs of round r: in order on even rounds, reversed on odd ones."""
     return list(runs) if r % 2 == 0 else list(runs)[::-1]
+
+
+def alternate(runs: Mapping[T, Callable[[], float]], rounds: int) -> dict[T, list[float]]:
+    """Each variant's results, one a round: every round runs each variant once, in round_order's order."""
+    results: dict[T, list[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        for name in round_order(list(runs), r):
+            results[name].append(runs[name]())
+    return results
 
 
 def per_round(rates: Sequence[float], base: Sequence[float]) -> str:

@@ -18,16 +18,17 @@ from quantkit.errors import QuantkitError
 console = Console(stderr=True)
 
 
-def cpu_int8_activations_option():
-    """`--cpu-int8-activations` of generate and serve (EngineConfig.cpu_int8_activations)."""
-    return typer.Option(False, "--cpu-int8-activations/--no-cpu-int8-activations",
+def cpu_int8_activations_option(make: Callable = typer.Option):
+    """`--cpu-int8-activations` of generate and serve (EngineConfig.cpu_int8_activations); `make`: typer.Option, or
+    flags.option for a field of a flags dataclass."""
+    return make(False, "--cpu-int8-activations/--no-cpu-int8-activations",
                         help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and "
                              "group (W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic.")
 
 
-def cpu_int8_lm_head_option():
-    """`--cpu-int8-lm-head` of generate and serve (EngineConfig.cpu_int8_lm_head)."""
-    return typer.Option(None, "--cpu-int8-lm-head/--no-cpu-int8-lm-head", show_default=False,
+def cpu_int8_lm_head_option(make: Callable = typer.Option):
+    """`--cpu-int8-lm-head` of generate and serve (EngineConfig.cpu_int8_lm_head); `make` as above."""
+    return make(None, "--cpu-int8-lm-head/--no-cpu-int8-lm-head", show_default=False,
                         help="CPU, bf16, AVX-512 VNNI: hold a float lm_head in int8 (symmetric, groups of 128, as "
                              "llama.cpp's Q8_0): half the bytes each decode step reads for it. Default: on for "
                              "quantized checkpoints, off for float ones. Off: the checkpoint's float head.")

@@ -2,101 +2,108 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
 from quantkit.commands.common import console, one_line_errors, staged_output
+from quantkit.commands.flags import argument, command, given_flags, option
 
 
 DEFAULT_CALIB = "wikitext2"
 
 
+@dataclass(frozen=True)
+class QuantizeFlags:
+    """`quantkit quantize`'s command line as typed; quantize_config makes it the QuantizeConfig."""
+
+    model: str = argument(None, help="Local Hugging Face checkpoint folder, or a hub id (downloaded when online).")
+    out: Path = option(None, "--out", "-o", help="Output folder (written to a temporary folder, then renamed).")
+    config: str = option(None, "--config", help="A shipped recipe by name (e.g. gptq-w4g128; see --list-configs) or a TOML file; flags given here win.")
+    list_configs: bool = option(False, "--list-configs", help="List the shipped recipes (for --config NAME) and exit.")
+    method: str = option("gptq", "--method", help="gptq, awq or rtn.")
+    format: str = option(None, "--format", help="Checkpoint layout: gptq, awq or compressed-tensors (pack-quantized; default: awq for AWQ, else gptq).")
+    bits: int = option(4, "--bits", help="4 (8 allowed in the GPTQ and compressed-tensors layouts).")
+    group_size: int = option(128, "--group-size", help="32, 64, 128, or -1 for per channel.")
+    sym: bool = option(None, "--sym/--no-sym", help="Symmetric quantization (default: sym for GPTQ/RTN, asym for AWQ).")
+    desc_act: bool = option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal.")
+    static_groups: bool = option(True, "--static-groups/--no-static-groups", help="GPTQ: each group's scale and zero from the original weights, fixed before the column loop (and before act-order); --no-static-groups takes them from the updated columns when the loop reaches the group.")
+    damp: float = option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal.")
+    true_sequential: bool = option(False, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default).")
+    calib: str = option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none.")
+    nsamples: int = option(128, "--nsamples", help="Calibration windows.")
+    seqlen: int = option(2048, "--seqlen", help="Tokens per window (clipped to the model's context).")
+    seed: int = option(0, "--seed")
+    device: str = option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")
+    compute_dtype: str = option("auto", "--compute-dtype",
+                                help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
+                                     "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32.")
+    scale_search: str = option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib).")
+    awq_duo_scaling: str = option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept).")
+    awq_search_tokens: int = option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all).")
+    load_plan: Path = option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching.")
+    max_shard_size_gb: float = option(2.0, "--max-shard-size-gb", help="Shard the output above this size.")
+    quantize_lm_head: bool = option(False, "--quantize-lm-head/--no-quantize-lm-head", help="Pack lm_head in 4/8 bits too (round to nearest), marked lm_head: true in quantization_config as GPTQModel's lm_head=True writes it; GPTQ layout only.")
+    force: bool = option(False, "--force", help="Replace an existing output folder.")
+    strict: bool = option(False, "--strict", help="Refuse what is otherwise a warning: too little calibration "
+                          "text for the model (fewer tokens than one window per 16 groups of its widest layer).")
+    dry_run: bool = option(False, "--dry-run", help="Check the model, config and shapes; write nothing.")
+    threads: int = option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice).")
+    low_memory: bool = option(None, "--low-memory/--no-low-memory",
+                              help="Give every freed block of 1 MiB or more back to the system at once and trim the heap "
+                                   "between layers (glibc), so peak memory does not creep up layer after layer; slower "
+                                   "on CPU (page faults). "
+                                   "Default: on for models of 1 GiB or more in fp32.")
+    check: bool = option(None, "--check/--no-check",
+                         help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present).")
+
+
 def register(app: typer.Typer) -> None:
-    app.command("quantize")(quantize)
+    app.command("quantize")(command(QuantizeFlags, quantize))
 
 
 @one_line_errors
-def quantize(
-    ctx: typer.Context,
-    model: str = typer.Argument(None, help="Local Hugging Face checkpoint folder, or a hub id (downloaded when online)."),
-    out: Path = typer.Option(None, "--out", "-o", help="Output folder (written to a temporary folder, then renamed)."),
-    config: str = typer.Option(None, "--config", help="A shipped recipe by name (e.g. gptq-w4g128; see --list-configs) or a TOML file; flags given here win."),
-    list_configs: bool = typer.Option(False, "--list-configs", help="List the shipped recipes (for --config NAME) and exit."),
-    method: str = typer.Option("gptq", "--method", help="gptq, awq or rtn."),
-    format: str = typer.Option(None, "--format", help="Checkpoint layout: gptq, awq or compressed-tensors (pack-quantized; default: awq for AWQ, else gptq)."),
-    bits: int = typer.Option(4, "--bits", help="4 (8 allowed in the GPTQ and compressed-tensors layouts)."),
-    group_size: int = typer.Option(128, "--group-size", help="32, 64, 128, or -1 for per channel."),
-    sym: bool = typer.Option(None, "--sym/--no-sym", help="Symmetric quantization (default: sym for GPTQ/RTN, asym for AWQ)."),
-    desc_act: bool = typer.Option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal."),
-    static_groups: bool = typer.Option(True, "--static-groups/--no-static-groups", help="GPTQ: each group's scale and zero from the original weights, fixed before the column loop (and before act-order); --no-static-groups takes them from the updated columns when the loop reaches the group."),
-    damp: float = typer.Option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal."),
-    true_sequential: bool = typer.Option(False, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default)."),
-    calib: str = typer.Option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none."),
-    nsamples: int = typer.Option(128, "--nsamples", help="Calibration windows."),
-    seqlen: int = typer.Option(2048, "--seqlen", help="Tokens per window (clipped to the model's context)."),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:N."),
-    compute_dtype: str = typer.Option("auto", "--compute-dtype",
-                                      help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
-                                           "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32."),
-    scale_search: str = typer.Option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib)."),
-    awq_duo_scaling: str = typer.Option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept)."),
-    awq_search_tokens: int = typer.Option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all)."),
-    load_plan: Path = typer.Option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching."),
-    max_shard_size_gb: float = typer.Option(2.0, "--max-shard-size-gb", help="Shard the output above this size."),
-    quantize_lm_head: bool = typer.Option(False, "--quantize-lm-head/--no-quantize-lm-head", help="Pack lm_head in 4/8 bits too (round to nearest), marked lm_head: true in quantization_config as GPTQModel's lm_head=True writes it; GPTQ layout only."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
-    strict: bool = typer.Option(False, "--strict", help="Refuse what is otherwise a warning: too little calibration "
-                                "text for the model (fewer tokens than one window per 16 groups of its widest layer)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check the model, config and shapes; write nothing."),
-    threads: int = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
-    low_memory: bool = typer.Option(None, "--low-memory/--no-low-memory",
-                                    help="Give every freed block of 1 MiB or more back to the system at once and trim the heap "
-                                         "between layers (glibc), so peak memory does not creep up layer after layer; slower "
-                                         "on CPU (page faults). "
-                                         "Default: on for models of 1 GiB or more in fp32."),
-    check: bool = typer.Option(None, "--check/--no-check",
-                               help="Run every packed layer through the W4A16 kernel at the end (default: when a GPU is present)."),
-) -> None:
+def quantize(ctx: typer.Context, flags: QuantizeFlags) -> None:
     """Quantize MODEL layer by layer and write a packed INT4 checkpoint."""
+    from quantkit.commands.fast_path import fast_path_for, print_fast_paths
     from quantkit.quant.pipeline import quantize_model
 
-    if list_configs:
+    if flags.list_configs:
         _print_recipes()
         return
-    cfg, source = _config(ctx)
-    if dry_run:
+    cfg, source = quantize_config(flags, given_flags(ctx))
+    if flags.dry_run:
         report = quantize_model(cfg, None, source=source)
         _print_plan(report.plan, cfg)
         return
-    with staged_output(out, force) as tmp:
+    out = flags.out
+    with staged_output(out, flags.force) as tmp:
         report = quantize_model(cfg, tmp, warn=_warn, source=source)
     report.out = out
     _print_summary(report, cfg)
-    from quantkit.commands.fast_path import fast_path_for, print_fast_paths
-
     print_fast_paths(fast_path_for(out, (2, 4, 8)))
-    if check or (check is None and _cuda_available()):
-        _run_check(out, model, cfg.calib.source if Path(cfg.calib.source).exists() else None)
+    if flags.check or (flags.check is None and _cuda_available()):
+        _run_check(out, flags.model, cfg.calib.source if Path(cfg.calib.source).exists() else None)
 
 
-def _config(ctx: typer.Context):
-    """The one validated QuantizeConfig of this run: the command line's values, else the recipe's (--config),
-    else the defaults. Sets torch's threads (--threads) and, with --low-memory, bounds the heap."""
+def quantize_config(flags: QuantizeFlags, given: frozenset[str]):
+    """(the one validated QuantizeConfig of this run, the opened model): the values the command line gave
+    (`given`: their names), else the recipe's (--config), else the flags' defaults. Sets torch's threads (--threads)
+    and, with --low-memory, bounds the heap."""
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.errors import QuantkitError
     from quantkit.model.source import open_model
 
-    p = ctx.params
-    if p["model"] is None or p["out"] is None:
+    p = flags
+    if p.model is None or p.out is None:
         raise QuantkitError("quantize needs MODEL and --out (or --list-configs)")
-    recipe, o = _options(ctx, p["config"])
-    source = open_model(p["model"])  # resolved and read once for the whole run
-    if p["threads"]:
+    recipe, o = _options(flags, given)
+    source = open_model(p.model)  # resolved and read once for the whole run
+    if p.threads:
         import torch
 
-        torch.set_num_threads(p["threads"])
+        torch.set_num_threads(p.threads)
     calib = o["calib"]
     if calib is not None and o["method"] == "rtn" and o["scale_search"] != "imatrix":
         console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
@@ -106,10 +113,10 @@ def _config(ctx: typer.Context):
     same = ("method", "format", "bits", "group_size", "sym", "desc_act", "static_groups", "damp", "true_sequential",
             "awq_duo_scaling", "awq_search_tokens", "scale_search")
     return QuantizeConfig(
-        model=p["model"], out=p["out"], calib=calib, device=p["device"], compute_dtype=p["compute_dtype"],
-        low_memory=_low_memory(p["low_memory"], p["dry_run"], source), force=p["force"], dry_run=p["dry_run"],
-        max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p["load_plan"],
-        quantize_lm_head=p["quantize_lm_head"], recipe=None if recipe is None else recipe.to_dict(), strict=p["strict"],
+        model=p.model, out=p.out, calib=calib, device=p.device, compute_dtype=p.compute_dtype,
+        low_memory=_low_memory(p.low_memory, p.dry_run, source), force=p.force, dry_run=p.dry_run,
+        max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p.load_plan,
+        quantize_lm_head=p.quantize_lm_head, recipe=None if recipe is None else recipe.to_dict(), strict=p.strict,
         **{k: o[k] for k in same},
     ), source
 
@@ -127,13 +134,13 @@ def _low_memory(asked: bool | None, dry_run: bool, source) -> bool:
     return on
 
 
-def _options(ctx: typer.Context, config: str | None):
+def _options(flags: QuantizeFlags, given: frozenset[str]):
     """(recipe, option values): the command line's, else the recipe's, else the defaults."""
     from quantkit.recipes import RECIPE_KEYS, find_recipe, load_recipe, merge
 
-    recipe = None if config is None else load_recipe(find_recipe(config))
-    given = {k: ctx.params[k] for k in RECIPE_KEYS if ctx.get_parameter_source(k).name != "DEFAULT"}
-    return recipe, merge(recipe, given, {k: ctx.params[k] for k in RECIPE_KEYS})
+    recipe = None if flags.config is None else load_recipe(find_recipe(flags.config))
+    values = {k: getattr(flags, k) for k in RECIPE_KEYS}
+    return recipe, merge(recipe, {k: v for k, v in values.items() if k in given}, values)
 
 
 def _print_recipes() -> None:

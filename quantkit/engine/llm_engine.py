@@ -21,7 +21,7 @@ from quantkit.engine.kv_sizing import plan_kv
 from quantkit.engine.model_runner import ModelRunner, kv_block_bytes
 from quantkit.engine.logprobs import check_logprobs_limit, logprob_dicts
 from quantkit.engine.parallel_sampling import RequestGroup, child_id, child_params
-from quantkit.engine.pooling import PoolingParams, PoolingState
+from quantkit.engine.pooling import PoolingParams, PoolingState, pool_step, split_params
 from quantkit.engine.request import Request, RequestOutput, RequestStatus
 from quantkit.engine.sampler import Sampler
 from quantkit.engine.sampling_params import SamplingParams
@@ -37,7 +37,6 @@ from quantkit.errors import QuantkitError
 
 log = logging.getLogger("quantkit.engine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-POOLING_SAMPLING = SamplingParams(max_tokens=1)  # an embedding request's (unused) sampling: one output, no logprobs
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -142,8 +141,7 @@ class LLMEngine:
         finished output's `embedding`). A bad prompt becomes a finished request with an error (its output comes
         with the next step), or with `reject_bad_prompt` raises QuantkitError and queues nothing. A live id raises
         QuantkitError."""
-        pooling = params if isinstance(params, PoolingParams) else None
-        params = POOLING_SAMPLING if pooling is not None else params
+        params, pooling = split_params(params)
         rid = request_id if request_id is not None else str(next(self._ids))
         if rid in self._groups:
             raise QuantkitError(f"request id {rid!r} is already in use")
@@ -213,7 +211,8 @@ class LLMEngine:
                 logits, hidden = self.runner.execute(out)
                 self.scheduler.update_from_output(out)
                 self._postprocess(out, logits)
-                self._pool(out, hidden)
+                for req in pool_step(out.pooling_spans(), hidden):  # embedding requests whose prompt has run
+                    self._finish(req, "stop")
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 log.exception("engine step failed")
                 self.last_error = exc
@@ -258,21 +257,6 @@ class LLMEngine:
             self._sample(plain, logits[plain_rows])
         if self.cfg.speculative_config is not None:
             self._propose([c.request for c in chunks])
-
-    def _pool(self, out: SchedulerOutput, hidden: torch.Tensor | None) -> None:
-        """Embedding requests: add each chunk's pooled rows of `hidden` [rows, hidden] to its request's pool; a request
-        whose prompt has now run finishes with its embedding (a recompute after preemption starts the pool again)."""
-        row = 0
-        for chunk, span in out.pooling_spans():
-            req, pool = chunk.request, chunk.request.pooling
-            if chunk.start == 0:
-                pool.reset()
-            if span:  # (a chunk before the one holding the last token reads nothing when pooling by last)
-                pool.add(hidden[row:row + len(span)])
-                row += len(span)
-            if chunk.start + chunk.num_tokens == req.num_tokens:
-                req.embedding = pool.result()
-                self._finish(req, "stop")
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """One token for each request, from its row of logits [len(reqs), V]."""

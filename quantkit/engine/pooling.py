@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.engine.sampling_params import SamplingParams
 from quantkit.errors import QuantkitError
 
 POOLING_METHODS = ("last", "mean")
 DEFAULT_POOLING = "last"  # vLLM's for a decoder LM served for embeddings
+POOLING_SAMPLING = SamplingParams(max_tokens=1)  # an embedding request's (unused) sampling: one output, no logprobs
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,29 @@ class PoolingState:
 def finish_pool(vector: torch.Tensor, normalize: bool) -> torch.Tensor:
     """L2-normalize a pooled vector [hidden] fp32 (as torch.nn.functional.normalize: eps 1e-12)."""
     return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
+
+
+def split_params(params: SamplingParams | PoolingParams) -> tuple[SamplingParams, PoolingParams | None]:
+    """(what the engine samples with, what it pools with): an embedding request samples nothing (POOLING_SAMPLING)."""
+    if isinstance(params, PoolingParams):
+        return POOLING_SAMPLING, params
+    return params, None
+
+
+def pool_step(spans: list[tuple], hidden: torch.Tensor | None) -> list:
+    """One engine step's embedding requests: add each chunk's pooled rows of `hidden` [rows, hidden] to its request's
+    pool (`spans`: SchedulerOutput.pooling_spans(), in the order of those rows). Returns the requests whose prompt has
+    now run, each with its `embedding` set, for the engine to finish. A recompute after preemption (a chunk from
+    position 0 again) starts the pool again."""
+    done, row = [], 0
+    for chunk, span in spans:
+        req, pool = chunk.request, chunk.request.pooling
+        if chunk.start == 0:
+            pool.reset()
+        if span:  # (a chunk before the one holding the last token reads nothing when pooling by last)
+            pool.add(hidden[row:row + len(span)])
+            row += len(span)
+        if chunk.start + chunk.num_tokens == req.num_tokens:
+            req.embedding = pool.result()
+            done.append(req)
+    return done

@@ -3,7 +3,7 @@
 `encoding_format` "base64" is what the official client asks for by default: each vector's float32 values,
 little-endian, base64-encoded (the client decodes them with numpy's float32); "float" is a JSON list.
 Every field of OpenAI's EmbeddingCreateParams is honoured (`user` is logged); any other field given a value is a 400
-that names it, as on the other endpoints (no field is silently ignored).
+that names it, by quantkit.serve.fields as on the other endpoints (no field is silently ignored).
 `dimensions` needs a Matryoshka-trained model (vLLM refuses it on any other, where cutting the vector loses what the
 dropped coordinates held): it is refused unless it asks for the model's own size.
 """
@@ -29,13 +29,6 @@ class EmbeddingRequest(OpenAIModel):
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     add_special_tokens: bool = True  # vLLM's
-
-
-def refuse_unknown(body: EmbeddingRequest) -> None:
-    for name, value in sorted((body.model_extra or {}).items()):
-        if value is not None:
-            raise APIError(400, f"{name} is not a field of /v1/embeddings; unknown fields are refused, not ignored",
-                           param=name)
 
 
 def check_dimensions(dimensions: int | None, hidden_size: int, model: str) -> None:

@@ -10,7 +10,7 @@ Input items (OpenAI's names), as chat messages:
 `instructions` is a system message before them. Anything else (images, files, item references, reasoning) is a
 400 naming the item.
 
-How tool_choice decides the output (`ToolMode`), as vLLM does for chat:
+How tool_choice decides the output (tool_choice.plan_tools, the chat endpoint's, as vLLM does for chat):
   none       tools are not shown to the model; the output is text
   auto       the output is parsed for calls in the server's tool-call format (`tool_calls.FORMATS`)
   required   the output is held by the structured-output mask to a JSON array of calls (tool_calls.required_schema)
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quantkit.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from quantkit.errors import QuantkitError
 from quantkit.serve.errors import APIError
-from quantkit.serve.tool_calls import required_schema
+from quantkit.serve.fields import LOGPROBS_INCLUDE
+from quantkit.serve.tool_choice import ToolPlan, ToolRequest
 
 log = logging.getLogger("quantkit.serve")
-ToolMode = Literal["none", "auto", "required", "named"]
 
 
 class _Item(BaseModel):
@@ -112,7 +111,7 @@ class StreamOptions(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    """The honoured fields (responses_fields.FIELDS); the others were checked before this model is built."""
+    """The honoured fields (fields.FIELDS[RESPONSES]); the others were checked before this model is built."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
@@ -135,23 +134,8 @@ class ResponsesRequest(BaseModel):
     truncation: str | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
-
-
-@dataclass(frozen=True)
-class ToolPlan:
-    mode: ToolMode
-    tools: list[dict]  # what the template sees, chat-shaped ([] with mode "none")
-    named: str | None = None  # mode "named": the function
-    max_calls: int | None = None  # parallel_tool_calls false -> 1, max_tool_calls
-
-    def schema(self) -> dict | None:
-        """The JSON schema the output is held to, or None (free text)."""
-        if self.mode == "required":
-            schema = required_schema(self.tools)
-            return schema if self.max_calls is None else {**schema, "maxItems": self.max_calls}
-        if self.mode == "named":
-            return next(t["function"]["parameters"] for t in self.tools if t["function"]["name"] == self.named)
-        return None
+    include: list[str] | None = None  # message.output_text.logprobs only (fields.FIELDS)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 def validated(model: type[BaseModel], value, param: str):
@@ -220,32 +204,24 @@ def _arguments(text: str):
         return text
 
 
-def tool_plan(body: ResponsesRequest) -> ToolPlan:
+def tool_request(body: ResponsesRequest) -> ToolRequest:
+    """The request's tools and tool_choice in the chat endpoint's shapes, for tool_choice.plan_tools: function tools
+    only, allowed_tools narrowing them; auto, the default, asks nothing without tools."""
     tools = [validated(FunctionTool, t, f"tools[{i}]").as_chat() if t.get("type") == "function"
              else _unsupported_tool(i, t) for i, t in enumerate(body.tools)]
     choice = body.tool_choice
-    max_calls = body.max_tool_calls if body.parallel_tool_calls else 1  # max_tool_calls is at least 1
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         allowed = {t.get("name") for t in choice.get("tools", []) if isinstance(t, dict)}
         tools = [t for t in tools if t["function"]["name"] in allowed]
         choice = choice.get("mode", "auto")
+    limits = dict(parallel=body.parallel_tool_calls, max_calls=body.max_tool_calls)
     if isinstance(choice, dict):
         name = choice.get("name")
         if choice.get("type") != "function" or not isinstance(name, str):
             raise APIError(400, f"tool_choice: {choice!r} is not supported: only none, auto, required, "
                                 "{'type': 'function', 'name': ...} and allowed_tools", param="tool_choice")
-        if all(t["function"]["name"] != name for t in tools):
-            raise APIError(400, f"tool_choice: no function tool named {name!r} in tools", param="tool_choice")
-        return ToolPlan("named", tools, name, max_calls)
-    if choice not in ("none", "auto", "required"):
-        raise APIError(400, f"tool_choice: {choice!r} is not one of none, auto, required", param="tool_choice")
-    if not tools:
-        if choice == "required":
-            raise APIError(400, "tool_choice: 'required' needs at least one function tool", param="tool_choice")
-        return ToolPlan("none", [])
-    if choice == "none":  # the tools still reach the chat template, as the chat endpoint's "none"
-        return ToolPlan("none", tools)
-    return ToolPlan(choice, tools, max_calls=max_calls)
+        return ToolRequest(tools, "named", name, **limits)
+    return ToolRequest(tools, None if choice == "auto" and not tools else choice, **limits)
 
 
 def _unsupported_tool(i: int, tool: dict) -> dict:
@@ -254,15 +230,14 @@ def _unsupported_tool(i: int, tool: dict) -> dict:
 
 
 def structured_output(body: ResponsesRequest, plan: ToolPlan) -> StructuredOutputsParams | None:
-    """text.format, or the tool plan's schema; both at once constrain one output twice: a 400."""
+    """text.format, or the tool plan's mask; both at once constrain one output twice: a 400."""
     fmt = body.text.format if body.text is not None else TextFormat()
-    schema = plan.schema()
-    if schema is not None and fmt.type != "text":
+    if plan.spec is not None and fmt.type != "text":
         raise APIError(400, f"text.format {fmt.type!r} cannot be combined with tool_choice {plan.mode!r}: both "
                             "would constrain the same output", param="text.format")
+    if plan.spec is not None:
+        return plan.spec
     try:
-        if schema is not None:
-            return StructuredOutputsParams(json=schema)
         if fmt.type == "json_object":
             return StructuredOutputsParams(json_object=True)
         if fmt.type == "json_schema":
@@ -274,10 +249,26 @@ def structured_output(body: ResponsesRequest, plan: ToolPlan) -> StructuredOutpu
     return None
 
 
-def sampling_params(body: ResponsesRequest, max_tokens: int, spec: StructuredOutputsParams | None) -> SamplingParams:
+def num_logprobs(body: ResponsesRequest, plan: ToolPlan) -> int | None:
+    """How many alternatives come with each output token's logprob (OpenAI's way: include
+    message.output_text.logprobs asks for the logprobs, top_logprobs for alternatives), or None when not asked.
+    They are reported on output_text, so only where the output is text (tool_choice none or no tools)."""
+    if LOGPROBS_INCLUDE not in (body.include or []):
+        if body.top_logprobs:
+            raise APIError(400, f"top_logprobs needs include [{LOGPROBS_INCLUDE!r}] (as OpenAI's API)",
+                           param="top_logprobs")
+        return None
+    if plan.mode != "none":
+        raise APIError(400, f"include {LOGPROBS_INCLUDE}: logprobs come on output text, so not with tool_choice "
+                            f"{plan.mode!r} (the output may hold calls)", param="include")
+    return body.top_logprobs or 0
+
+
+def sampling_params(body: ResponsesRequest, max_tokens: int, spec: StructuredOutputsParams | None,
+                    logprobs: int | None = None) -> SamplingParams:
     try:
         return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
                               top_p=1.0 if body.top_p is None else body.top_p, max_tokens=max_tokens,
-                              structured_outputs=spec)
+                              structured_outputs=spec, logprobs=logprobs)
     except QuantkitError as exc:
         raise APIError(400, str(exc)) from exc

@@ -21,9 +21,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from quantkit.serve.responses_in import ResponsesRequest, ToolPlan
-from quantkit.serve.tool_calls import (FORMATS, StreamEvent, ToolCall, ToolCallStream, calls_from_required,
-                                       new_call_id)
+from quantkit.serve.responses_in import ResponsesRequest
+from quantkit.serve.tool_calls import StreamEvent, ToolCall, ToolCallStream, calls_from_required, new_call_id
+from quantkit.serve.tool_choice import ToolPlan
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 OBFUSCATION_BLOCK = 16  # delta events are padded to a multiple of this many characters (stream_options)
@@ -73,11 +73,11 @@ class _HeldCalls(OutputDecoder):
         return [StreamEvent(index=i, call=c) for i, c in enumerate(calls)]
 
 
-def output_decoder(plan: ToolPlan, parser: str) -> OutputDecoder | ToolCallStream:
+def output_decoder(plan: ToolPlan) -> OutputDecoder | ToolCallStream:
     if plan.mode == "auto":
-        return ToolCallStream(FORMATS[parser])
+        return ToolCallStream(plan.parser)
     if plan.mode in ("required", "named"):
-        return _HeldCalls(plan.named)
+        return _HeldCalls(plan.name)
     return OutputDecoder()
 
 
@@ -93,6 +93,7 @@ class ResponseEvents:
     _seq: int = 0
     _message: dict | None = None  # the open message item
     _calls: int = 0
+    _logprobs: list[dict] = field(default_factory=list)  # output tokens' logprobs not yet on a text delta
 
     def response(self, status: str, usage_: dict | None = None, incomplete: str | None = None,
                  error: dict | None = None) -> dict:
@@ -106,7 +107,8 @@ class ResponseEvents:
                 "service_tier": "default", "store": b.store,
                 "temperature": 1.0 if b.temperature is None else b.temperature,
                 "text": b.text.model_dump(by_alias=True, exclude_none=True) if b.text else {"format": {"type": "text"}},
-                "tool_choice": b.tool_choice, "tools": b.tools, "top_p": 1.0 if b.top_p is None else b.top_p,
+                "tool_choice": b.tool_choice, "tools": b.tools, "top_logprobs": b.top_logprobs,
+                "top_p": 1.0 if b.top_p is None else b.top_p,
                 "truncation": "disabled", "usage": usage_, "user": b.user}
 
     def _event(self, type_: str, **fields) -> dict:
@@ -118,6 +120,11 @@ class ResponseEvents:
         return [self._event("response.created", response=self.response("in_progress")),
                 self._event("response.in_progress", response=self.response("in_progress"))]
 
+    def logprobs(self, entries: list[dict]) -> None:
+        """Output tokens' logprobs (chat's entries: token, logprob, bytes, top_logprobs), for the next text delta
+        (a token may add no text yet: a byte of a character)."""
+        self._logprobs += entries
+
     def pieces(self, events: list[StreamEvent]) -> list[dict]:
         out: list[dict] = []
         for e in events:
@@ -126,10 +133,13 @@ class ResponseEvents:
 
     def text(self, delta: str) -> list[dict]:
         events = [] if self._message is not None else self._open_message()
-        self._message["content"][0]["text"] += delta
+        logprobs, self._logprobs = self._logprobs, []
+        part = self._message["content"][0]
+        part["text"] += delta
+        part["logprobs"] += logprobs
         return events + [self._event("response.output_text.delta", item_id=self._message["id"],
-                                     output_index=len(self.output) - 1, content_index=0, delta=delta, logprobs=[],
-                                     **self._padding(delta))]
+                                     output_index=len(self.output) - 1, content_index=0, delta=delta,
+                                     logprobs=logprobs, **self._padding(delta))]
 
     def call(self, call: ToolCall) -> list[dict]:
         if self.max_calls is not None and self._calls >= self.max_calls:
@@ -179,9 +189,10 @@ class ResponseEvents:
         if message is None:
             return []
         index, part = self.output.index(message), message["content"][0]
-        message["status"] = status
+        part["logprobs"] += self._logprobs  # tokens that added no text
+        message["status"], self._logprobs = status, []
         common = {"item_id": message["id"], "output_index": index, "content_index": 0}
-        return [self._event("response.output_text.done", **common, text=part["text"], logprobs=[]),
+        return [self._event("response.output_text.done", **common, text=part["text"], logprobs=part["logprobs"]),
                 self._event("response.content_part.done", **common, part=part),
                 self._event("response.output_item.done", output_index=index, item=message)]
 

@@ -1,4 +1,5 @@
-"""`tools` and `tool_choice` of a chat request: what constrains the output, and how the output becomes tool calls.
+"""`tools` and `tool_choice` of a request (chat, or the Responses API's through responses_in.tool_request): what
+constrains the output, and how the output becomes tool calls.
 
   none       the tools reach the chat template; the output is text
   auto       the model may call: its output is parsed by --tool-call-parser (needs --enable-auto-tool-choice, as vLLM)
@@ -18,19 +19,32 @@ from dataclasses import dataclass, field
 
 from quantkit.engine.sampling_params import StructuredOutputsParams
 from quantkit.serve.errors import APIError
-from quantkit.serve.protocol import ChatCompletionRequest
+from quantkit.serve.protocol import ChatCompletionRequest, NamedToolChoice
 from quantkit.serve.tool_calls import (FORMATS, ToolCall, ToolCallFormat, ToolCallStream, calls_from_required,
                                        new_call_id, parse_tool_calls, required_schema)
 
 
 @dataclass(frozen=True)
+class ToolRequest:
+    """What a request asks of tools, in the chat endpoint's shapes whichever endpoint it came by (chat_tool_request,
+    responses_in.tool_request)."""
+
+    tools: list[dict]  # OpenAI's chat tool objects ({"type": "function", "function": {...}})
+    choice: str | None  # none, auto, required, named; None: OpenAI's default (auto with tools, none without)
+    name: str | None = None  # named's function
+    parallel: bool = True  # parallel_tool_calls
+    max_calls: int | None = None  # max_tool_calls (the Responses API's)
+
+
+@dataclass(frozen=True)
 class ToolPlan:
     mode: str  # none, auto, required, named
-    tools: list[dict]  # OpenAI's tool objects, for the chat template
+    tools: list[dict]  # OpenAI's tool objects, for the chat template ([] without tools)
     spec: StructuredOutputsParams | None = None  # the mask of required and named
     parser: ToolCallFormat | None = None  # auto's
     name: str | None = None  # named's tool
     parallel: bool = True
+    max_calls: int | None = None  # at most this many calls are returned (1 with parallel_tool_calls false)
 
 
 def require_auto_enabled(auto_enabled: bool, parser: str | None) -> None:
@@ -40,31 +54,42 @@ def require_auto_enabled(auto_enabled: bool, parser: str | None) -> None:
                        param="tool_choice")
 
 
-def plan_tools(body: ChatCompletionRequest, auto_enabled: bool, parser: str | None) -> ToolPlan | None:
-    """The request's plan, or None without tools; a 400 for a choice that cannot be served."""
+def chat_tool_request(body: ChatCompletionRequest) -> ToolRequest:
     choice = body.tool_choice
-    if not body.tools:
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    if isinstance(choice, NamedToolChoice):
+        return ToolRequest(tools, "named", choice.function.name, body.parallel_tool_calls)
+    return ToolRequest(tools, choice, parallel=body.parallel_tool_calls)
+
+
+def plan_tools(request: ToolRequest, auto_enabled: bool, parser: str | None) -> ToolPlan:
+    """The request's plan (mode "none" without tools); a 400 for a choice that cannot be served."""
+    choice, tools = request.choice, request.tools
+    if choice not in (None, "none", "auto", "required") and not (choice == "named" and request.name is not None):
+        raise APIError(400, f"tool_choice: {choice!r} is not one of none, auto, required", param="tool_choice")
+    if not tools:
         if choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        return None
-    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+        return ToolPlan("none", [])
     choice = "auto" if choice is None else choice  # OpenAI's default when tools are given
+    max_calls = request.max_calls if request.parallel else 1
     if choice == "none":
         return ToolPlan("none", tools)
     if choice == "auto":
         require_auto_enabled(auto_enabled, parser)
-        return ToolPlan("auto", tools, parser=FORMATS[parser], parallel=body.parallel_tool_calls)
+        return ToolPlan("auto", tools, parser=FORMATS[parser], parallel=request.parallel, max_calls=max_calls)
     if choice == "required":
         schema = required_schema(tools)
-        if not body.parallel_tool_calls:
-            schema["maxItems"] = 1
-        return ToolPlan("required", tools, StructuredOutputsParams(json=schema), parallel=body.parallel_tool_calls)
-    named = next((t for t in body.tools if t.function.name == choice.function.name), None)
+        if max_calls is not None:
+            schema["maxItems"] = max_calls
+        return ToolPlan("required", tools, StructuredOutputsParams(json=schema), parallel=request.parallel,
+                        max_calls=max_calls)
+    named = next((t["function"] for t in tools if t["function"]["name"] == request.name), None)
     if named is None:
-        raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools",
-                       param="tool_choice")
-    schema = named.function.parameters or {"type": "object"}
-    return ToolPlan("named", tools, StructuredOutputsParams(json=schema), name=named.function.name, parallel=False)
+        raise APIError(400, f"tool_choice names {request.name!r}, which is not among the tools", param="tool_choice")
+    schema = named.get("parameters") or {"type": "object"}
+    return ToolPlan("named", tools, StructuredOutputsParams(json=schema), name=request.name, parallel=False,
+                    max_calls=max_calls)
 
 
 def message_calls(plan: ToolPlan, text: str, finish_reason: str | None) -> tuple[str | None, list[ToolCall]]:

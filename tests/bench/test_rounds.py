@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.bench.rounds import per_round, round_order
+from quantkit.bench.rounds import alternate, per_round, round_order
 
 
 def test_rounds_reverse_the_order_every_other_time():
@@ -14,3 +14,10 @@ def test_rounds_reverse_the_order_every_other_time():
 def test_per_round_ratios_give_their_median_and_quartiles():
     assert per_round([2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 2.0, 2.0]) == "2.25x, quartiles 2.00-2.88x"  # ratios 2, 3, 2, 2.5
     assert per_round([3.0, 4.0], [2.0, 2.0]) == "1.75x"  # too few rounds for quartiles
+
+
+def test_alternate_runs_each_variant_once_a_round_in_round_order():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or float(len(calls))) for name in ("a", "b")}
+    assert alternate(runs, 3) == {"a": [1.0, 4.0, 5.0], "b": [2.0, 3.0, 6.0]}
+    assert calls == ["a", "b", "b", "a", "a", "b"]

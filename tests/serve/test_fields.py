@@ -10,29 +10,32 @@ import typing
 import httpx
 import openai
 import pytest
-from openai.types import completion_create_params
+from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
-from quantkit.serve.fields import CHAT, COMPLETIONS, FIELDS, endpoint_fields
+from quantkit.serve.embeddings import EmbeddingRequest
+from quantkit.serve.errors import APIError
+from quantkit.serve.fields import CHAT, COMPLETIONS, EMBEDDINGS, FIELDS, PATHS as ENDPOINT_PATHS, check_fields
 from quantkit.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 CLIENT_TYPES = {CHAT: chat_create_params.CompletionCreateParamsBase,
-                COMPLETIONS: completion_create_params.CompletionCreateParamsBase}
-MODELS = {CHAT: ChatCompletionRequest, COMPLETIONS: CompletionRequest}
+                COMPLETIONS: completion_create_params.CompletionCreateParamsBase,
+                EMBEDDINGS: embedding_create_params.EmbeddingCreateParams}
+MODELS = {CHAT: ChatCompletionRequest, COMPLETIONS: CompletionRequest, EMBEDDINGS: EmbeddingRequest}
 PATHS = {CHAT: "chat/completions", COMPLETIONS: "completions"}
 
 
 @pytest.mark.parametrize("endpoint", CLIENT_TYPES)
 def test_every_field_of_the_official_client_is_honoured_or_refused(endpoint):
     """A new openai release with a new field fails here until the field is classified in quantkit.serve.fields."""
-    fields = set(typing.get_type_hints(CLIENT_TYPES[endpoint])) | {"stream"}
-    assert not fields - set(endpoint_fields(endpoint)), "unclassified: add them to quantkit/serve/fields.py"
+    fields = set(typing.get_type_hints(CLIENT_TYPES[endpoint])) | ({"stream"} if endpoint != EMBEDDINGS else set())
+    assert not fields - set(FIELDS[endpoint]), "unclassified: add them to quantkit/serve/fields.py"
 
 
 @pytest.mark.parametrize("endpoint", CLIENT_TYPES)
 def test_the_honoured_fields_are_exactly_the_request_models_fields(endpoint):
     """What the table calls honoured the request model reads; what it refuses the model does not declare."""
-    honoured = {name for name, f in endpoint_fields(endpoint).items() if f.honoured}
+    honoured = {name for name, f in FIELDS[endpoint].items() if f.honoured}
     declared = {f.alias or name for name, f in MODELS[endpoint].model_fields.items()}
     assert honoured == declared
 
@@ -56,8 +59,21 @@ def test_a_refused_or_unknown_field_is_a_400_naming_it(stories_server, endpoint,
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == name and error["message"].startswith(name) and error["type"] == "invalid_request_error"
-    spec = FIELDS.get(name)
-    assert spec is None or not spec.honoured or endpoint not in spec.endpoints
+    spec = FIELDS[endpoint].get(name)
+    assert spec is None or not spec.honoured
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINT_PATHS)
+def test_one_check_serves_every_endpoint(endpoint):
+    """Null asks for nothing and passes unknown; any other value of an unknown field is a 400 naming it and the
+    endpoint, with the endpoint that honours it when there is one."""
+    check_fields(endpoint, {"no_such_field": None})
+    with pytest.raises(APIError) as unknown:
+        check_fields(endpoint, {"no_such_field": 1})
+    assert unknown.value.status == 400 and unknown.value.param == "no_such_field"
+    assert unknown.value.message.startswith(f"no_such_field is not a field of {ENDPOINT_PATHS[endpoint]};")
+    with pytest.raises(APIError, match=r"tools is not a field of /v1/completions \(it belongs to /v1/chat/completions\)"):
+        check_fields(COMPLETIONS, {"tools": []})
 
 
 def test_an_unknown_message_field_is_a_400_unless_null(tools_server):

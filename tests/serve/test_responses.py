@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from quantkit.serve.responses_fields import FIELDS
+from quantkit.serve.fields import FIELDS, RESPONSES
 from tests_support.serving import serve_in_thread, settings_for
 
 # A chat template that shows tools, tool calls and tool results, so the round trip reaches the prompt.
@@ -160,22 +160,24 @@ def test_a_named_function_streams_its_call(client):
     assert final.output[0].arguments == done[0].arguments and final.output[0].status == "completed"
 
 
-# A value that asks for something, for each field the server refuses (FIELDS' honoured=False).
-REFUSED = {"top_logprobs": 3, "include": ["message.output_text.logprobs"], "previous_response_id": "resp_1",
+# A value that asks for something, for each field the server refuses (FIELDS[RESPONSES]' honoured=False).
+REFUSED = {"previous_response_id": "resp_1",
            "conversation": "conv_1", "background": True, "background_options": {"x": 1},
            "prompt": {"id": "pmpt_1"}, "reasoning": {"effort": "high"}, "context_management": [{"type": "compaction"}],
            "prompt_cache_options": {"mode": "explicit"}, "moderation": {"model": "m"}, "image": {"detail": "low"},
            "access_programs": {"cyber": "standard"}}
 # Honoured fields that take only some values, with one they refuse.
-LIMITED = {"truncation": "auto", "service_tier": "priority", "prompt_cache_retention": "24h"}
+LIMITED = {"truncation": "auto", "service_tier": "priority", "prompt_cache_retention": "24h",
+           "include": ["message.output_text.logprobs", "reasoning.encrypted_content"],
+           "top_logprobs": 21}  # OpenAI's bound is 20
 
 
 def test_every_client_field_is_classified():
     """A field a new openai release adds fails here until FIELDS says whether it is honoured or refused."""
     from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
-    assert set(ResponseCreateParamsBase.__annotations__) | {"stream"} == set(FIELDS)
-    assert set(REFUSED) == {name for name, rule in FIELDS.items() if not rule.honoured}
+    assert set(ResponseCreateParamsBase.__annotations__) | {"stream"} == set(FIELDS[RESPONSES])
+    assert set(REFUSED) == {name for name, rule in FIELDS[RESPONSES].items() if not rule.honoured}
 
 
 @pytest.mark.parametrize("field,value", [*REFUSED.items(), *LIMITED.items(), ("temprature", 0.5)])
@@ -194,6 +196,9 @@ def test_a_value_that_asks_nothing_is_accepted(client, field, value):
 
 
 @pytest.mark.parametrize("body,param", [
+    ({"input": "Hi", "top_logprobs": 3}, "top_logprobs"),  # without include message.output_text.logprobs
+    ({"input": "Hi", "include": ["message.output_text.logprobs"], "tools": [WEATHER], "tool_choice": "required"},
+     "include"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
@@ -215,6 +220,36 @@ def test_bad_requests_are_400s_in_openais_shape(server, body, param):
         assert err["param"] == param, err
 
 
+def test_logprobs_come_on_output_text_as_chat_reports_them(client):
+    """include message.output_text.logprobs with top_logprobs: each output token's logprob and alternatives on the
+    output_text part (and on each delta event, streamed), the same as the chat endpoint's for the same prompt."""
+    include = ["message.output_text.logprobs"]
+    r = client.responses.create(model="stories", input="Once", max_output_tokens=8, temperature=0, top_logprobs=3,
+                                include=include)
+    part = r.output[0].content[0]
+    assert r.top_logprobs == 3 and len(part.logprobs) == r.usage.output_tokens == 8
+    chat = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Once"}],
+                                          max_completion_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    assert part.text == chat.choices[0].message.content
+    expected = chat.choices[0].logprobs.content
+    assert [lp.token for lp in part.logprobs] == [lp.token for lp in expected]
+    assert [lp.bytes for lp in part.logprobs] == [lp.bytes for lp in expected]
+    assert [lp.logprob for lp in part.logprobs] == pytest.approx([lp.logprob for lp in expected], abs=1e-4)
+    for got, want in zip(part.logprobs, expected):
+        assert len(got.top_logprobs) == 3 and [t.token for t in got.top_logprobs] == [t.token for t in want.top_logprobs]
+        assert got.top_logprobs[0].logprob >= got.top_logprobs[-1].logprob and got.logprob <= 0
+
+    events = list(client.responses.create(model="stories", input="Once", max_output_tokens=8, temperature=0,
+                                          top_logprobs=3, include=include, stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = events[-1].response.output[0].content[0]
+    assert [lp.token for lp in streamed] == [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]
+    assert [lp.logprob for lp in final.logprobs] == pytest.approx([lp.logprob for lp in part.logprobs], abs=1e-4)
+    plain = client.responses.create(model="stories", input="Once", max_output_tokens=4, temperature=0)
+    assert plain.output[0].content[0].logprobs == [] and plain.top_logprobs is None  # not asked: none
+
+
 def test_stored_responses_are_refused_as_the_server_is_stateless(client):
     with pytest.raises(openai.BadRequestError, match="stateless"):
         client.responses.retrieve("resp_123")
@@ -224,18 +259,39 @@ def test_stored_responses_are_refused_as_the_server_is_stateless(client):
 
 def _decoded(text: str, splits: int, plan_mode: str = "auto", max_calls: int | None = None) -> tuple[list, dict]:
     """The events and final response of an output fed to tool_choice's decoder in `splits` pieces."""
-    from quantkit.serve.responses_in import ResponsesRequest, ToolPlan
+    from quantkit.serve.responses_in import ResponsesRequest, tool_request
     from quantkit.serve.responses_out import ResponseEvents, output_decoder, usage
+    from quantkit.serve.tool_choice import plan_tools
 
-    events = ResponseEvents(ResponsesRequest(input="x"), "m", max_calls)
-    decoder = output_decoder(ToolPlan(plan_mode, [{"type": "function", "function": WEATHER}], max_calls=max_calls),
-                             "hermes")
+    body = ResponsesRequest(input="x", tools=[WEATHER], tool_choice=plan_mode, max_tool_calls=max_calls)
+    plan = plan_tools(tool_request(body), auto_enabled=True, parser="hermes")  # the route's own way to its plan
+    assert plan.max_calls == max_calls
+    events = ResponseEvents(body, "m", plan.max_calls)
+    decoder = output_decoder(plan)
     out = events.start()
     step = -(-len(text) // splits)
     for i in range(0, len(text), step):
         out += events.pieces(decoder.feed(text[i:i + step]))
     out += events.pieces(decoder.finish()) + events.finish(usage(3, 4), None)
     return out, out[-1]["response"]
+
+
+@pytest.mark.parametrize("choice", ["none", "auto", "required", {"type": "function", "name": "get_weather"}])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_responses_request_gets_the_plan_of_the_same_chat_request(choice, parallel):
+    """One planner, tool_choice.plan_tools, for both endpoints: the same tools and choice, the same plan."""
+    from quantkit.serve.protocol import ChatCompletionRequest
+    from quantkit.serve.responses_in import ResponsesRequest, tool_request
+    from quantkit.serve.tool_choice import chat_tool_request, plan_tools
+
+    function = {k: v for k, v in WEATHER.items() if k != "type"}
+    chat_choice = {"type": "function", "function": {"name": choice["name"]}} if isinstance(choice, dict) else choice
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tool_choice=chat_choice,
+                                 tools=[{"type": "function", "function": function}], parallel_tool_calls=parallel)
+    responses = ResponsesRequest(input="x", tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel)
+    plans = [plan_tools(r, auto_enabled=True, parser="hermes")
+             for r in (chat_tool_request(chat), tool_request(responses))]
+    assert plans[0] == plans[1] and plans[0].mode == (choice if isinstance(choice, str) else "named")
 
 
 @pytest.mark.parametrize("splits", [1, 7, 200])

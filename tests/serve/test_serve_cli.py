@@ -52,3 +52,17 @@ def test_a_missing_model_path_is_one_line_before_the_server_starts(tmp_path):
     code, output = serve_until_it_exits(missing, timeout=120)
     assert code == 2, output
     assert output.strip() == f"error: {missing}: no such folder", output
+
+
+def test_the_typed_flags_build_the_settings():
+    """serve_settings, the flag handling: ServeFlags' defaults are the command line's, and each flag lands in its
+    ServeSettings / EngineConfig field."""
+    from quantkit.commands.serve import ServeFlags, serve_settings
+
+    settings = serve_settings(ServeFlags(model="m", served_model_name=["a", "b"], kv_cache_memory="512MiB", seed=3,
+                                         allowed_origins='["https://a.example"]', max_num_seqs=8))
+    assert settings.served_model_names == ("a", "b") and settings.port == 8000 and settings.pooling == "last"
+    assert settings.allowed_origins == ("https://a.example",) and settings.allowed_methods == ("*",)
+    engine = settings.engine
+    assert (engine.model, engine.max_num_seqs, engine.kv_cache_memory, engine.seed) == ("m", 8, 512 * 2**20, 3)
+    assert engine.enable_prefix_caching and engine.block_size == 16

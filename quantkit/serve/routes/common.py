@@ -1,12 +1,15 @@
-"""What the routes share: the server state, prompt tokenization."""
+"""What the routes share: the server state, a request's admission, prompt tokenization."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any, NamedTuple
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from quantkit.serve.errors import APIError
+from quantkit.serve.fields import check_body
 from quantkit.serve.protocol import Prompt
 from quantkit.serve.state import ServerState
 
@@ -15,6 +18,22 @@ log = logging.getLogger("quantkit.serve")
 
 def server(request: Request) -> ServerState:
     return request.app.state.server
+
+
+class Admitted(NamedTuple):
+    state: ServerState
+    engine: Any  # the ready LLMEngine (read-only use)
+    model: str  # the served model name the response reports
+
+
+def admit(request: Request, body: BaseModel, endpoint: str) -> Admitted:
+    """What a generation or embedding route does first: the engine must be ready (503), the body's `model` one of
+    the served names (404), and every field of the body one `endpoint` honours (400; quantkit.serve.fields)."""
+    state = server(request)
+    engine = state.require_ready()
+    model = state.check_model(body.model)
+    check_body(body, endpoint)
+    return Admitted(state, engine, model)
 
 
 def encode(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:

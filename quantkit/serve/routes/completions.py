@@ -10,11 +10,11 @@ import dataclasses
 
 from fastapi import APIRouter, Request
 
-from quantkit.serve.fields import COMPLETIONS, refuse_unsupported
+from quantkit.serve.fields import COMPLETIONS
 from quantkit.serve.generation import Job
 from quantkit.serve.protocol import CompletionRequest
 from quantkit.serve.responses import Format
-from quantkit.serve.routes.common import check_token_ids, log_user, prompt_token_ids, server
+from quantkit.serve.routes.common import admit, check_token_ids, log_user, prompt_token_ids
 from quantkit.serve.sampling import check_context, num_logprobs, requested_max_tokens, sampling_params
 from quantkit.serve.structured import structured_spec
 
@@ -23,10 +23,7 @@ router = APIRouter()
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
-    state = server(request)
-    engine = state.require_ready()
-    model = state.check_model(body.model)
-    refuse_unsupported(body, COMPLETIONS)
+    state, engine, model = admit(request, body, COMPLETIONS)
     spec = structured_spec(body)
     tokenizer = state.tokenizer
     prompts = prompt_token_ids(tokenizer, body.prompt)

@@ -18,21 +18,18 @@ from quantkit.serve.embeddings import (
     check_dimensions,
     check_input_length,
     embedding_response,
-    refuse_unknown,
 )
 from quantkit.serve.errors import APIError
+from quantkit.serve.fields import EMBEDDINGS
 from quantkit.serve.generation import ClientGone, to_api_error, until_disconnect
-from quantkit.serve.routes.common import check_token_ids, log_user, prompt_token_ids, server
+from quantkit.serve.routes.common import admit, check_token_ids, log_user, prompt_token_ids
 
 router = APIRouter()
 
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
-    state = server(request)
-    engine = state.require_ready()
-    model = state.check_model(body.model)
-    refuse_unknown(body)
+    state, engine, model = admit(request, body, EMBEDDINGS)
     check_dimensions(body.dimensions, engine.model.shape.hidden_size, model)
     prompts = prompt_token_ids(state.tokenizer, body.input, "input", body.add_special_tokens)
     check_input_length(prompts, engine.max_model_len)

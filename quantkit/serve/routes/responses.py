@@ -1,6 +1,6 @@
 """POST /v1/responses (OpenAI's Responses API), stateless: the request holds the whole conversation.
 
-The fields are checked against responses_fields.FIELDS first (a 400 names anything not honoured), the input becomes
+The fields are checked against fields.FIELDS first (a 400 names anything not honoured), the input becomes
 chat messages through the chat template (responses_in), the engine runs one sample, and responses_out turns its
 output into the response object or its stream of events. Nothing is stored, so the routes that read stored responses
 answer 400 and say why.
@@ -10,43 +10,41 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from quantkit.engine.request import RequestOutput
+from quantkit.engine.request import CompletionOutput, RequestOutput
 from quantkit.serve.chat_template import render_conversation
 from quantkit.serve.errors import APIError
+from quantkit.serve.fields import RESPONSES, STATELESS, check_fields
 from quantkit.serve.generation import ClientGone, Job, to_api_error, until_disconnect
-from quantkit.serve.responses import Format
-from quantkit.serve.responses_fields import STATELESS, check_fields
-from quantkit.serve.responses_in import (ResponsesRequest, validated, conversation, input_items, sampling_params,
-                                         structured_output, tool_plan)
+from quantkit.serve.responses import Format, chat_logprobs
+from quantkit.serve.responses_in import (ResponsesRequest, validated, conversation, input_items, num_logprobs,
+                                         sampling_params, structured_output, tool_request)
 from quantkit.serve.responses_out import ResponseEvents, output_decoder, sse_event, usage
 from quantkit.serve.routes.common import encode, server
 from quantkit.serve.sampling import check_context
-from quantkit.serve.tool_choice import require_auto_enabled
+from quantkit.serve.tool_choice import plan_tools
 
 log = logging.getLogger("quantkit.serve")
 router = APIRouter()
-DEFAULT_TOOL_CALL_PARSER = "hermes"  # required and named calls' output, when the server has no --tool-call-parser
 INCOMPLETE = {"length": "max_output_tokens"}  # engine finish_reason -> incomplete_details.reason
 CONTEXT_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens"}  # check_context's names -> these
 
 
 @router.post("/v1/responses")
 async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
-    check_fields(raw)
+    check_fields(RESPONSES, raw)
     body = validated(ResponsesRequest, raw, "")
     state = server(request)
     engine = state.require_ready()
     model = state.check_model(body.model)
     if body.user or body.safety_identifier:
         log.info("responses request: user=%s safety_identifier=%s", body.user, body.safety_identifier)
-    plan = tool_plan(body)
-    if plan.mode == "auto":  # OpenAI's default whenever tools are given, under the chat endpoint's rule
-        require_auto_enabled(state.settings.enable_auto_tool_choice, state.settings.tool_call_parser)
+    plan = plan_tools(tool_request(body), state.settings.enable_auto_tool_choice, state.settings.tool_call_parser)
     spec = structured_output(body, plan)
     text = render_conversation(state.tokenizer, conversation(body.instructions, input_items(body.input)),
                                state.settings.chat_template, add_generation_prompt=True, tools=plan.tools or None)
@@ -56,7 +54,8 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     except APIError as exc:
         exc.param = CONTEXT_PARAMS.get(exc.param, exc.param)
         raise
-    params = sampling_params(body, max_tokens, spec)
+    top_logprobs = num_logprobs(body, plan)
+    params = sampling_params(body, max_tokens, spec, top_logprobs)
     state.check_queue()
     events = ResponseEvents(body, model, plan.max_calls,
                             obfuscate=body.stream_options is None or body.stream_options.include_obfuscation)
@@ -64,20 +63,35 @@ async def create_response(request: Request, raw: dict[str, Any] = Body(...)):
     # here but for its fields, since responses_out writes this endpoint's bodies. The engine request is named resp_...
     job = Job(state, Format(chat=True, model=model, tokenizer=None, top_logprobs=None), [ids], params)
     job.request_ids = [events.id]
-    parser = state.settings.tool_call_parser or DEFAULT_TOOL_CALL_PARSER
-    run = _Run(job, events, output_decoder(plan, parser))
+    run = _Run(job, events, output_decoder(plan),
+               None if top_logprobs is None else Logprobs(state.tokenizer, top_logprobs))
     return await (run.stream(request) if body.stream else run.respond(request))
+
+
+@dataclass
+class Logprobs:
+    """The output tokens' logprobs asked for (include message.output_text.logprobs), as chat writes them."""
+
+    tokenizer: object
+    top: int  # alternatives per token (top_logprobs)
+    sent: int = 0  # tokens reported so far
+
+    def new(self, sample: CompletionOutput) -> list[dict]:
+        start, self.sent = self.sent, len(sample.token_ids)
+        return chat_logprobs(self.tokenizer, sample, start, self.sent, self.top)["content"]
 
 
 class _Run:
     """One response: the engine request's outputs -> the decoder's pieces -> the response's events."""
 
-    def __init__(self, job: Job, events: ResponseEvents, decoder):
-        self.job, self.events, self.decoder, self.sent = job, events, decoder, 0
+    def __init__(self, job: Job, events: ResponseEvents, decoder, logprobs: Logprobs | None = None):
+        self.job, self.events, self.decoder, self.logprobs, self.sent = job, events, decoder, logprobs, 0
 
     def _step(self, out: RequestOutput) -> list[dict]:
         sample = out.outputs[0]
         delta, self.sent = sample.text[self.sent:], len(sample.text)
+        if self.logprobs is not None:
+            self.events.logprobs(self.logprobs.new(sample))
         pieces = self.events.pieces(self.decoder.feed(delta))
         if not sample.finished:
             return pieces
