@@ -122,7 +122,7 @@ def llamacpp(args, model: Path, loads: dict[str, list[list[int]]]) -> None:
     sequence at a time, so each prompt runs alone)."""
     import tempfile
 
-    from quantkit.bench.gguf_llama import write_gguf
+    from quantkit.bench.gguf_export import write_gguf
     from quantkit.bench.vs_llamacpp import llamacpp_speculation
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -73,11 +73,7 @@ class VLLM:
 
     def close(self) -> None:
         """Ask the worker to quit; kill it where it has died mid-job or does not exit within a minute."""
-        try:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=60)
+        from quantkit.bench.llamacpp_process import quit_worker
+
+        quit_worker(self.proc)
         self.log_file.close()

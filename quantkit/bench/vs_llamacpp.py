@@ -7,7 +7,7 @@ Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermedia
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
 group 128, GPTQ v1 layout: what `quantkit quantize --method rtn --format gptq` writes; and the same with
 lm_head packed, `--quantize-lm-head`), or the ones given.
-llama.cpp gets the same float model as an F32 GGUF (quantkit.bench.gguf_llama; bf16 values are exact
+llama.cpp gets the same float model as an F32 GGUF (quantkit.bench.gguf_export; bf16 values are exact
 in F32), quantized by llama.cpp's own `llama_model_quantize` to each of --quants.
 Workload: one request, 128 prompt tokens (workload (c) of the vLLM benchmark), 128 new tokens, greedy,
 EOS ignored. Prompt processing tok/s = 128 / time to first token; decode tok/s = the other 127 tokens /
@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from quantkit.bench.llamacpp_process import WORKER, WorkerProcess, peer_env
+
 PROMPT_LEN, NEW_TOKENS, N_CTX = 128, 128, 512
-WORKER = Path(__file__).resolve().with_name("llamacpp_worker.py")
 
 
 @dataclass
@@ -76,10 +77,6 @@ class Quantkit:
         return Run(m.time_to_first_token, m.decode_time, list(out.outputs[0].token_ids))
 
 
-def _peer_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
-
-
 def llamacpp_speculation(python: Path, gguf: Path, workloads: dict, threads: int, k: int, ngram: int,
                          max_tokens: int, rounds: int) -> dict:
     """llama-cpp-python's own n-gram speculation against none on `gguf` (llamacpp_worker.py speculate):
@@ -88,7 +85,7 @@ def llamacpp_speculation(python: Path, gguf: Path, workloads: dict, threads: int
     job = {"model": str(gguf), "threads": threads, "n_ctx": 512, "k": k, "ngram": ngram, "max_tokens": max_tokens,
            "rounds": rounds, "workloads": workloads}
     proc = subprocess.run([str(python), str(WORKER), "speculate", json.dumps(job)], capture_output=True, text=True,
-                          cwd=gguf.parent, env=_peer_env())
+                          cwd=gguf.parent, env=peer_env())
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp speculation failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -97,41 +94,26 @@ def llamacpp_speculation(python: Path, gguf: Path, workloads: dict, threads: int
 def llamacpp_quantize(python: Path, src: Path, dst: Path, kind: str, threads: int) -> float:
     """llama.cpp's quantizer in the peer venv; returns its seconds."""
     proc = subprocess.run([str(python), str(WORKER), "quantize", str(src), str(dst), kind, str(threads)],
-                          capture_output=True, text=True, cwd=src.parent, env=_peer_env())
+                          capture_output=True, text=True, cwd=src.parent, env=peer_env())
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp quantize to {kind} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
 
 
 class LlamaCpp:
-    """llama-cpp-python in a subprocess of its venv, all models loaded once, fed one JSON job per line."""
+    """llama-cpp-python in a subprocess of its venv, all models loaded once, one sequence at a time."""
 
     def __init__(self, python: Path, models: dict[str, Path], threads: int, log: Path):
-        args = json.dumps(dict(models={k: str(v) for k, v in models.items()}, threads=threads, n_ctx=N_CTX))
-        self.proc = subprocess.Popen([str(python), str(WORKER), "serve", args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
-                                     cwd=next(iter(models.values())).parent, env=_peer_env())
-        self.log = log
-        ready = self._answer()
-        self.system_info, self.version = ready["system_info"], ready["version"]
-
-    def _answer(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        raise RuntimeError(f"llama.cpp worker exited; see {self.log}")
+        args = dict(models={k: str(v) for k, v in models.items()}, threads=threads, n_ctx=N_CTX)
+        self.worker = WorkerProcess(python, "serve", args, next(iter(models.values())).parent, log)
+        self.system_info, self.version = self.worker.system_info, self.worker.version
 
     def run(self, model: str, prompt: list[int], max_tokens: int, logits: bool = False) -> Run:
-        self.proc.stdin.write(json.dumps(dict(model=model, prompt=prompt, max_tokens=max_tokens, logits=logits))
-                              + "\n")
-        self.proc.stdin.flush()
-        a = self._answer()
+        a = self.worker.ask(dict(model=model, prompt=prompt, max_tokens=max_tokens, logits=logits))
         return Run(a["prefill_s"], a["decode_s"], a["tokens"], a["first_logits"])
 
     def close(self) -> None:
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.flush()
-        self.proc.wait(timeout=60)
+        self.worker.close()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -165,7 +147,7 @@ def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     4-bit checkpoints: linears only, and lm_head packed too (`--quantize-lm-head`; llama.cpp's Q4 types
     quantize the output layer as well, to Q6_K)."""
     from quantkit.bench.engine_vs_vllm import make_dense, make_gptq
-    from quantkit.bench.gguf_llama import write_gguf
+    from quantkit.bench.gguf_export import write_gguf
 
     dense = Path(args.model) if args.model else make_dense(tmp)
     if args.gptq:

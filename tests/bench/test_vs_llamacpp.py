@@ -66,7 +66,7 @@ def test_llamacpp_runs_the_converted_model_like_quantkit(tiny_llama, tmp_path):
 def test_llamacpps_own_ngram_speculation_keeps_greedy_tokens(tiny_llama, tmp_path):
     if not (VENV / "bin" / "python").exists():
         pytest.skip(f"no llama-cpp-python venv at {VENV}")
-    from quantkit.bench.gguf_llama import write_gguf
+    from quantkit.bench.gguf_export import write_gguf
     from quantkit.bench.vs_llamacpp import llamacpp_speculation
 
     gguf = write_gguf(tiny_llama, tmp_path / "m.gguf", "f32")

@@ -4,6 +4,7 @@ conventions, the tensor names, and a written file read back with gguf's own read
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) writes and reads GGUF")
 
-from quantkit.bench.gguf_llama import (  # noqa: E402
+from quantkit.bench.gguf_export import (  # noqa: E402
     gguf_name,
     placeholder_vocab,
     rope_rows_to_interleaved,
@@ -147,12 +148,12 @@ def test_non_llama_or_quantized_checkpoints_are_refused_without_output(tiny_qwen
 
 
 def test_a_failed_write_leaves_no_partial_file(tiny_llama, tmp_path, monkeypatch):
-    import quantkit.bench.gguf_llama as mod
+    import quantkit.bench.gguf_export as mod
 
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", boom)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", boom)
     with pytest.raises(OSError, match="disk full"):
         mod.write_gguf(tiny_llama, tmp_path / "m.gguf")
     assert list(Path(tmp_path).iterdir()) == []
@@ -168,7 +169,7 @@ def test_llama3_rope_factors_make_llamacpps_frequencies_transformers_own():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from quantkit.bench.gguf_llama import rope_freq_factors
+    from quantkit.bench.gguf_export import rope_freq_factors
     from quantkit.engine.decoder_shape import DecoderShape
 
     config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
@@ -195,3 +196,101 @@ def test_a_llama3_rope_model_is_written_with_its_frequency_factors(tmp_path):
     tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     assert tuple(tensors["rope_freqs.weight"].data.shape) == (head_dim // 2,)
+
+
+# Qwen3-MoE: llama.cpp's `qwen3moe` architecture, experts stacked per role
+
+
+def test_expert_linears_map_to_their_stack_and_other_tensors_do_not():
+    from quantkit.bench.gguf_export import expert_slot
+    from quantkit.format.arch import ExpertsSpec
+
+    x = ExpertsSpec(block="mlp", hf_attr="mlp", gate="gate_proj", up="up_proj", down="down_proj")
+    assert expert_slot("model.layers.3.mlp.experts.5.gate_proj.weight", x) == (
+        "model.layers.3.mlp.experts.gate_proj.weight", 5)
+    assert expert_slot("model.layers.12.mlp.experts.0.down_proj.weight", x) == (
+        "model.layers.12.mlp.experts.down_proj.weight", 0)
+    for other in ("model.layers.3.mlp.gate.weight", "model.layers.3.self_attn.q_proj.weight", "lm_head.weight",
+                  "model.layers.3.mlp.experts.5.mystery.weight"):
+        assert expert_slot(other, x) is None
+    assert gguf_name("model.layers.3.mlp.experts.gate_proj.weight", 4, "QWEN3MOE") == "blk.3.ffn_gate_exps.weight"
+    assert gguf_name("model.layers.3.mlp.gate.weight", 4, "QWEN3MOE") == "blk.3.ffn_gate_inp.weight"
+    assert gguf_name("model.layers.3.self_attn.k_norm.weight", 4, "QWEN3MOE") == "blk.3.attn_k_norm.weight"
+
+
+def test_a_qwen3_moe_is_written_with_stacked_experts_its_router_and_qk_norms(tiny_family, tmp_path):
+    from safetensors.torch import load_file
+
+    model = tiny_family("qwen3_moe")
+    cfg = json.loads((model / "config.json").read_text())
+    out = write_gguf(model, tmp_path / "moe.gguf", "f16")
+    r = gguf.GGUFReader(out)
+    assert field(r, "general.architecture") == "qwen3moe"
+    experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    meta = {k: int(field(r, f"qwen3moe.{k}")) for k in ("expert_count", "expert_used_count",
+                                                        "expert_feed_forward_length", "attention.head_count_kv")}
+    assert meta == {"expert_count": experts, "expert_used_count": cfg["num_experts_per_tok"],
+                    "expert_feed_forward_length": cfg["moe_intermediate_size"],
+                    "attention.head_count_kv": cfg["num_key_value_heads"]}
+    tensors = {t.name: t for t in r.tensors}
+    layers, h, i = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    per_layer = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm",
+                 "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+    assert set(tensors) == {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+        f"blk.{b}.{p}.weight" for b in range(layers) for p in per_layer}
+    hf = load_file(model / "model.safetensors")
+    gate = torch.from_numpy(tensors["blk.1.ffn_gate_exps.weight"].data.astype("float32"))  # numpy: [E, I, H]
+    down = torch.from_numpy(tensors["blk.1.ffn_down_exps.weight"].data.astype("float32"))
+    assert tuple(gate.shape) == (experts, i, h) and tuple(down.shape) == (experts, h, i)
+    for e in (0, experts - 1):
+        torch.testing.assert_close(gate[e], hf[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"], atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(down[e], hf[f"model.layers.1.mlp.experts.{e}.down_proj.weight"], atol=1e-3, rtol=1e-3)
+    # llama.cpp's qwen3moe rotates HF's (i, i + d/2) pairs: q's rows are written as they are
+    q = torch.from_numpy(tensors["blk.0.attn_q.weight"].data.astype("float32"))
+    torch.testing.assert_close(q, hf["model.layers.0.self_attn.q_proj.weight"], atol=1e-3, rtol=1e-3)
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F16"
+    assert tensors["blk.0.attn_q_norm.weight"].tensor_type.name == "F32"
+
+
+def test_a_checkpoint_missing_an_expert_is_refused_without_output(tiny_family, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_family("qwen3_moe")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((src / "config.json").read_text())
+    state = load_file(src / "model.safetensors")
+    del state["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(state, broken / "model.safetensors")
+    with pytest.raises(QuantkitError, match=r"experts missing.*layers\.1\.mlp\.experts\.up_proj"):
+        write_gguf(broken, tmp_path / "x.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken"]
+
+
+LLAMACPP_VENV = Path(os.environ.get("QUANTKIT_LLAMACPP_VENV", Path(__file__).resolve().parents[3] / ".venvs" / "llamacpp"))
+
+
+@pytest.mark.interop
+@pytest.mark.slow
+def test_llamacpp_computes_transformers_logits_on_the_written_qwen3_moe(tiny_family, tmp_path):
+    """The F32 GGUF in llama.cpp (llama-cpp-python's venv, QUANTKIT_LLAMACPP_VENV) against transformers' fp32
+    forward: the logits after a prompt, for every expert's routing to count (8 experts, top 2, 12 tokens)."""
+    if not (LLAMACPP_VENV / "bin" / "python").exists():
+        pytest.skip(f"no llama-cpp-python venv at {LLAMACPP_VENV} (set QUANTKIT_LLAMACPP_VENV): python3 -m venv VENV "
+                    "&& VENV/bin/pip install llama-cpp-python==0.3.36 gguf")
+    from quantkit.bench.vs_llamacpp import LlamaCpp, transformers_logits
+
+    model = tiny_family("qwen3_moe")
+    out = write_gguf(model, tmp_path / "moe.gguf", "f32")
+    prompt = [5, 77, 301, 12, 9, 480, 33, 150, 7, 260, 91, 44]
+    peer = LlamaCpp(LLAMACPP_VENV / "bin" / "python", {"F32": out}, threads=2, log=tmp_path / "llamacpp.log")
+    try:
+        theirs = peer.run("F32", prompt, 1, logits=True)
+    finally:
+        peer.close()
+    ref = transformers_logits(model, prompt)
+    got = torch.tensor(theirs.first_logits)
+    assert got.shape == ref.shape
+    # llama.cpp keeps its KV cache in F16; a wrong expert order, routing or rotary gives O(1) differences
+    assert (got - ref).abs().max().item() < 2e-2 * ref.std().item(), ((got - ref).abs().max(), ref.std())
+    assert int(got.argmax()) == int(ref.argmax())
