@@ -57,6 +57,21 @@ class TinySpec:
     lr: float = 3e-3
     seed: int = 0
     bf16: bool = False
+    tie: bool = False  # lm_head shares the embedding's weight
+    tokenizer: str = "bpe"  # a key of TOKENIZERS
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer {self.tokenizer!r}: one of {', '.join(TOKENIZERS)}")
+        fixed = TOKENIZERS[self.tokenizer]
+        if fixed is not None and self.vocab != fixed:
+            raise ValueError(f"tokenizer {self.tokenizer!r} has {fixed} tokens, not vocab={self.vocab}")
+        if self.heads % self.kv_heads or self.hidden % self.heads:
+            raise ValueError(f"heads {self.heads} must divide hidden {self.hidden}, kv_heads {self.kv_heads} divide heads")
+
+
+# tokenizer name -> its fixed vocabulary size (None: a byte-level BPE trained on the text, of spec.vocab tokens)
+TOKENIZERS: dict[str, int | None] = {"bpe": None, "stories": 512}
 
 
 def default_spec() -> TinySpec:
@@ -78,7 +93,9 @@ def cached_model(out: Path, spec: TinySpec) -> Path | None:
     meta = out / "train_meta.json"
     if not meta.is_file():
         return None
-    return out if json.loads(meta.read_text()).get("spec") == asdict(spec) else None
+    stored = json.loads(meta.read_text()).get("spec") or {}
+    # settings added after a model was trained take their defaults, so older caches stay valid
+    return out if {**asdict(TinySpec()), **stored} == asdict(spec) else None
 
 
 def test_ppl(model, tok, tokens: int = PPL_TOKENS, seqlen: int = PPL_SEQLEN) -> float:
@@ -97,28 +114,40 @@ def new_model(spec: TinySpec):
     config = LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                          num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                          num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.context,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=spec.tie)
     return LlamaForCausalLM(config)
+
+
+def new_tokenizer(spec: TinySpec, docs: list[str]):
+    """A byte-level BPE of spec.vocab tokens trained on `docs`, or stories260K-hf's own (sentencepiece) tokenizer."""
+    if spec.tokenizer == "stories":
+        from quantkit.model.loader import load_tokenizer
+
+        return load_tokenizer(SHARED / "stories260K-hf")
+    from quantkit.calibration.synthetic import train_bpe_tokenizer
+
+    return train_bpe_tokenizer(docs, spec.vocab)
 
 
 def train(out: Path, spec: TinySpec = TinySpec(), show_progress: bool = True) -> dict:
     """Train and save the model (and tokenizer, and train_meta.json) into `out`."""
     from quantkit.calibration.data import split_text_documents
-    from quantkit.calibration.synthetic import train_bpe_tokenizer
     from quantkit.demo import TrainSchedule, train_steps
 
     valid = (WIKITEXT / "valid.txt").read_text(encoding="utf-8")
     docs = split_text_documents(valid)
-    tok = train_bpe_tokenizer(docs, spec.vocab)
+    tok = new_tokenizer(spec, docs)
     ids = torch.tensor(tok("\n\n".join(docs), add_special_tokens=False, verbose=False)["input_ids"])
     model = new_model(spec)
     losses: list[float] = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     sched = TrainSchedule(spec.steps, spec.batch, spec.seqlen, spec.lr, spec.seed, bf16=spec.bf16)
-    train_steps(model, ids, sched, "train tiny GQA model", show_progress, on_step=lambda _s, loss: losses.append(loss))
-    seconds = time.perf_counter() - start
+    train_steps(model, ids, sched, f"train {out.name}", show_progress, on_step=lambda _s, loss: losses.append(loss))
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     tail = losses[-20:]
     meta = {"spec": asdict(spec), "train_tokens": len(ids), "seconds": round(seconds, 1),
+            # CPU seconds of all threads: on a loaded machine, cpu_seconds / threads approximates an idle one's wall time
+            "cpu_seconds": round(cpu_seconds, 1),
             "threads": torch.get_num_threads(), "load_avg": round(os.getloadavg()[0], 2),
             "first_loss": round(losses[0], 4), "last20_mean_loss": round(sum(tail) / len(tail), 4),
             "test_ppl_20k_256": round(test_ppl(model, tok), 3)}

@@ -1,10 +1,11 @@
 """quantkit against llm-compressor: perplexity ratio to float and quantization wall time, same windows.
 
-  python -m quantkit.bench.vs_llmcompressor [--models tiny,stories] [--methods rtn,gptq,awq,awq-duo,awq-both]
+  python -m quantkit.bench.vs_llmcompressor [--models tiny,stories|suite|NAME,...] [--methods rtn,gptq,awq,awq-duo,awq-both]
       [--threads 2] [--tools ours,peer] [--seeds 0] [--llmc-python PATH]
   python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
-Models: `tiny` is the project's GQA Llama (quantkit.bench.train_tiny: hidden 256, 6 layers, 8 heads /
+Models: `suite` is the accuracy suite (quantkit.bench.suite: six small Llamas of different shapes trained
+in fp32, and stories260K-hf; each at its own group size), or any of its models by name; `tiny` is the project's GQA Llama (quantkit.bench.train_tiny: hidden 256, 6 layers, 8 heads /
 4 KV heads, every linear packed, group 128); `stories` is stories260K (only attention packs, group 64).
 Calibration: 32 windows of 256 tokens from wikitext2/valid.txt (seed 0; `--seeds 0,1,2` repeats every
 run on the windows each seed draws, and the table ends with the mean over the seeds: a difference
@@ -59,20 +60,34 @@ METHODS = {
     "rtn-imatrix": (["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
     "gptq-imatrix": (["--method", "gptq", "--scale-search", "imatrix"], None),
 }
-MODELS = {"tiny": (128, "all"), "stories": (64, "attention")}  # group size, llm-compressor targets
+TINY = (128, "all")  # the GQA test model's group size and llm-compressor targets
 
 
-def model_path(name: str, tiny_steps: int | None = None) -> Path:
-    """The model's folder; `tiny` is trained (and cached) first when absent, with `tiny_steps`
-    training steps (default: train_tiny's)."""
-    if name == "stories":
-        return SHARED / "stories260K-hf"
+def model_entry(name: str, tiny_steps: int | None = None) -> tuple[Path, int, str]:
+    """The model's folder, group size and llm-compressor targets. `tiny` is trained (and cached) first
+    when absent, with `tiny_steps` training steps (default: train_tiny's); `stories` is stories260K-hf;
+    any other name is a model of the accuracy suite (quantkit.bench.suite), trained first when absent."""
+    from quantkit.bench import suite
+
+    if name != "tiny":
+        model = suite.lookup("stories260k" if name == "stories" else name)
+        return suite.ensure(model), model.group, model.targets
     from dataclasses import replace
 
     from quantkit.bench.train_tiny import default_spec, ensure_model
 
     spec = default_spec()
-    return ensure_model(spec=spec if tiny_steps is None else replace(spec, steps=tiny_steps))
+    return ensure_model(spec=spec if tiny_steps is None else replace(spec, steps=tiny_steps)), *TINY
+
+
+def model_names(models: str) -> list[str]:
+    """--models: comma-separated names; `suite` stands for every model of the accuracy suite."""
+    from quantkit.bench.suite import SUITE
+
+    names = []
+    for name in (n.strip() for n in models.split(",")):
+        names += [m.name for m in SUITE] if name == "suite" else [name]
+    return names
 
 
 def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
@@ -115,8 +130,7 @@ def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targ
 
 def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str],
                 tiny_steps: int | None = None, seeds: tuple[int, ...] = (0,)) -> list[dict]:
-    group, targets = MODELS[name]
-    model = model_path(name, tiny_steps)
+    model, group, targets = model_entry(name, tiny_steps)
     float_ours = ppl_ratio_ours(model, None)[0] if "ours" in tools else None
     print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
@@ -202,7 +216,8 @@ def mean_lines(rows: list[dict]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tiny,stories")
+    ap.add_argument("--models", default="tiny,stories",
+                    help="tiny, stories, names of quantkit.bench.suite's models, or suite (all of them)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tools", default="ours,peer", help="ours, peer, or ours,peer (both): one tool per run splits a long run")
@@ -227,7 +242,7 @@ def main() -> None:
     print(f"# threads {args.threads}, load avg {os.getloadavg()[0]:.2f} at start", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
-        for name in args.models.split(","):
+        for name in model_names(args.models):
             rows += bench_model(name, [m.strip() for m in args.methods.split(",")], args.threads, args.llmc_python,
                                 Path(tmp), tools, args.tiny_steps, tuple(int(x) for x in args.seeds.split(",")))
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
