@@ -73,7 +73,8 @@ class Tally:
 
 
 class Quantkit:
-    """quantkit's engine, one sequence at a time."""
+    """quantkit's engine, one sequence at a time. Its prefix cache is off: every round feeds the same prompt, and a
+    cached prefix would time a few tokens' prefill as the whole prompt's (llama.cpp's worker evaluates it whole)."""
 
     def __init__(self, model: Path, dtype: str, threads: int, int8_activations: bool = False, n_ctx: int = N_CTX,
                  kv_cache_memory: int | None = None):
@@ -81,7 +82,8 @@ class Quantkit:
         from quantkit.engine.weights import WeightMemory
 
         self.llm = LLM(str(model), dtype=dtype, max_model_len=n_ctx, max_num_seqs=1, num_threads=threads,
-                       cpu_int8_activations=int8_activations, kv_cache_memory=kv_cache_memory)
+                       cpu_int8_activations=int8_activations, kv_cache_memory=kv_cache_memory,
+                       enable_prefix_caching=False)
         self.kernel = WeightMemory.of(self.llm.engine.model).describe()
 
     def run(self, prompt: list[int], max_tokens: int) -> Run:
