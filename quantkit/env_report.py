@@ -78,7 +78,8 @@ def collect() -> EnvReport:
     wanted = sorted({f for level in LEVELS for f in level.cpu_flags})
     kernels = cpu_status.kernel_statuses()
     files = {}
-    for ext in EXTENSIONS:
+    for ext in EXTENSIONS:  # every extension, also those no decode step loads (the streaming read of `bandwidth`)
+        cpu_ext.load_cpu_extension(ext.name, ext.sources)
         loaded = cpu_ext.loaded_from(ext.name)
         files[ext.name] = f"{loaded.origin}: {loaded.path}" if loaded else "not loaded"
     return EnvReport(
