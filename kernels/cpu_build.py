@@ -58,7 +58,7 @@ class Extension:
 
 
 EXTENSIONS: tuple[Extension, ...] = (
-    Extension("quantkit_int4", ("int4_cpu.cpp",), "4-bit linears, the int8 lm_head, W4A8"),
+    Extension("quantkit_int4", ("int4_cpu.cpp", "moe_int4_cpu.cpp"), "4-bit linears and MoE experts, the int8 lm_head, W4A8"),
     Extension("quantkit_bf16", ("bf16_cpu.cpp",), "bf16 linears"),
     Extension("quantkit_attn", ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp"), "paged attention, fused ops"),
     Extension("quantkit_stream", ("stream_read_cpu.cpp",), "the streaming read of the bandwidth bound"),

@@ -31,7 +31,7 @@ from quantkit.kernels.cpu_ext import cpu_extension_unavailable, load_cpu_extensi
 from quantkit.kernels.cpu_int import group_order
 
 EXTENSION = "quantkit_int4"
-SOURCES = ("int4_cpu.cpp",)
+SOURCES = ("int4_cpu.cpp", "moe_int4_cpu.cpp")  # one module; the experts' op: moe_int4.py
 ROWS = 16  # output rows per block
 # From M = DENSE_FROM_M on, dequantize-a-tile-then-matmul beats the kernel (python
 # benchmarks/int4_cpu.py on this project's CPU, 2 threads, the issue's four shapes; docs/BENCHMARKS.md).

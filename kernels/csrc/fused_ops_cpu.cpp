@@ -19,15 +19,10 @@
 #include <cmath>
 #include <limits>
 
+#include "act_mul.h"  // silu_mul_range and rnd, shared with the 4-bit experts
 #include "vec_avx512.h"  // the vector bodies, where QUANTKIT_AVX512
 
 namespace {
-
-// v rounded to T and widened back: where the reference's bf16 op stores its result
-template <typename T>
-inline float rnd(float v) {
-  return static_cast<float>(static_cast<T>(v));
-}
 
 void check_rows(const torch::Tensor& x, const torch::Tensor& like, const char* name) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16,
@@ -80,25 +75,6 @@ inline void add_norm_row(T* x, T* residual, const T* w, int64_t h, float eps) {
   norm_row(residual, w, x, h, eps);
 }
 
-template <typename T>
-inline void silu_mul_range(const T* gate, const T* up, T* out, int64_t begin, int64_t end) {
-#if defined(QUANTKIT_AVX512)
-  using namespace vec512;
-  const __m512 one = _mm512_set1_ps(1.f);
-  for (int64_t i = begin; i < end; i += 16) {
-    const __mmask16 k = first(end - i);
-    const __m512 g = load16(gate + i, k);
-    const __m512 silu = round16<T>(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-    store16(out + i, _mm512_mul_ps(silu, load16(up + i, k)), k);
-  }
-#else
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) {
-    const float g = static_cast<float>(gate[i]);
-    out[i] = static_cast<T>(rnd<T>(g / (1.f + std::exp(-g))) * static_cast<float>(up[i]));
-  }
-#endif
-}
 
 // The ops' dtypes; the bodies' loops live in the helpers above (a pragma cannot sit inside a macro argument).
 #define QK_DISPATCH(x, NAME, ...) \

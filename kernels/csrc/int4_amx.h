@@ -136,3 +136,30 @@ void blocks(const int4bf16::Args<T>& a, int64_t b0, int64_t b1) {
 }  // namespace int4amx
 
 #endif
+
+#if defined(QUANTKIT_INT4_BF16)
+namespace int4bf16 {
+
+#if defined(QUANTKIT_INT4_AMX)
+// From this many rows of x, the bf16-activation kernel runs on AMX tiles where they apply (int4amx::usable): python -m
+// quantkit.bench.int4_tiles --switch amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
+inline int64_t& amx_from_m() {
+  static int64_t m = 2;
+  return m;
+}
+#endif
+
+// Blocks b0..b1-1 of `a` for every row of x: on AMX tiles from amx_from_m() rows where they apply, else by vdpbf16ps.
+template <typename T>
+inline void any_blocks(const Args<T>& a, int64_t b0, int64_t b1) {
+#if defined(QUANTKIT_INT4_AMX)
+  if (a.M >= amx_from_m() && int4amx::usable(a.gs)) {
+    int4amx::blocks(a, b0, b1);
+    return;
+  }
+#endif
+  blocks(a, b0, b1);
+}
+
+}  // namespace int4bf16
+#endif

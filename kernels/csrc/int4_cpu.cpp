@@ -35,6 +35,7 @@
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 #include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
 #include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
+#include "moe_int4.h"  // a mixture-of-experts block's 4-bit experts in one call, where QUANTKIT_INT4_BF16
 
 namespace {
 
@@ -266,15 +267,6 @@ torch::Tensor int4_dequantize_pairs(torch::Tensor packed, torch::Tensor sz, int6
   return out;
 }
 
-#if defined(QUANTKIT_INT4_AMX)
-// From this many rows of x, int4_linear_bf16 runs on AMX tiles where they apply (int4amx::usable): python -m
-// quantkit.bench.int4_tiles --switch amx on this project's CPU (docs/BENCHMARKS.md); a switch so that a benchmark can move it.
-inline int64_t& int4_amx_from_m() {
-  static int64_t m = 2;
-  return m;
-}
-#endif
-
 // x bf16 [M, K] (columns already permuted for act-order) -> [M, N] by vdpbf16ps (int4_bf16_avx512.h): fp32, or
 // with out_bf16 the fp32 sums rounded to bf16 as they are stored (what .to(torch.bfloat16) of the fp32 result gives).
 torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
@@ -287,13 +279,7 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
   with_scales(sz, [&](auto* s) {
     const int4bf16::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
         c.xp, xsum.data(), packed.data_ptr<uint8_t>(), s, c.of, c.ob, c.m, c.k, n, c.k / gs, gs};
-#if defined(QUANTKIT_INT4_AMX)
-    if (c.m >= int4_amx_from_m() && int4amx::usable(gs)) {
-      at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4amx::blocks(args, b0, b1); });
-      return;
-    }
-#endif
-    at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4bf16::blocks(args, b0, b1); });
+    at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4bf16::any_blocks(args, b0, b1); });
   });
   return c.out;
 }
@@ -403,13 +389,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   dev.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
 #if defined(QUANTKIT_INT4_AMX)
-  dev.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4_amx_from_m(), m); },
+  dev.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4bf16::amx_from_m(), m); },
         "the rows of x from which int4_linear_bf16 runs on AMX tiles; returns the previous value");
 #endif
 #if defined(QUANTKIT_INT8_AMX)
   dev.def("set_int8_amx_from_m", [](int64_t m) { return std::exchange(int8_amx_from_m(), m); },
         "the rows of x from which int8_linear_bf16 runs on AMX tiles; returns the previous value");
 #endif
+  m.def("int4_moe_bf16", &int4_moe_bf16, "x bf16 [T, H], the router's choices [T, k] and weights [T, k], the experts' "
+        "gate|up and down stacked [E, ...] -> bf16 [T, H] (AVX-512 BF16; moe_int4_cpu.cpp)", py::arg("x"),
+        py::arg("chosen"), py::arg("weights"), py::arg("w1"), py::arg("s1"), py::arg("gs1"), py::arg("w2"),
+        py::arg("s2"), py::arg("gs2"));
   m.def("int4_linear_bf16", &int4_linear_bf16, "x bf16 [M, K] @ W4.T -> fp32 (or bf16) [M, N] (AVX-512 BF16)",
         py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"), py::arg("group_size"),
         py::arg("out_bf16") = false);

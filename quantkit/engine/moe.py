@@ -1,8 +1,9 @@
 """The engine's mixture-of-experts block (Mixtral, Qwen3-MoE) over a flat batch x [T, hidden].
 
 A step routes every token (the float router, softmax in fp32, top k, renormalized where the family
-does: quantkit.model.moe.route), groups the tokens by expert (one sort: expert_batches), and runs
-each expert that got tokens once on all of its tokens: gate and up fused into one linear (at load,
+does: quantkit.model.moe.route). Decode-sized batches on 4-bit experts run every expert in one grouped kernel
+call (`stack_experts`, kernels/moe_int4.py). Otherwise it groups the tokens by expert (one sort: expert_batches) and
+runs each expert that got tokens once on all of its tokens: gate and up fused into one linear (at load,
 like a dense MLP's: QuantLinear.concat for 4-bit experts, so one int4 kernel call), the activation,
 down, then the routing weight, added into the output rows in ascending expert order (as
 transformers does). Module names mirror the checkpoint's, so packed experts load by name.
@@ -15,6 +16,7 @@ from torch import nn
 
 from quantkit.engine.decoder_shape import DecoderShape
 from quantkit.kernels import fused_ops_reference
+from quantkit.kernels.moe_int4 import StackedExperts
 from quantkit.model.moe import expert_batches, route
 
 
@@ -68,14 +70,40 @@ class MoEBlock(nn.Module):
     def __init__(self, s: DecoderShape):
         super().__init__()
         spec, moe = s.experts, s.moe
-        self.spec, self.moe = spec, moe
+        self.spec, self.moe, self.act = spec, moe, s.act
         setattr(self, spec.router, nn.Linear(s.hidden_size, moe.num_experts, bias=False))
         names = (spec.gate, spec.up, spec.down)
         setattr(self, spec.experts, nn.ModuleList(GatedMLP(s.hidden_size, moe.intermediate, s.act, names)
                                                   for _ in range(moe.num_experts)))
+        self.grouped: StackedExperts | None = None  # set by stack_experts: every expert in one kernel call
+
+    def stack_experts(self) -> bool:
+        """Run decode-sized batches through one grouped kernel call (kernels/moe_int4.py) where every expert's
+        gate|up and down are 4-bit linears that the bf16 kernel runs directly in one layout (a fused gate|up each,
+        SiLU); each expert then reads its weights from the stack. Returns whether it did."""
+        from quantkit.kernels import moe_int4
+        from quantkit.model.quant_linear import QuantLinear
+
+        experts = getattr(self, self.spec.experts)
+        linears = [(e.gate_up_proj, getattr(e, e.down_name)) for e in experts]
+        direct = [m._direct for pair in linears for m in pair if isinstance(m, QuantLinear)]
+        if self.act != "silu" or not moe_int4.available() or len(direct) != 2 * len(linears) \
+                or any(d is None or d.int8_activations for d in direct) or len({d.max_m for d in direct}) != 1:
+            return False
+        gate_up, down = ([pair[i]._cpu for pair in linears] for i in (0, 1))
+        if not moe_int4.stackable(gate_up, down):
+            return False
+        self.grouped = moe_int4.stack_experts(gate_up, down, direct[0].max_m)
+        for e, pair in enumerate(linears):
+            for module, view in zip(pair, self.grouped.expert(e)):
+                module.point_at(view)
+        return True
 
     def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
         weights, chosen = route(getattr(self, self.spec.router)(x), self.moe.top_k, self.moe.renormalize)
+        grouped = self.grouped
+        if grouped is not None and x.dtype == torch.bfloat16 and x.shape[0] < grouped.max_m:
+            return grouped(x, chosen, weights)  # each expert gets fewer rows than max_m: the loop's kernel too
         experts = getattr(self, self.spec.experts)
         out = torch.zeros_like(x)
         for b in expert_batches(weights, chosen, self.moe.num_experts):

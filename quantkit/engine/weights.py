@@ -75,6 +75,7 @@ def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, 
     if device.type == "cpu":
         repack_quant_linears(model, dtype, int8_activations)
         fuse_quantized_projections(model)
+        stack_moe_experts(model)
         if head_int8:
             model.lm_head = Int8Linear.from_linear(model.lm_head)
             log.info("lm_head: int8, symmetric per row and group of %d columns (%s)", model.lm_head.group_size,
@@ -202,6 +203,16 @@ def fuse_quantized_projections(model: torch.nn.Module) -> int:
     n = fuse_projections(model, QuantLinear, QuantLinear.concat)
     if n:
         log.info("quantized linears: %d fused q/k/v or gate/up", n)
+    return n
+
+
+def stack_moe_experts(model: torch.nn.Module) -> int:
+    """Each MoE layer whose 4-bit experts share one layout into one stack, for the grouped kernel call
+    (MoEBlock.stack_experts). Returns how many layers were stacked."""
+    layers = [m for m in model.modules() if hasattr(m, "stack_experts")]
+    n = sum(m.stack_experts() for m in layers)
+    if layers:
+        log.info("MoE layers: %d of %d run their experts in one grouped 4-bit kernel call", n, len(layers))
     return n
 
 

@@ -61,6 +61,15 @@ class QuantLinear(nn.Module):
         fused._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
         return fused
 
+    def point_at(self, w) -> None:
+        """Read the int4 weight from `w` (an Int4Blocked of the same layout, e.g. a view into stacked experts) from now
+        on, with the same kernel and crossover."""
+        from quantkit.kernels.int4_cpu import direct_call
+
+        d = self._direct
+        self._cpu = w
+        self._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
+
     def packed(self) -> PackedLinear:
         return PackedLinear(self.layout, self.bits, self.group_size, self.qweight, self.qzeros, self.scales,
                             self.g_idx, self.bias)

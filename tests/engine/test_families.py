@@ -9,6 +9,7 @@ The prompts run past Gemma's 24-token window, and 16 of 32 share a 24-token pref
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import NEW_FAMILIES
 from engine.test_greedy_parity import engine_greedy, hf_greedy, make_prompts
@@ -80,3 +81,37 @@ def test_bf16_moe_decodes(quantized_family):
     llm = LLM(str(quantized_family("mixtral", "gptq", "gptq")), dtype="bfloat16", max_model_len=128)
     out = llm.generate([[1, 5, 9, 33], [1, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_bf16_moe_runs_its_experts_in_one_grouped_call(quantized_family, family, monkeypatch):
+    """Where the grouped experts op is built (AVX-512 BF16), each MoE layer's 4-bit experts are stacked at load, each
+    expert's linears read views of the stack, and a decode-sized batch gives the per-expert loop's result bit for
+    bit; from the kernels' dense crossover on (prefill), the loop runs."""
+    from quantkit.engine.moe import MoEBlock
+    from quantkit.kernels import moe_int4
+
+    llm = LLM(str(quantized_family(family, "gptq", "gptq")), dtype="bfloat16", max_model_len=128)
+    block = next(m for m in llm.engine.model.modules() if isinstance(m, MoEBlock))
+    experts = getattr(block, block.spec.experts)
+    if not moe_int4.available():
+        assert block.grouped is None
+        pytest.skip("the grouped experts op needs AVX-512 BF16 (not built at this CPU level)")
+    grouped = block.grouped
+    assert grouped is not None
+    assert experts[3].gate_up_proj._cpu.packed.data_ptr() == grouped.w1[3].data_ptr()
+    x = torch.randn(6, llm.engine.model.shape.hidden_size, generator=torch.Generator().manual_seed(0))
+    x = x.to(torch.bfloat16)
+    with torch.no_grad():
+        got = block(x)
+        block.grouped = None
+        want = block(x)
+        block.grouped = grouped
+    assert torch.equal(got, want)
+    calls = []
+    real = type(grouped).__call__
+    monkeypatch.setattr(type(grouped), "__call__", lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a))
+    with torch.no_grad():
+        block(x)
+        block(torch.zeros(grouped.max_m, x.shape[1], dtype=torch.bfloat16))
+    assert calls == [6]
