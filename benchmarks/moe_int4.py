@@ -1,7 +1,7 @@
 """One MoE layer's 4-bit experts: the grouped kernel call (kernels/moe_int4.py) against the per-expert loop it
 replaces, on the engine's own loaded block, in one process.
 
-  python benchmarks/moe_int4.py [--model Q4_DIR] [--tokens 1,8,32] [--threads 2] [--rounds 5] [--iters 30]
+  python benchmarks/moe_int4.py [--model Q4_DIR] [--tokens 1,8,32,512] [--threads 2] [--rounds 5] [--iters 30]
 
 --model: a 4-bit MoE checkpoint (e.g. `benchmarks/moe_decode.py --keep DIR --prepare-only` writes DIR/q4); without it,
 a one-layer random model of Qwen3-30B-A3B's layer shape (128 experts of 768, top 8, hidden 2048; RTN g128, GPTQ
@@ -44,7 +44,7 @@ def timer(block, x: torch.Tensor, grouped, iters: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path)
-    ap.add_argument("--tokens", default="1,8,32")
+    ap.add_argument("--tokens", default="1,8,32,512")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)

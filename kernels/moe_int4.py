@@ -24,9 +24,9 @@ from quantkit.kernels.int4_cpu import Int4Blocked, dequantize_blocked, extension
 
 @dataclass(frozen=True)
 class StackedExperts:
-    """One MoE layer's experts for `int4_moe`: gate|up (`w1`, `s1`, groups of `gs1`) and down (`w2`, `s2`, `gs2`)
-    stacked over the experts; `max_m`: the tokens from which a step runs the per-expert loop instead (its kernels'
-    dense crossover, so that both paths run the same kernel on every expert's rows)."""
+    """One MoE layer's experts for the grouped op: gate|up (`w1`, `s1`, groups of `gs1`) and down (`w2`, `s2`, `gs2`)
+    stacked over the experts; `max_m`: the rows of one expert from which a step runs the per-expert loop instead
+    (its kernels' dense crossover, so that both paths run the same kernel on every expert's rows)."""
 
     w1: torch.Tensor
     s1: torch.Tensor
@@ -39,6 +39,11 @@ class StackedExperts:
     @property
     def intermediate(self) -> int:
         return self.w2.shape[2]
+
+    def takes(self, chosen: torch.Tensor) -> bool:
+        """Whether a step with the router's choices `chosen` [T, k] runs here: every expert gets fewer rows than
+        max_m (from there the per-expert loop dequantizes tiles). Below max_m tokens no count is needed."""
+        return chosen.shape[0] < self.max_m or int(torch.bincount(chosen.reshape(-1)).max()) < self.max_m
 
     def __call__(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x bf16 [T, H], the router's choices and weights [T, k] -> bf16 [T, H]."""

@@ -1,8 +1,9 @@
 """The engine's mixture-of-experts block (Mixtral, Qwen3-MoE) over a flat batch x [T, hidden].
 
 A step routes every token (the float router, softmax in fp32, top k, renormalized where the family
-does: quantkit.model.moe.route). Decode-sized batches on 4-bit experts run every expert in one grouped kernel
-call (`stack_experts`, kernels/moe_int4.py). Otherwise it groups the tokens by expert (one sort: expert_batches) and
+does: quantkit.model.moe.route). 4-bit experts run in one grouped kernel call (`stack_experts`, kernels/moe_int4.py)
+while no expert gets as many rows as its kernels' dense crossover (decode, and prefill spread over many experts).
+Otherwise it groups the tokens by expert (one sort: expert_batches) and
 runs each expert that got tokens once on all of its tokens: gate and up fused into one linear (at load,
 like a dense MLP's: QuantLinear.concat for 4-bit experts, so one int4 kernel call), the activation,
 down, then the routing weight, added into the output rows in ascending expert order (as
@@ -102,8 +103,8 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
         weights, chosen = route(getattr(self, self.spec.router)(x), self.moe.top_k, self.moe.renormalize)
         grouped = self.grouped
-        if grouped is not None and x.dtype == torch.bfloat16 and x.shape[0] < grouped.max_m:
-            return grouped(x, chosen, weights)  # each expert gets fewer rows than max_m: the loop's kernel too
+        if grouped is not None and x.dtype == torch.bfloat16 and grouped.takes(chosen):
+            return grouped(x, chosen, weights)
         experts = getattr(self, self.spec.experts)
         out = torch.zeros_like(x)
         for b in expert_batches(weights, chosen, self.moe.num_experts):

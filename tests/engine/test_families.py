@@ -86,8 +86,8 @@ def test_bf16_moe_decodes(quantized_family):
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_bf16_moe_runs_its_experts_in_one_grouped_call(quantized_family, family, monkeypatch):
     """Where the grouped experts op is built (AVX-512 BF16), each MoE layer's 4-bit experts are stacked at load, each
-    expert's linears read views of the stack, and a decode-sized batch gives the per-expert loop's result bit for
-    bit; from the kernels' dense crossover on (prefill), the loop runs."""
+    expert's linears read views of the stack, and the grouped call gives the per-expert loop's result bit for bit;
+    where an expert gets as many rows as the kernels' dense crossover, the loop runs."""
     from quantkit.engine.moe import MoEBlock
     from quantkit.kernels import moe_int4
 
@@ -111,7 +111,12 @@ def test_bf16_moe_runs_its_experts_in_one_grouped_call(quantized_family, family,
     calls = []
     real = type(grouped).__call__
     monkeypatch.setattr(type(grouped), "__call__", lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a))
+    spread = torch.randn(grouped.max_m, x.shape[1], generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     with torch.no_grad():
         block(x)
-        block(torch.zeros(grouped.max_m, x.shape[1], dtype=torch.bfloat16))
-    assert calls == [6]
+        got = block(spread)  # a prefill whose tokens spread over the experts: each gets fewer than max_m rows
+        block(torch.zeros(grouped.max_m, x.shape[1], dtype=torch.bfloat16))  # every token on the same k experts
+        block.grouped = None
+        want = block(spread)
+    assert calls == [6, grouped.max_m]
+    assert torch.equal(got, want)
