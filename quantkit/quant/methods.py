@@ -43,8 +43,11 @@ class LayerContext:
     experts: frozenset[str] = frozenset()  # an MoE layer's expert linears to quantize after these (quantize_experts)
 
     def autocast(self):
-        """The context every forward pass of the layer runs in: autocast to compute_dtype (off for fp32)."""
-        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32)
+        """The context every forward pass of the layer runs in: autocast to compute_dtype (off for fp32), without
+        autocast's weight cache (it would hold a bf16 copy of every weight the pass touched beside the fp32 layer
+        until the context ends: 1.2 GB more on a Qwen3-30B-A3B-shaped layer)."""
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32,
+                              cache_enabled=False)
 
     def run_for_hooks(self, stop: type[Exception]) -> None:
         """Run the layer on every calibration input for its hooks' sake; a hook raising `stop` ends that run

@@ -127,3 +127,15 @@ def test_packing_stays_on_the_weights_device():
     awq_words = pack_cols(on_meta.qweight.T, 4, AWQ_ORDER)
     for t in (packed.qweight, packed.qzeros, codes, zeros, awq_words, unpack_cols(awq_words, 4, AWQ_ORDER)):
         assert t.device.type == "meta"
+
+
+def test_quantized_weights_hold_their_codes_in_a_byte():
+    """A layer's QuantizedWeights wait for packing until the whole layer is done: int32 codes took as much memory as
+    the fp32 layer itself. Codes given in any integer dtype are kept as uint8, and pack the same."""
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    qw = rtn_quantize(w, QuantScheme(4, 32, False))
+    assert qw.qweight.dtype == torch.uint8 and int(qw.qweight.max()) <= 15
+    wide = QuantizedWeight(qw.qweight.to(torch.int32), qw.scales, qw.zeros, qw.g_idx, qw.scheme)
+    assert wide.qweight.dtype == torch.uint8
+    assert torch.equal(pack(wide, "gptq_v2").qweight, pack(qw, "gptq_v2").qweight)
+    torch.testing.assert_close(qw.dequantize(), wide.dequantize(), rtol=0, atol=0)

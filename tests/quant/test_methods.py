@@ -54,12 +54,18 @@ def test_layer_runs_compute_in_the_context_dtype_and_return_fp32(tiny_llama, tmp
                        layer_kwargs=kwargs, scheme=QuantScheme(4, 32, True),
                        config=QuantizeConfig(model="m", out=tmp_path / "o"), linears=(), skipped={},
                        compute_dtype=dtype)
-    seen = []
-    handle = layer.self_attn.q_proj.register_forward_hook(lambda _m, _args, out: seen.append(out.dtype))
+    seen, cached = [], []
+
+    def hook(_module, _args, out) -> None:
+        seen.append(out.dtype)
+        cached.append(torch.is_autocast_cache_enabled())
+
+    handle = layer.self_attn.q_proj.register_forward_hook(hook)
     try:
         out = ctx.run_layer()[0]
     finally:
         handle.remove()
+    assert cached == [False]  # no bf16 copy of each weight held beside the fp32 layer for the whole pass
     with torch.no_grad():
         ref = layer(x, **kwargs)
     ref = ref[0] if isinstance(ref, tuple) else ref
