@@ -1,5 +1,6 @@
-"""A mixture-of-experts block's 4-bit experts in one kernel call (kernels/csrc/moe_int4_cpu.cpp, AVX-512 BF16), the
-experts' weights stacked for it, and the pure-torch reference of what it computes.
+"""A mixture-of-experts block's 4-bit experts in one kernel call (kernels/csrc/moe_int4_cpu.cpp: bf16 activations on the
+AVX-512 BF16 kernel, fp32 on the AVX2 one), the experts' weights stacked for it, and the pure-torch reference of what it
+computes.
 
 The engine's per-expert loop runs about six torch ops and two kernel calls for every expert that received tokens: 64
 experts a layer at batch 8 on Qwen3-30B-A3B's shape, each call too small for two threads to share well. Stacked, one
@@ -25,8 +26,9 @@ from quantkit.kernels.int4_cpu import Int4Blocked, dequantize_blocked, extension
 @dataclass(frozen=True)
 class StackedExperts:
     """One MoE layer's experts for the grouped op: gate|up (`w1`, `s1`, groups of `gs1`) and down (`w2`, `s2`, `gs2`)
-    stacked over the experts; `max_m`: the rows of one expert from which a step runs the per-expert loop instead
-    (its kernels' dense crossover, so that both paths run the same kernel on every expert's rows)."""
+    stacked over the experts. `max_m`: per activation dtype the op runs (bf16 on the AVX-512 BF16 kernel, fp32 on the
+    AVX2 one), the rows of one expert from which a step runs the per-expert loop instead: the loop's dense crossover for
+    that dtype, so that both paths run the same kernel on every expert's rows."""
 
     w1: torch.Tensor
     s1: torch.Tensor
@@ -34,20 +36,23 @@ class StackedExperts:
     w2: torch.Tensor
     s2: torch.Tensor
     gs2: int
-    max_m: int
+    max_m: dict[torch.dtype, int]
 
     @property
     def intermediate(self) -> int:
         return self.w2.shape[2]
 
-    def takes(self, chosen: torch.Tensor) -> bool:
-        """Whether a step with the router's choices `chosen` [T, k] runs here: every expert gets fewer rows than
-        max_m (from there the per-expert loop dequantizes tiles). Below max_m tokens no count is needed."""
-        return chosen.shape[0] < self.max_m or int(torch.bincount(chosen.reshape(-1)).max()) < self.max_m
+    def takes(self, x: torch.Tensor, chosen: torch.Tensor) -> bool:
+        """Whether a step on x with the router's choices `chosen` [T, k] runs here: x's dtype has a grouped op and
+        every expert gets fewer rows than its max_m (from there the per-expert loop dequantizes tiles). Below max_m
+        tokens no count is needed."""
+        max_m = self.max_m.get(x.dtype, 0)
+        return chosen.shape[0] < max_m or (max_m > 0 and int(torch.bincount(chosen.reshape(-1)).max()) < max_m)
 
     def __call__(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x bf16 [T, H], the router's choices and weights [T, k] -> bf16 [T, H]."""
-        return extension().int4_moe_bf16(x, chosen, weights, self.w1, self.s1, self.gs1, self.w2, self.s2, self.gs2)
+        """x bf16 or fp32 [T, H], the router's choices and weights [T, k] -> [T, H] in x's dtype."""
+        op = extension().int4_moe_bf16 if x.dtype == torch.bfloat16 else extension().int4_moe_f32
+        return op(x, chosen, weights, self.w1, self.s1, self.gs1, self.w2, self.s2, self.gs2)
 
     def expert(self, e: int) -> tuple[Int4Blocked, Int4Blocked]:
         """Expert e's gate|up and down as Int4Blocked views into the stack."""
@@ -56,9 +61,11 @@ class StackedExperts:
                 Int4Blocked(self.w2[e], self.s2[e], hidden, self.gs2, None))
 
 
-def available() -> bool:
-    """Whether the grouped op was built for this CPU (AVX-512 BF16 and above)."""
-    return hasattr(extension(), "int4_moe_bf16")
+def available(dtype: torch.dtype) -> bool:
+    """Whether the grouped op for activations of `dtype` was built for this CPU: fp32 wherever the int4 extension is
+    (AVX2 and above), bf16 from AVX-512 BF16."""
+    name = {torch.bfloat16: "int4_moe_bf16", torch.float32: "int4_moe_f32"}.get(dtype)
+    return name is not None and hasattr(extension(), name)
 
 
 def stackable(gate_up: list[Int4Blocked], down: list[Int4Blocked]) -> bool:
@@ -73,7 +80,8 @@ def stackable(gate_up: list[Int4Blocked], down: list[Int4Blocked]) -> bool:
             and down[0].out_features == gate_up[0].packed.shape[1])
 
 
-def stack_experts(gate_up: list[Int4Blocked], down: list[Int4Blocked], max_m: int) -> StackedExperts:
+def stack_experts(gate_up: list[Int4Blocked], down: list[Int4Blocked], max_m: dict[torch.dtype, int]
+                  ) -> StackedExperts:
     """The experts' weights stacked (check `stackable` first); the caller then points each expert at its view."""
     return StackedExperts(torch.stack([p.packed for p in gate_up]), torch.stack([p.scale_zero for p in gate_up]),
                           gate_up[0].group_size, torch.stack([p.packed for p in down]),

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "int4_amx.h"  // the bf16-activation kernel on AMX tiles, where QUANTKIT_INT4_AMX
+#include "int4_avx2.h"  // the fp32 kernel's tiles (AVX2 + FMA)
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 #include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
@@ -40,102 +41,8 @@
 namespace {
 
 constexpr int kRows = 16;
-
-template <typename T>
-struct Args {
-  const float* x;      // [M, K]
-  const float* xsum;   // [M, G]
-  const uint8_t* w;    // [NB, K, 8]
-  const T* sz;         // [NB, G, 2, 16]
-  float* out;          // [M, N]
-  int64_t M, K, N, G, gs;
-};
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-inline void unpack16(const uint8_t* p, __m256& lo, __m256& hi) {
-  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
-  hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-}
-
-// Rows m0..m0+MT-1 of x against block b: o[MT][16] accumulates the block's outputs.
-template <int MT, typename T>
-void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  constexpr int U = MT >= 4 ? 1 : (MT >= 2 ? 2 : 4);
-  const uint8_t* w = a.w + b * a.K * 8;
-  const T* sz = a.sz + b * a.G * 2 * kRows;
-  const float* x[MT];
-  for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
-  __m256 out[MT][2];
-  for (int m = 0; m < MT; ++m) out[m][0] = out[m][1] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < a.G; ++g) {
-    __m256 acc[U][MT][2];
-    for (int u = 0; u < U; ++u)
-      for (int m = 0; m < MT; ++m) acc[u][m][0] = acc[u][m][1] = _mm256_setzero_ps();
-    const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
-    int64_t k = k0;
-    for (; k + U <= k1; k += U) {
-      for (int u = 0; u < U; ++u) {
-        __m256 lo, hi;
-        unpack16(w + (k + u) * 8, lo, hi);
-        for (int m = 0; m < MT; ++m) {
-          const __m256 xb = _mm256_broadcast_ss(x[m] + k + u);
-          acc[u][m][0] = _mm256_fmadd_ps(xb, lo, acc[u][m][0]);
-          acc[u][m][1] = _mm256_fmadd_ps(xb, hi, acc[u][m][1]);
-        }
-      }
-    }
-    for (; k < k1; ++k) {
-      __m256 lo, hi;
-      unpack16(w + k * 8, lo, hi);
-      for (int m = 0; m < MT; ++m) {
-        const __m256 xb = _mm256_broadcast_ss(x[m] + k);
-        acc[0][m][0] = _mm256_fmadd_ps(xb, lo, acc[0][m][0]);
-        acc[0][m][1] = _mm256_fmadd_ps(xb, hi, acc[0][m][1]);
-      }
-    }
-    const T* s = sz + g * 2 * kRows;
-    const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + 16), z1 = load8(s + 24);
-    for (int m = 0; m < MT; ++m) {
-      __m256 d0 = acc[0][m][0], d1 = acc[0][m][1];
-      for (int u = 1; u < U; ++u) {
-        d0 = _mm256_add_ps(d0, acc[u][m][0]);
-        d1 = _mm256_add_ps(d1, acc[u][m][1]);
-      }
-      const __m256 xs = _mm256_broadcast_ss(a.xsum + (m0 + m) * a.G + g);
-      out[m][0] = _mm256_fmadd_ps(_mm256_fnmadd_ps(xs, z0, d0), s0, out[m][0]);
-      out[m][1] = _mm256_fmadd_ps(_mm256_fnmadd_ps(xs, z1, d1), s1, out[m][1]);
-    }
-  }
-  for (int m = 0; m < MT; ++m) {
-    _mm256_storeu_ps(o + m * kRows, out[m][0]);
-    _mm256_storeu_ps(o + m * kRows + 8, out[m][1]);
-  }
-}
-
-// Write o[mt][16] into out[m0.., 16b..], dropping rows past N.
-template <typename T>
-void store(const Args<T>& a, int64_t b, int64_t m0, int64_t mt, const float* o) {
-  const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
-  for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
-}
-
-template <typename T>
-void block(const Args<T>& a, int64_t b) {
-  float o[4 * kRows];
-  int64_t m0 = 0;
-  for (; m0 + 4 <= a.M; m0 += 4) { tile<4>(a, b, m0, o); store(a, b, m0, 4, o); }
-  switch (a.M - m0) {
-    case 3: tile<3>(a, b, m0, o); store(a, b, m0, 3, o); break;
-    case 2: tile<2>(a, b, m0, o); store(a, b, m0, 2, o); break;
-    case 1: tile<1>(a, b, m0, o); store(a, b, m0, 1, o); break;
-    default: break;
-  }
-}
+using int4avx2::Args;
+using int4avx2::block;
 
 void check(const torch::Tensor& packed, const torch::Tensor& sz, int64_t k, int64_t n, int64_t gs) {
   TORCH_CHECK(packed.dtype() == torch::kUInt8 && packed.dim() == 3 && packed.size(1) == k && packed.size(2) == 8,
@@ -377,6 +284,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              "never calls them");
   amx::bind_switches(m, dev);  // the int4 and int8 kernels' AMX paths
   m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
+  m.def("int4_moe_f32", &int4_moe_f32, "x fp32 [T, H], the router's choices [T, k] and weights [T, k], the experts' "
+        "gate|up and down stacked [E, ...] -> fp32 [T, H] (AVX2/FMA; moe_int4_cpu.cpp)", py::arg("x"),
+        py::arg("chosen"), py::arg("weights"), py::arg("w1"), py::arg("s1"), py::arg("gs1"), py::arg("w2"),
+        py::arg("s2"), py::arg("gs2"));
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_dequantize_pairs", &int4_dequantize_pairs,

@@ -12,3 +12,7 @@
 torch::Tensor int4_moe_bf16(torch::Tensor x, torch::Tensor chosen, torch::Tensor weights, torch::Tensor w1,
                             torch::Tensor s1, int64_t gs1, torch::Tensor w2, torch::Tensor s2, int64_t gs2);
 #endif
+
+// The same in fp32 on the AVX2 kernel (every level): x fp32 [T, H] -> fp32 [T, H].
+torch::Tensor int4_moe_f32(torch::Tensor x, torch::Tensor chosen, torch::Tensor weights, torch::Tensor w1,
+                           torch::Tensor s1, int64_t gs1, torch::Tensor w2, torch::Tensor s2, int64_t gs2);

@@ -24,8 +24,7 @@
 
 #include "act_mul.h"
 #include "int4_amx.h"  // int4bf16::any_blocks: the AVX-512 BF16 kernel, or AMX tiles where QUANTKIT_INT4_AMX
-
-#if defined(QUANTKIT_INT4_BF16)
+#include "int4_avx2.h"  // int4avx2::block: the fp32 kernel
 #include "moe_int4.h"
 
 namespace {
@@ -75,24 +74,53 @@ struct Stacked {
   int64_t per_s() const { return blocks * (k / gs) * 2 * kRows; }
 };
 
-// Every active expert's linear on its slots' rows: in [S, K] bf16 (rows in slot order) -> out [S, N] bf16, work
-// split over (expert, pair of blocks) so that the threads share all experts' blocks.
-template <typename T>
-void experts_linear(const Slots& s, const Stacked<T>& lin, const uint16_t* in, uint16_t* out) {
-  const int64_t groups = lin.k / lin.gs, rows = static_cast<int64_t>(s.token.size());
-  std::vector<float> xsum(rows * groups);
-  int4bf16::group_sums(in, rows, lin.k, lin.gs, xsum.data());
-  const int64_t pairs = (lin.blocks + 1) / 2, units = static_cast<int64_t>(s.expert.size()) * pairs;
+// fn(a, b0, b1) for every active expert a and its blocks b0..b1-1, the (expert, pair of blocks) units split over
+// torch's threads, so that the threads share all experts' blocks (pairs: the bf16 kernel's wide tiles take two).
+template <typename Fn>
+void over_expert_blocks(const Slots& s, int64_t blocks, Fn fn) {
+  const int64_t pairs = (blocks + 1) / 2, units = static_cast<int64_t>(s.expert.size()) * pairs;
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1;) {
       const int64_t a = u / pairs, first = u - a * pairs, last = std::min(pairs, first + (u1 - u));
-      const int64_t r = s.start[a], e = s.expert[a];
-      const int4bf16::Args<T> args{in + r * lin.k, xsum.data() + r * groups, lin.w + e * lin.per_w(),
-                                   lin.sz + e * lin.per_s(), nullptr, out + r * lin.n, s.count[a], lin.k, lin.n,
-                                   groups, lin.gs};
-      int4bf16::any_blocks(args, 2 * first, std::min(lin.blocks, 2 * last));
+      fn(a, 2 * first, std::min(blocks, 2 * last));
       u += last - first;
     }
+  });
+}
+
+#if defined(QUANTKIT_INT4_BF16)
+// Every active expert's linear on its slots' rows, bf16: in [S, K] (rows in slot order) -> out [S, N] bf16.
+template <typename T>
+void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& in_t, torch::Tensor& out_t,
+                    c10::BFloat16) {
+  const int64_t groups = lin.k / lin.gs, rows = in_t.size(0);
+  const auto* in = reinterpret_cast<const uint16_t*>(in_t.data_ptr<at::BFloat16>());
+  auto* out = reinterpret_cast<uint16_t*>(out_t.data_ptr<at::BFloat16>());
+  std::vector<float> xsum(rows * groups);
+  int4bf16::group_sums(in, rows, lin.k, lin.gs, xsum.data());
+  over_expert_blocks(s, lin.blocks, [&](int64_t a, int64_t b0, int64_t b1) {
+    const int64_t r = s.start[a];
+    const int4bf16::Args<T> args{in + r * lin.k, xsum.data() + r * groups, lin.w + s.expert[a] * lin.per_w(),
+                                 lin.sz + s.expert[a] * lin.per_s(), nullptr, out + r * lin.n, s.count[a], lin.k,
+                                 lin.n, groups, lin.gs};
+    int4bf16::any_blocks(args, b0, b1);
+  });
+}
+#endif
+
+// The same in fp32 on the AVX2 kernel: in fp32 [S, K] -> out fp32 [S, N]; x's group sums as int4_linear takes them.
+template <typename T>
+void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& in, torch::Tensor& out_t, float) {
+  const int64_t groups = lin.k / lin.gs, rows = in.size(0);
+  float* out = out_t.data_ptr<float>();
+  const torch::Tensor xsum = in.view({rows, groups, lin.gs}).sum(-1).contiguous();  // [S, G]
+  const float *x = in.data_ptr<float>(), *xs = xsum.data_ptr<float>();
+  over_expert_blocks(s, lin.blocks, [&](int64_t a, int64_t b0, int64_t b1) {
+    const int64_t r = s.start[a];
+    const int4avx2::Args<T> args{x + r * lin.k, xs + r * groups, lin.w + s.expert[a] * lin.per_w(),
+                                 lin.sz + s.expert[a] * lin.per_s(), out + r * lin.n, s.count[a], lin.k, lin.n,
+                                 groups, lin.gs};
+    for (int64_t b = b0; b < b1; ++b) int4avx2::block(args, b);
   });
 }
 
@@ -120,53 +148,112 @@ void with_scale_type(const torch::Tensor& sz, Fn fn) {
     fn(float{});
 }
 
-}  // namespace
+// The checks and the sorted choices every grouped call starts from; x made contiguous.
+struct Call {
+  Slots slots;
+  int64_t t_size, h, experts, inter, rows;
+};
 
-torch::Tensor int4_moe_bf16(torch::Tensor x, torch::Tensor chosen, torch::Tensor weights, torch::Tensor w1,
-                            torch::Tensor s1, int64_t gs1, torch::Tensor w2, torch::Tensor s2, int64_t gs2) {
-  TORCH_CHECK(x.dtype() == torch::kBFloat16 && x.dim() == 2, "x must be bf16 [T, H]");
+Call start_call(torch::Tensor& x, torch::Tensor chosen, torch::Tensor weights, const torch::Tensor& w1,
+                const torch::Tensor& w2) {
+  TORCH_CHECK(x.dim() == 2, "x must be [T, H]");
   TORCH_CHECK(chosen.dtype() == torch::kLong && chosen.dim() == 2 && chosen.size(0) == x.size(0),
               "chosen must be int64 [T, k]");
   TORCH_CHECK(weights.dtype() == torch::kFloat && weights.sizes() == chosen.sizes(), "weights must be fp32 [T, k]");
+  TORCH_CHECK(w1.dim() == 4 && w2.dim() == 4, "w1 and w2 must be stacked [E, blocks, K, 8]");
   x = x.contiguous();
   chosen = chosen.contiguous();
   weights = weights.contiguous();
-  const int64_t t_size = x.size(0), h = x.size(1), k = chosen.size(1), experts = w1.size(0), inter = w2.size(2);
-  auto out = torch::zeros({t_size, h}, x.options());
-  if (t_size == 0) return out;
-  const Slots s = sort_slots(chosen.data_ptr<int64_t>(), weights.data_ptr<float>(), t_size, k, experts);
-  const int64_t rows = t_size * k;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  std::vector<uint16_t> xs(rows * h), gu(rows * 2 * inter), hid(rows * inter), y(rows * h);  // bf16 bits
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(&xs[r * h], xp + s.token[r] * h, h * sizeof(uint16_t));
-  with_scale_type(s1, [&](auto tag1) {
-    using T1 = decltype(tag1);
-    experts_linear(s, stacked<T1>(w1, s1, experts, h, 2 * inter, gs1, "w1 (gate|up)"), xs.data(), gu.data());
-  });
-  const auto* g = reinterpret_cast<const c10::BFloat16*>(gu.data());
-  auto* hp = reinterpret_cast<c10::BFloat16*>(hid.data());
+  Call c{{}, x.size(0), x.size(1), w1.size(0), w2.size(2), chosen.numel()};
+  c.slots = sort_slots(chosen.data_ptr<int64_t>(), weights.data_ptr<float>(), c.t_size, chosen.size(1), c.experts);
+  return c;
+}
+
+// hidden[r] = silu(gate_up[r, :I]) * gate_up[r, I:] for every slot row r
+template <typename T>
+void silu_rows(const T* gate_up, T* hidden, int64_t rows, int64_t inter) {
   at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / inter), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) silu_mul_range(g + r * 2 * inter, g + r * 2 * inter + inter, hp + r * inter, 0, inter);
+    for (int64_t r = r0; r < r1; ++r)
+      silu_mul_range(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, hidden + r * inter, 0, inter);
   });
-  with_scale_type(s2, [&](auto tag2) {
-    using T2 = decltype(tag2);
-    experts_linear(s, stacked<T2>(w2, s2, experts, inter, h, gs2, "w2 (down)"), hid.data(), y.data());
-  });
-  auto* op = out.data_ptr<at::BFloat16>();
-  const auto* yp = reinterpret_cast<const c10::BFloat16*>(y.data());
+}
+
+// out[token[r]] += weight[r] * y[r] for the slot rows in order (ascending experts), fp32: the product rounded to fp32,
+// then the sum, as the per-expert loop's two torch ops (never contracted into one fused multiply-add).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void add_weighted(const Slots& s, const float* y, float* out, int64_t h) {
   at::parallel_for(0, h, 256, [&](int64_t c0, int64_t c1) {  // columns apart; within a column, slots in order
-    using namespace vec512;
-    for (int64_t r = 0; r < rows; ++r) {
-      at::BFloat16* o = op + s.token[r] * h;
-      const __m512 w = _mm512_set1_ps(s.weight[r]);
-      for (int64_t c = c0; c < c1; c += 16) {
-        const __mmask16 m = first(c1 - c);
-        const __m512 v = round16<c10::BFloat16>(_mm512_mul_ps(load16(yp + r * h + c, m), w));
-        store16(o + c, _mm512_add_ps(load16(o + c, m), v), m);  // the bf16 row's sum, rounded as torch's bf16 add
+    for (size_t r = 0; r < s.token.size(); ++r) {
+      float* o = out + s.token[r] * h;
+      const float* yr = y + r * h;
+      const float w = s.weight[r];
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = yr[c] * w;
+        o[c] = o[c] + v;
       }
     }
   });
+}
+#pragma GCC pop_options
+
+#if defined(QUANTKIT_INT4_BF16)
+// The same in bf16: each weighted output rounded to bf16, then added into the bf16 row (rounded as torch's bf16 add).
+void add_weighted(const Slots& s, const c10::BFloat16* y, c10::BFloat16* out, int64_t h) {
+  at::parallel_for(0, h, 256, [&](int64_t c0, int64_t c1) {
+    using namespace vec512;
+    for (size_t r = 0; r < s.token.size(); ++r) {
+      c10::BFloat16* o = out + s.token[r] * h;
+      const __m512 w = _mm512_set1_ps(s.weight[r]);
+      for (int64_t c = c0; c < c1; c += 16) {
+        const __mmask16 m = first(c1 - c);
+        const __m512 v = round16<c10::BFloat16>(_mm512_mul_ps(load16(y + r * h + c, m), w));
+        store16(o + c, _mm512_add_ps(load16(o + c, m), v), m);
+      }
+    }
+  });
+}
+#endif
+
+// The grouped call in the activation type A (c10::BFloat16 or float): gather, gate|up, SiLU, down, weighted sum.
+template <typename A>
+torch::Tensor grouped(torch::Tensor x, torch::Tensor chosen, torch::Tensor weights, const torch::Tensor& w1,
+                      const torch::Tensor& s1, int64_t gs1, const torch::Tensor& w2, const torch::Tensor& s2,
+                      int64_t gs2) {
+  const Call c = start_call(x, chosen, weights, w1, w2);
+  const Slots& s = c.slots;
+  const int64_t h = c.h, inter = c.inter, rows = c.rows;
+  auto out = torch::zeros({c.t_size, h}, x.options());
+  if (c.t_size == 0) return out;
+  const auto index = torch::from_blob(const_cast<int64_t*>(s.token.data()), {rows}, torch::kLong);
+  const auto xs = x.index_select(0, index);  // [S, H] in slot order
+  auto gu = torch::empty({rows, 2 * inter}, x.options()), hid = torch::empty({rows, inter}, x.options());
+  auto y = torch::empty({rows, h}, x.options());
+  with_scale_type(s1, [&](auto tag1) {
+    using T1 = decltype(tag1);
+    experts_linear(s, stacked<T1>(w1, s1, c.experts, h, 2 * inter, gs1, "w1 (gate|up)"), xs, gu, A{});
+  });
+  silu_rows(gu.data_ptr<A>(), hid.data_ptr<A>(), rows, inter);
+  with_scale_type(s2, [&](auto tag2) {
+    using T2 = decltype(tag2);
+    experts_linear(s, stacked<T2>(w2, s2, c.experts, inter, h, gs2, "w2 (down)"), hid, y, A{});
+  });
+  add_weighted(s, y.data_ptr<A>(), out.data_ptr<A>(), h);
   return out;
 }
 
+}  // namespace
+
+#if defined(QUANTKIT_INT4_BF16)
+torch::Tensor int4_moe_bf16(torch::Tensor x, torch::Tensor chosen, torch::Tensor weights, torch::Tensor w1,
+                            torch::Tensor s1, int64_t gs1, torch::Tensor w2, torch::Tensor s2, int64_t gs2) {
+  TORCH_CHECK(x.dtype() == torch::kBFloat16, "x must be bf16 [T, H]");
+  return grouped<c10::BFloat16>(x, chosen, weights, w1, s1, gs1, w2, s2, gs2);
+}
 #endif
+
+torch::Tensor int4_moe_f32(torch::Tensor x, torch::Tensor chosen, torch::Tensor weights, torch::Tensor w1,
+                           torch::Tensor s1, int64_t gs1, torch::Tensor w2, torch::Tensor s2, int64_t gs2) {
+  TORCH_CHECK(x.dtype() == torch::kFloat, "x must be fp32 [T, H]");
+  return grouped<float>(x, chosen, weights, w1, s1, gs1, w2, s2, gs2);
+}

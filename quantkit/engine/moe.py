@@ -1,8 +1,9 @@
 """The engine's mixture-of-experts block (Mixtral, Qwen3-MoE) over a flat batch x [T, hidden].
 
 A step routes every token (the float router, softmax in fp32, top k, renormalized where the family
-does: quantkit.model.moe.route). 4-bit experts run in one grouped kernel call (`stack_experts`, kernels/moe_int4.py)
-while no expert gets as many rows as its kernels' dense crossover (decode, and prefill spread over many experts).
+does: quantkit.model.moe.route). 4-bit experts run in one grouped kernel call (`stack_experts`, kernels/moe_int4.py;
+bf16 or fp32) while no expert gets as many rows as its kernels' dense crossover (decode, and prefill spread over many
+experts).
 Otherwise it groups the tokens by expert (one sort: expert_batches) and
 runs each expert that got tokens once on all of its tokens: gate and up fused into one linear (at load,
 like a dense MLP's: QuantLinear.concat for 4-bit experts, so one int4 kernel call), the activation,
@@ -65,6 +66,22 @@ class GatedMLP(nn.Module):
         return getattr(self, self.down_name)(mul(gate, up))
 
 
+def grouped_max_m(direct: list) -> dict[torch.dtype, int]:
+    """Per activation dtype, the rows of one expert below which the grouped call runs its experts: the per-expert
+    loop's kernel crossover (bf16: the direct bf16 kernel calls' max_m, where every linear has one and none rounds
+    activations to int8; fp32: the AVX2 kernel's dense_threshold), for the dtypes whose grouped op is built here."""
+    from quantkit.kernels import int4_cpu, moe_int4
+
+    max_m = {}
+    if moe_int4.available(torch.float32):
+        max_m[torch.float32] = int4_cpu.dense_threshold(torch.float32)
+    bf16 = {d.max_m for d in direct if d is not None and not d.int8_activations}
+    if moe_int4.available(torch.bfloat16) and len(bf16) == 1 \
+            and all(d is not None and not d.int8_activations for d in direct):
+        max_m[torch.bfloat16] = bf16.pop()
+    return max_m
+
+
 class MoEBlock(nn.Module):
     """Router + experts under the family's names (ExpertsSpec): x [T, hidden] -> [T, hidden]."""
 
@@ -79,22 +96,23 @@ class MoEBlock(nn.Module):
         self.grouped: StackedExperts | None = None  # set by stack_experts: every expert in one kernel call
 
     def stack_experts(self) -> bool:
-        """Run decode-sized batches through one grouped kernel call (kernels/moe_int4.py) where every expert's
-        gate|up and down are 4-bit linears that the bf16 kernel runs directly in one layout (a fused gate|up each,
-        SiLU); each expert then reads its weights from the stack. Returns whether it did."""
-        from quantkit.kernels import moe_int4
+        """Run each step whose experts all get fewer rows than their kernels' dense crossover through one grouped
+        kernel call (kernels/moe_int4.py), where every expert's gate|up (fused) and down are 4-bit linears on
+        quantkit's int4 kernel in one layout and the activation is SiLU; each expert then reads its weights from the
+        stack. Returns whether it did."""
+        from quantkit.kernels import int4_cpu, moe_int4
         from quantkit.model.quant_linear import QuantLinear
 
         experts = getattr(self, self.spec.experts)
         linears = [(e.gate_up_proj, getattr(e, e.down_name)) for e in experts]
-        direct = [m._direct for pair in linears for m in pair if isinstance(m, QuantLinear)]
-        if self.act != "silu" or not moe_int4.available() or len(direct) != 2 * len(linears) \
-                or any(d is None or d.int8_activations for d in direct) or len({d.max_m for d in direct}) != 1:
+        modules = [m for pair in linears for m in pair]
+        if self.act != "silu" or not all(isinstance(m, QuantLinear) and isinstance(m._cpu, int4_cpu.Int4Blocked)
+                                         for m in modules):
             return False
         gate_up, down = ([pair[i]._cpu for pair in linears] for i in (0, 1))
         if not moe_int4.stackable(gate_up, down):
             return False
-        self.grouped = moe_int4.stack_experts(gate_up, down, direct[0].max_m)
+        self.grouped = moe_int4.stack_experts(gate_up, down, grouped_max_m([m._direct for m in modules]))
         for e, pair in enumerate(linears):
             for module, view in zip(pair, self.grouped.expert(e)):
                 module.point_at(view)
@@ -103,7 +121,7 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
         weights, chosen = route(getattr(self, self.spec.router)(x), self.moe.top_k, self.moe.renormalize)
         grouped = self.grouped
-        if grouped is not None and x.dtype == torch.bfloat16 and grouped.takes(chosen):
+        if grouped is not None and grouped.takes(x, chosen):
             return grouped(x, chosen, weights)
         experts = getattr(self, self.spec.experts)
         out = torch.zeros_like(x)

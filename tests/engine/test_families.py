@@ -83,40 +83,44 @@ def test_bf16_moe_decodes(quantized_family):
     assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
-def test_bf16_moe_runs_its_experts_in_one_grouped_call(quantized_family, family, monkeypatch):
-    """Where the grouped experts op is built (AVX-512 BF16), each MoE layer's 4-bit experts are stacked at load, each
-    expert's linears read views of the stack, and the grouped call gives the per-expert loop's result bit for bit;
-    where an expert gets as many rows as the kernels' dense crossover, the loop runs."""
+def test_moe_runs_its_experts_in_one_grouped_call(quantized_family, family, dtype, monkeypatch):
+    """Each MoE layer's 4-bit experts are stacked at load, each expert's linears read views of the stack, and the
+    grouped call (bf16 from AVX-512 BF16, fp32 everywhere) gives the per-expert loop's result bit for bit; where an
+    expert gets as many rows as the kernels' dense crossover, the loop runs."""
+    from quantkit.engine.decoder import ops_for
     from quantkit.engine.moe import MoEBlock
     from quantkit.kernels import moe_int4
 
-    llm = LLM(str(quantized_family(family, "gptq", "gptq")), dtype="bfloat16", max_model_len=128)
+    llm = LLM(str(quantized_family(family, "gptq", "gptq")), dtype=str(dtype).removeprefix("torch."),
+              max_model_len=128)
     block = next(m for m in llm.engine.model.modules() if isinstance(m, MoEBlock))
     experts = getattr(block, block.spec.experts)
-    if not moe_int4.available():
-        assert block.grouped is None
-        pytest.skip("the grouped experts op needs AVX-512 BF16 (not built at this CPU level)")
     grouped = block.grouped
     assert grouped is not None
     assert experts[3].gate_up_proj._cpu.packed.data_ptr() == grouped.w1[3].data_ptr()
-    x = torch.randn(6, llm.engine.model.shape.hidden_size, generator=torch.Generator().manual_seed(0))
-    x = x.to(torch.bfloat16)
+    if not moe_int4.available(dtype):
+        assert dtype not in grouped.max_m
+        pytest.skip("the bf16 grouped experts op needs AVX-512 BF16 (not built at this CPU level)")
+    max_m = grouped.max_m[dtype]
+    x = torch.randn(6, llm.engine.model.shape.hidden_size, generator=torch.Generator().manual_seed(0)).to(dtype)
+    ops = ops_for(x)  # the elementwise ops the decoder hands the block (the fused C++ SiLU where built)
     with torch.no_grad():
-        got = block(x)
+        got = block(x, ops)
         block.grouped = None
-        want = block(x)
+        want = block(x, ops)
         block.grouped = grouped
     assert torch.equal(got, want)
     calls = []
     real = type(grouped).__call__
     monkeypatch.setattr(type(grouped), "__call__", lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a))
-    spread = torch.randn(grouped.max_m, x.shape[1], generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    spread = torch.randn(max_m, x.shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.no_grad():
-        block(x)
-        got = block(spread)  # a prefill whose tokens spread over the experts: each gets fewer than max_m rows
-        block(torch.zeros(grouped.max_m, x.shape[1], dtype=torch.bfloat16))  # every token on the same k experts
+        block(x, ops)
+        got = block(spread, ops)  # a prefill whose tokens spread over the experts: each gets fewer than max_m rows
+        block(torch.zeros(max_m, x.shape[1], dtype=dtype), ops)  # every token on the same k experts
         block.grouped = None
-        want = block(spread)
-    assert calls == [6, grouped.max_m]
+        want = block(spread, ops)
+    assert calls == [6, max_m]
     assert torch.equal(got, want)
