@@ -29,17 +29,23 @@ from quantkit.bench.vs_llmcompressor import CALIB, NSAMPLES, PPL_SEQLEN, PPL_TEX
 QK = ("self_attn.q_proj", "self_attn.k_proj")
 
 
-def spec_variant(tie: bool, noclip: bool, clipnone: bool = False):
-    """A spec_for that returns the real spec with the AWQ choices switched on or off (`clipnone`: no
-    linear clipped, as llm-compressor's AWQModifier)."""
-    from quantkit.format.arch import spec_for
+def spec_variant(spec, tie: bool, noclip: bool, clipnone: bool = False):
+    """The real spec with the AWQ choices switched on or off (`clipnone`: no linear clipped, as llm-compressor's
+    AWQModifier)."""
+    groups = tuple(dataclasses.replace(g, feeder_repeats_kv=g.feeder_repeats_kv and tie) for g in spec.groups)
+    no_clip = spec.linears if clipnone else QK if noclip else spec.awq_no_clip
+    return dataclasses.replace(spec, groups=groups, awq_no_clip=no_clip)
 
-    def variant(config):
-        spec = spec_for(config)
-        groups = tuple(dataclasses.replace(g, feeder_repeats_kv=g.feeder_repeats_kv and tie) for g in spec.groups)
-        no_clip = spec.linears if clipnone else QK if noclip else spec.awq_no_clip
-        return dataclasses.replace(spec, groups=groups, awq_no_clip=no_clip)
-    return variant
+
+def quantize_variant(cfg, out: Path, variant: str):
+    """cfg quantized into `out` with the spec of `variant` (names joined by "+", see the module's doc); the report."""
+    from quantkit.model.source import open_model
+    from quantkit.quant import pipeline
+
+    parts = set(variant.split("+"))
+    source = open_model(cfg.model)
+    spec = spec_variant(source.spec, "tie" in parts, "noclip" in parts, "clipnone" in parts)
+    return pipeline.quantize_model(cfg, out, show_progress=False, source=source.with_spec(spec))
 
 
 def score(path: Path, ids: torch.Tensor, note: str) -> float:
@@ -63,7 +69,6 @@ def main() -> None:
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.eval.perplexity import tokenize_once
     from quantkit.model.loader import load_tokenizer
-    from quantkit.quant import pipeline
 
     ids, note = tokenize_once(load_tokenizer(args.model), PPL_TEXT.read_text(encoding="utf-8"))
     ids = ids[:PPL_TOKENS]
@@ -72,14 +77,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-awq-ablation-") as tmp:
         for name, seed in ((v, int(x)) for v in args.variants.split(",") for x in args.seeds.split(",")):
             parts = set(name.split("+"))
-            pipeline.spec_for = spec_variant("tie" in parts, "noclip" in parts, "clipnone" in parts)
             out = Path(tmp) / f"{name}-{seed}"
             cfg = QuantizeConfig(model=str(args.model), out=out, method="awq", group_size=args.group_size,
                                  awq_duo_scaling="both" if "both" in parts else str("duo" in parts).lower(), compute_dtype=args.compute_dtype,
                                  calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=seed))
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
-            report = pipeline.quantize_model(cfg, out, show_progress=False)
+            report = quantize_variant(cfg, out, name)
             ppl = score(out, ids, note)
             print(json.dumps({"variant": name, "seed": seed, "ppl": round(ppl, 3), "x_float": round(ppl / base, 4),
                               "quantize_s": round(report.seconds, 1), "load_avg": round(os.getloadavg()[0], 1)}),

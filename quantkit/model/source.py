@@ -59,6 +59,13 @@ class ModelSource:
             return cfg
         return CONFIG_MAPPING[data["model_type"]].from_dict(data)
 
+    def with_spec(self, spec) -> ModelSource:
+        """This source with its architecture spec replaced (an ablation's variant of the real spec); the rest, already
+        derived or not, is shared."""
+        other = copy.copy(self)
+        other.__dict__["spec"] = spec  # the frozen dataclass's cached_property slot
+        return other
+
     def max_context(self) -> int | None:
         """The context length config.json states (max_position_embeddings), or None."""
         value = self.config.get("max_position_embeddings")
