@@ -94,7 +94,7 @@ PEERS = {
     "peer": Peer("llm-compressor", ROOT / "tests" / "interop" / "llmcompressor_gptq.py", "--llmc-python",
                  "../shared/PEERS.md", ("--ppl-text", str(PPL_TEXT), "--ppl-seqlen", str(PPL_SEQLEN),
                                         "--ppl-tokens", str(PPL_TOKENS))),
-    # GPTQModel's only quantizes: run_gptqmodel scores its checkpoint here
+    # GPTQModel's worker only quantizes: run_gptqmodel scores its checkpoint here
     "gptqmodel": Peer("GPTQModel", ROOT / "tests" / "interop" / "gptqmodel_gptq.py", "--gptqmodel-python",
                       "docs/accuracy.md"),
 }
@@ -181,7 +181,7 @@ def check_peer(python: Path, tool: str) -> str:
         raise SystemExit(f"{peer.label}'s python not found at {python} {hint}")
     try:
         proc = subprocess.run([str(python), str(peer.script), "--version"], capture_output=True, text=True, timeout=300)
-    except OSError as exc:
+    except (OSError, subprocess.TimeoutExpired) as exc:
         raise SystemExit(f"{peer.label}'s python at {python} does not start: {exc} {hint}") from None
     out, err = proc.stdout.strip().splitlines(), proc.stderr.strip().splitlines()
     if proc.returncode != 0 or not out:
