@@ -1,7 +1,7 @@
-"""quantkit against llm-compressor: perplexity ratio to float and quantization wall time, same windows.
+"""quantkit against llm-compressor and GPTQModel: perplexity ratio to float and quantization wall time, same windows.
 
   python -m quantkit.bench.vs_llmcompressor [--models tiny,stories|suite|NAME,...] [--methods rtn,gptq,awq,awq-duo,awq-both]
-      [--threads 2] [--tools ours,peer] [--seeds 0] [--llmc-python PATH]
+      [--threads 2] [--tools ours,peer,gptqmodel] [--seeds 0] [--llmc-python PATH] [--gptqmodel-python PATH]
   python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
 Models: `suite` is the accuracy suite (quantkit.bench.suite: six small Llamas of different shapes trained
@@ -14,17 +14,20 @@ wikitext2/test.txt in 256-token windows.
 
 For each model and method, alternately: `quantkit quantize` in a child process (its time is the
 pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` in its own venv
-(tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), both with the same
-OMP/torch thread count. The two calibration token hashes are compared (the run stops if they
-differ). Each tool's perplexity ratio is to the float model scored by the same code. The last
+(tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), then GPTQModel's `quantize` in its
+own venv (tests/interop/gptqmodel_gptq.py, its wall time, imports excluded; its checkpoint is scored here by
+quantkit's perplexity code), all with the same OMP/torch thread count. The calibration token hashes are compared
+(the run stops if they differ). Each tool's perplexity ratio is to the float model scored by the same code. The last
 column is the whole `quantkit quantize` child process (interpreter start, imports, checkpoint
 writing included), for the time a user waits.
-`--tools ours` or `--tools peer` runs one tool (to split a long run under the machine's heavy-job
-lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
-Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order);
-awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both formulas searched per group;
-rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse: data-free; imatrix), gptq-imatrix
-= GPTQ with imatrix-searched groups (quantkit only).
+`--tools ours`, `--tools peer` (llm-compressor) or `--tools gptqmodel` runs one tool (to split a long run under the
+machine's heavy-job lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
+Each peer's venv is checked first (its worker's --version): a missing or broken one stops the run with one line.
+Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order; GPTQModel with its
+default act_group_aware, GAR, on); awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both
+formulas searched per group; rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse:
+data-free; imatrix), gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-nogar = GPTQModel's GPTQ
+with GAR off (GPTQModel only). The default --methods are those quantkit runs.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import json
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -42,24 +47,59 @@ from quantkit.bench.runs import quantize_in_child
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
-PEER_SCRIPT = ROOT / "tests" / "interop" / "llmcompressor_gptq.py"
 DEFAULT_LLMC = ROOT.parent / ".venvs" / "llmcompressor" / "bin" / "python"  # PEERS.md: ../.venvs/llmcompressor, a venv of its own
+DEFAULT_GPTQMODEL = ROOT.parent / "venvs" / "gptqmodel" / "bin" / "python"  # docs/accuracy.md: a venv of its own
 CALIB = SHARED / "wikitext2" / "valid.txt"
 PPL_TEXT = SHARED / "wikitext2" / "test.txt"
 NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
 
-# method -> (quantkit quantize args, llm-compressor script args)
+
+
+class Method(NamedTuple):
+    """One --methods name: each tool's arguments, None where that tool does not run it."""
+
+    ours: list[str] | None  # `quantkit quantize` args
+    peer: list[str] | None  # llm-compressor's worker (tests/interop/llmcompressor_gptq.py)
+    gptqmodel: list[str] | None = None  # GPTQModel's worker (tests/interop/gptqmodel_gptq.py)
+
+
 METHODS = {
-    "rtn": (["--method", "rtn", "--no-sym", "--format", "awq"], ["--method", "rtn"]),
-    "gptq": (["--method", "gptq"], ["--method", "gptq"]),
-    "awq": (["--method", "awq", "--awq-duo-scaling", "false"], ["--method", "awq"]),
-    "awq-duo": (["--method", "awq", "--awq-duo-scaling", "true"], ["--method", "awq", "--duo", "true"]),
-    "awq-both": (["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
+    "rtn": Method(["--method", "rtn", "--no-sym", "--format", "awq"], ["--method", "rtn"]),
+    "gptq": Method(["--method", "gptq"], ["--method", "gptq"], ["--gar", "true"]),  # GAR: GPTQModel's default
+    "awq": Method(["--method", "awq", "--awq-duo-scaling", "false"], ["--method", "awq"]),
+    "awq-duo": Method(["--method", "awq", "--awq-duo-scaling", "true"], ["--method", "awq", "--duo", "true"]),
+    "awq-both": Method(["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
     # quantkit's searched group scales (no llm-compressor counterpart run here: --tools peer skips them)
-    "rtn-mse": (["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
-    "rtn-imatrix": (["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
-    "gptq-imatrix": (["--method", "gptq", "--scale-search", "imatrix"], None),
+    "rtn-mse": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
+    "rtn-imatrix": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
+    "gptq-imatrix": Method(["--method", "gptq", "--scale-search", "imatrix"], None),
+    # GPTQModel's GPTQ with its act_group_aware off: plain GPTQ, as quantkit's and llm-compressor's `gptq`
+    "gptq-nogar": Method(None, None, ["--gar", "false"]),
 }
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer tool: a worker script run by the peer's own venv's python, printing a RESULT line."""
+
+    label: str  # the table's name for it
+    script: Path
+    option: str  # the option that names its python
+    install: str  # where its install steps are written
+    extra: tuple[str, ...] = ()  # arguments its worker takes on every run
+
+
+PEERS = {
+    # llm-compressor's worker also scores its checkpoint and the float model, with the same text and windows
+    "peer": Peer("llm-compressor", ROOT / "tests" / "interop" / "llmcompressor_gptq.py", "--llmc-python",
+                 "../shared/PEERS.md", ("--ppl-text", str(PPL_TEXT), "--ppl-seqlen", str(PPL_SEQLEN),
+                                        "--ppl-tokens", str(PPL_TOKENS))),
+    # GPTQModel's worker only quantizes: run_gptqmodel scores its checkpoint here
+    "gptqmodel": Peer("GPTQModel", ROOT / "tests" / "interop" / "gptqmodel_gptq.py", "--gptqmodel-python",
+                      "docs/accuracy.md"),
+}
+TOOLS = {"ours": "quantkit", **{key: peer.label for key, peer in PEERS.items()}}  # --tools -> the table's name
+PEER_KEYS = tuple(PEERS)  # the table's peer columns, in this order
 TINY = (128, "all")  # the GQA test model's group size and llm-compressor targets
 
 
@@ -101,8 +141,8 @@ def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
 
 
 def run_ours(model: Path, out: Path, method: str, group: int, threads: int, float_ppl: float, seed: int = 0) -> dict:
-    args = METHODS[method][0] + ["--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES),
-                                 "--seqlen", str(SEQLEN), "--seed", str(seed), "--threads", str(threads)]
+    args = METHODS[method].ours + ["--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES),
+                                   "--seqlen", str(SEQLEN), "--seed", str(seed), "--threads", str(threads)]
     run = quantize_in_child(model, out, args, threads)
     ppl, ratio = ppl_ratio_ours(out, float_ppl)
     meta = json.loads((out / "quantkit_meta.json").read_text())
@@ -110,44 +150,93 @@ def run_ours(model: Path, out: Path, method: str, group: int, threads: int, floa
             "hash": meta["calibration_token_sha256"]}
 
 
-def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-             skip_float: bool, seed: int = 0) -> dict:
-    cmd = [str(python), str(PEER_SCRIPT), "--model", str(model), *METHODS[method][1], "--targets", targets,
-           "--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES), "--seqlen", str(SEQLEN),
-           "--seed", str(seed), "--ppl-text", str(PPL_TEXT), "--ppl-seqlen", str(PPL_SEQLEN),
-           "--ppl-tokens", str(PPL_TOKENS), "--threads", str(threads), "--out", str(out)]
-    if skip_float:
-        cmd.append("--skip-float-ppl")
+def worker_args(tool: str, method: str, model: Path, out: Path, group: int, targets: str, threads: int,
+                seed: int) -> list[str]:
+    """The arguments of `tool`'s worker for one method on one model: the method's, the peer's own, then the
+    model, its group size and targets, and the calibration windows."""
+    return [*getattr(METHODS[method], tool), *PEERS[tool].extra, "--model", str(model), "--targets", targets,
+            "--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES), "--seqlen", str(SEQLEN),
+            "--seed", str(seed), "--threads", str(threads), "--out", str(out)]
+
+
+def run_worker(python: Path, tool: str, args: list[str], threads: int, cwd: Path) -> dict:
+    """The peer's worker script, run by its own venv's python with `threads` OMP threads in `cwd` (a scratch
+    folder: what a peer writes to its working folder stays out of the repository); its last RESULT line."""
+    peer = PEERS[tool]
+    cmd = [str(python), str(peer.script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"llm-compressor run failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
-    r = json.loads(lines[-1][len("RESULT "):])
+        raise SystemExit(f"{peer.label} run failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def check_peer(python: Path, tool: str) -> str:
+    """The peer's version, from its worker's --version in its venv; a one-line SystemExit when that venv is
+    missing or cannot import the peer."""
+    peer = PEERS[tool]
+    hint = f"({peer.option}; install steps: {peer.install})"
+    if not python.is_file():
+        raise SystemExit(f"{peer.label}'s python not found at {python} {hint}")
+    try:
+        proc = subprocess.run([str(python), str(peer.script), "--version"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SystemExit(f"{peer.label}'s python at {python} does not start: {exc} {hint}") from None
+    out, err = proc.stdout.strip().splitlines(), proc.stderr.strip().splitlines()
+    if proc.returncode != 0 or not out:
+        raise SystemExit(f"{peer.label} is not usable with {python}: {err[-1] if err else f'exit {proc.returncode}'} {hint}")
+    return out[-1]
+
+
+def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
+             skip_float: bool, seed: int = 0) -> dict:
+    args = worker_args("peer", method, model, out, group, targets, threads, seed)
+    r = run_worker(python, "peer", args + (["--skip-float-ppl"] if skip_float else []), threads, out.parent)
     return {"wall_s": r["oneshot_wall_s"], "ppl": r["quant_ppl"], "float_ppl": r["float_ppl"],
             "hash": r["calib_token_sha256"]}
 
 
-def bench_model(name: str, methods: list[str], threads: int, python: Path, root: Path, tools: set[str],
+def run_gptqmodel(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
+                  float_ppl: float, seed: int = 0) -> dict:
+    """GPTQModel quantizes in its venv; its checkpoint (GPTQ v1) is scored here by quantkit's perplexity code."""
+    r = run_worker(python, "gptqmodel", worker_args("gptqmodel", method, model, out, group, targets, threads, seed),
+                   threads, out.parent)
+    ppl, ratio = ppl_ratio_ours(out, float_ppl)
+    return {"wall_s": r["quantize_wall_s"], "ppl": ppl, "ratio": ratio, "float_ppl": float_ppl,
+            "hash": r["calib_token_sha256"], "version": r["gptqmodel"]}
+
+
+def check_hashes(row: dict) -> None:
+    """Every tool that read calibration read the same windows (RTN reads none in quantkit: no hash)."""
+    hashes = {row[t]["hash"] for t in TOOLS if t in row and row[t]["hash"] is not None}
+    if len(hashes) > 1:
+        raise SystemExit(f"{row['model']} {row['method']}: calibration windows differ ({sorted(hashes)})")
+
+
+def bench_model(name: str, methods: list[str], threads: int, pythons: dict[str, Path], root: Path, tools: set[str],
                 tiny_steps: int | None = None, seeds: tuple[int, ...] = (0,)) -> list[dict]:
+    """Each method and seed on one model, by each of `tools` that runs that method; `pythons`: each peer's python."""
     model, group, targets = model_entry(name, tiny_steps)
-    float_ours = ppl_ratio_ours(model, None)[0] if "ours" in tools else None
+    float_ours = ppl_ratio_ours(model, None)[0] if tools & {"ours", "gptqmodel"} else None
     print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
     for method, seed in ((m, s) for m in methods for s in seeds):
         row = {"model": name, "method": method, "seed": seed, "threads": threads,
                "load_avg": round(os.getloadavg()[0], 2)}
-        if "ours" in tools:
-            row["ours"] = run_ours(model, root / f"{name}-{method}-{seed}-qk", method, group, threads, float_ours, seed)
-        if "peer" in tools and METHODS[method][1] is not None:
-            peer = run_peer(python, model, root / f"{name}-{method}-{seed}-llmc", method, group, targets, threads,
+        spec, out = METHODS[method], root / f"{name}-{method}-{seed}"
+        if "ours" in tools and spec.ours is not None:
+            row["ours"] = run_ours(model, out.with_name(out.name + "-qk"), method, group, threads, float_ours, seed)
+        if "peer" in tools and spec.peer is not None:
+            peer = run_peer(pythons["peer"], model, out.with_name(out.name + "-llmc"), method, group, targets, threads,
                             skip_float=float_peer is not None, seed=seed)
             float_peer = float_peer or peer["float_ppl"]
             row["peer"] = {**peer, "float_ppl": float_peer, "ratio": peer["ppl"] / float_peer}
+        if "gptqmodel" in tools and spec.gptqmodel is not None:
+            row["gptqmodel"] = run_gptqmodel(pythons["gptqmodel"], model, out.with_name(out.name + "-gptqmodel"),
+                                             method, group, targets, threads, float_ours, seed)
         print("ROW " + json.dumps(row), flush=True)
-        hashes = {row[t]["hash"] for t in ("ours", "peer") if t in row and row[t]["hash"] is not None}
-        if len(hashes) > 1:  # RTN reads no calibration in quantkit: no hash
-            raise SystemExit(f"{name} {method}: calibration windows differ ({sorted(hashes)})")
+        check_hashes(row)
         rows.append(row)
     return rows
 
@@ -158,13 +247,11 @@ def merge_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         seed = r.get("seed", 0)
         m = merged.setdefault((r["model"], r["method"], seed), {"model": r["model"], "method": r["method"], "seed": seed})
-        for tool in ("ours", "peer"):
+        for tool in TOOLS:
             if tool in r:
                 m[tool] = {**r[tool], "load_avg": r.get("load_avg")}
     for m in merged.values():
-        hashes = {m[t]["hash"] for t in ("ours", "peer") if t in m and m[t]["hash"] is not None}
-        if len(hashes) > 1:
-            raise SystemExit(f"{m['model']} {m['method']}: calibration windows differ ({sorted(hashes)})")
+        check_hashes(m)
     return list(merged.values())
 
 
@@ -172,20 +259,31 @@ def _cell(side: dict | None, fmt: str) -> str:
     return "-" if side is None else fmt.format(**side)
 
 
+def _time_ratio(ours: float | None, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
+
+
+def header() -> list[str]:
+    """The table's header and rule: per tool its ratio to float, then per tool its seconds, then our time over
+    each peer's, then the quantkit CLI process."""
+    cols = ["model", "method", *(f"{TOOLS[t]} ppl (x float)" for t in TOOLS), *(f"{TOOLS[t]} s" for t in TOOLS),
+            *(f"time ours/{TOOLS[t]}" for t in PEER_KEYS), "quantkit CLI process s"]
+    return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+
+
 def print_table(rows: list[dict]) -> None:
     """One line per run; with more than one seed, the seed in the method column and a mean line per
     (model, method) after the runs."""
     seeds = {r.get("seed", 0) for r in rows}
-    print("| model | method | quantkit ppl (x float) | llm-compressor ppl (x float) | quantkit s | llm-compressor s "
-          "| time ours/theirs | quantkit CLI process s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(header()))
     for r in rows:
         method = r["method"] if len(seeds) == 1 else f"{r['method']} (seed {r.get('seed', 0)})"
-        o, p = r.get("ours"), r.get("peer")
-        ratio = f"{o['wall_s'] / p['wall_s']:.2f}x" if o and p else "-"
-        print(f"| {r['model']} | {method} | {_cell(o, '{ppl:.3f} ({ratio:.4f}x)')} "
-              f"| {_cell(p, '{ppl:.3f} ({ratio:.4f}x)')} | {_cell(o, '{wall_s:.2f}')} | {_cell(p, '{wall_s:.2f}')} "
-              f"| {ratio} | {_cell(o, '{process_s}') if o and 'process_s' in o else '-'} |")
+        o = r.get("ours")
+        cells = [_cell(r.get(t), "{ppl:.3f} ({ratio:.4f}x)") for t in TOOLS]
+        cells += [_cell(r.get(t), "{wall_s:.2f}") for t in TOOLS]
+        cells += [_time_ratio(o and o["wall_s"], r.get(t, {}).get("wall_s")) for t in PEER_KEYS]
+        cells.append(str(o["process_s"]) if o and "process_s" in o else "-")
+        print(f"| {r['model']} | {method} | " + " | ".join(cells) + " |")
     if len(seeds) > 1:
         for line in mean_lines(rows):
             print(line)
@@ -200,7 +298,7 @@ def mean_lines(rows: list[dict]) -> list[str]:
     lines = []
     for (model, method), runs in groups.items():
         cells, walls = [], {}
-        for tool in ("ours", "peer"):
+        for tool in TOOLS:
             sides = [r[tool] for r in runs if tool in r]
             if not sides:
                 cells.append("-")
@@ -208,43 +306,63 @@ def mean_lines(rows: list[dict]) -> list[str]:
             ratios = [x["ratio"] for x in sides]
             walls[tool] = sum(x["wall_s"] for x in sides) / len(sides)
             cells.append(f"{sum(ratios) / len(ratios):.4f}x ({min(ratios):.4f}-{max(ratios):.4f})")
-        time_ratio = f"{walls['ours'] / walls['peer']:.2f}x" if len(walls) == 2 else "-"
-        lines.append(f"| {model} | **{method}, mean of {len(runs)} seeds** | {cells[0]} | {cells[1]} "
-                     f"| {walls.get('ours', 0):.2f} | {walls.get('peer', 0):.2f} | {time_ratio} | - |")
+        cells += [f"{walls[t]:.2f}" if t in walls else "-" for t in TOOLS]
+        cells += [_time_ratio(walls.get("ours"), walls.get(t)) for t in PEER_KEYS]
+        lines.append(f"| {model} | **{method}, mean of {len(runs)} seeds** | " + " | ".join(cells) + " | - |")
     return lines
+
+
+def parse_tools(text: str) -> set[str]:
+    """--tools: comma-separated keys of TOOLS."""
+    tools = {t.strip() for t in text.split(",") if t.strip()}
+    if not tools or not tools <= set(TOOLS):
+        raise SystemExit(f"--tools takes a comma-separated subset of {', '.join(TOOLS)} (got {text!r})")
+    return tools
+
+
+def parse_methods(text: str) -> list[str]:
+    """--methods: comma-separated keys of METHODS."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise SystemExit(f"--methods: unknown {', '.join(unknown) or 'none given'}; one of {', '.join(METHODS)}")
+    return methods
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,stories",
                     help="tiny, stories, names of quantkit.bench.suite's models, or suite (all of them)")
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=",".join(m for m, spec in METHODS.items() if spec.ours is not None))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tools", default="ours,peer", help="ours, peer, or ours,peer (both): one tool per run splits a long run")
+    ap.add_argument("--tools", default="ours,peer",
+                    help="ours (quantkit), peer (llm-compressor), gptqmodel (GPTQModel), comma-separated: one tool per "
+                         "run splits a long run")
     ap.add_argument("--table", type=Path, nargs="*", default=None,
                     help="print the table from the ROW lines of earlier runs' output files, run nothing")
     ap.add_argument("--seeds", default="0", help="calibration seeds, comma-separated: every run once per seed")
     ap.add_argument("--tiny-steps", type=int, default=None,
                     help="the GQA test model trained for this many steps (default: train_tiny's)")
     ap.add_argument("--llmc-python", type=Path, default=Path(os.environ.get("QUANTKIT_LLMC_PYTHON", DEFAULT_LLMC)))
+    ap.add_argument("--gptqmodel-python", type=Path,
+                    default=Path(os.environ.get("QUANTKIT_GPTQMODEL_PYTHON", DEFAULT_GPTQMODEL)))
     args = ap.parse_args()
     if args.table is not None:
         lines = [ln for f in args.table for ln in f.read_text().splitlines() if ln.startswith("ROW ")]
         print_table(merge_rows([json.loads(ln[len("ROW "):]) for ln in lines]))
         return
-    tools = set(args.tools.split(","))
-    if not tools or not tools <= {"ours", "peer"}:
-        raise SystemExit(f"--tools takes ours, peer or ours,peer (got {args.tools!r})")
-    if "peer" in tools and not args.llmc_python.is_file():
-        raise SystemExit(f"llm-compressor's python not found at {args.llmc_python} (--llmc-python)")
+    tools, methods = parse_tools(args.tools), parse_methods(args.methods)
+    pythons = {"peer": args.llmc_python, "gptqmodel": args.gptqmodel_python}
+    for tool in sorted(tools & set(PEERS)):
+        print(f"# {PEERS[tool].label}: {check_peer(pythons[tool], tool)} ({pythons[tool]})", flush=True)
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     print(f"# threads {args.threads}, load avg {os.getloadavg()[0]:.2f} at start", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
         for name in model_names(args.models):
-            rows += bench_model(name, [m.strip() for m in args.methods.split(",")], args.threads, args.llmc_python,
-                                Path(tmp), tools, args.tiny_steps, tuple(int(x) for x in args.seeds.split(",")))
+            rows += bench_model(name, methods, args.threads, pythons, Path(tmp), tools, args.tiny_steps,
+                                tuple(int(x) for x in args.seeds.split(",")))
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
     print_table(merge_rows(rows))
 

@@ -1,10 +1,16 @@
-"""The llm-compressor comparison's table: runs joined per seed, and the mean line over seeds."""
+"""The comparison with llm-compressor and GPTQModel: its method table, the commands built for the peers' workers,
+the check of a peer's venv, runs joined per seed, and the mean line over seeds."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from quantkit.bench.vs_llmcompressor import mean_lines, merge_rows
+from interop.gptqmodel_gptq import parser as gptqmodel_parser
+from quantkit.bench.vs_llmcompressor import (METHODS, PEERS, TOOLS, check_peer, mean_lines, merge_rows, parse_methods,
+                                             parse_tools, worker_args)
 
 
 def _side(ratio: float, wall: float, sha: str = "h") -> dict:
@@ -18,9 +24,10 @@ def test_split_runs_join_per_seed_and_keep_the_seeds_apart():
     assert [(m["seed"], set(m) & {"ours", "peer"}) for m in merged] == [(0, {"ours", "peer"}), (1, {"ours", "peer"})]
 
 
-def test_a_seed_whose_windows_differ_between_the_tools_is_refused():
-    rows = [{"model": "tiny", "method": "awq", "seed": 0, "ours": _side(1.0, 2.0, "a")},
-            {"model": "tiny", "method": "awq", "seed": 0, "peer": _side(1.0, 4.0, "b")}]
+@pytest.mark.parametrize("peer", ["peer", "gptqmodel"])
+def test_a_seed_whose_windows_differ_between_the_tools_is_refused(peer):
+    rows = [{"model": "tiny", "method": "gptq", "seed": 0, "ours": _side(1.0, 2.0, "a")},
+            {"model": "tiny", "method": "gptq", "seed": 0, peer: _side(1.0, 4.0, "b")}]
     with pytest.raises(SystemExit, match="windows differ"):
         merge_rows(rows)
 
@@ -31,6 +38,59 @@ def test_the_mean_line_averages_ratios_and_seconds_over_seeds():
     (line,) = mean_lines(rows)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1] == "**gptq, mean of 2 seeds**"
-    assert cells[2] == "1.0030x (1.0020-1.0040)"
-    assert cells[3] == "1.0020x (1.0000-1.0040)"
-    assert cells[4:7] == ["2.00", "4.00", "0.50x"]
+    assert cells[2:5] == ["1.0030x (1.0020-1.0040)", "1.0020x (1.0000-1.0040)", "-"]  # quantkit, llm-compressor, GPTQModel
+    assert cells[5:10] == ["2.00", "4.00", "-", "0.50x", "-"]  # seconds per tool, then ours over each peer's
+
+
+def test_gptqmodel_gets_its_own_columns_and_joins_the_other_tools_runs():
+    rows = [{"model": "tiny", "method": "gptq", "seed": s, "ours": _side(1.002, 1.0, f"h{s}")} for s in (0, 1)]
+    rows += [{"model": "tiny", "method": "gptq", "seed": s, "gptqmodel": _side(r, 4.0, f"h{s}")}
+             for s, r in ((0, 1.001), (1, 1.003))]
+    (line,) = mean_lines(merge_rows(rows))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2:5] == ["1.0020x (1.0020-1.0020)", "-", "1.0020x (1.0010-1.0030)"]
+    assert cells[5:10] == ["1.00", "-", "4.00", "-", "0.25x"]
+
+
+def test_every_method_runs_in_some_tool_and_gar_is_on_only_in_gptq():
+    assert all(any(getattr(spec, tool) is not None for tool in TOOLS) for spec in METHODS.values())
+    with_gptqmodel = {m: spec.gptqmodel for m, spec in METHODS.items() if spec.gptqmodel is not None}
+    assert with_gptqmodel == {"gptq": ["--gar", "true"], "gptq-nogar": ["--gar", "false"]}
+
+
+@pytest.mark.parametrize(("method", "gar"), [("gptq", True), ("gptq-nogar", False)])
+def test_the_gptqmodel_worker_accepts_the_command_built_for_it(method, gar, tmp_path):
+    args = worker_args("gptqmodel", method, tmp_path / "model", tmp_path / "out", 64, "attention", 1, 2)
+    parsed = gptqmodel_parser().parse_args(args)
+    assert (parsed.gar == "true") == gar
+    assert (parsed.group_size, parsed.targets, parsed.seed, parsed.threads, parsed.damp) == (64, "attention", 2, 1, 0.01)
+    assert (parsed.nsamples, parsed.seqlen, Path(parsed.calib).name) == (32, 256, "valid.txt")
+    assert parsed.out == tmp_path / "out" and not parsed.version
+
+
+def test_llm_compressor_keeps_its_perplexity_arguments_and_gptqmodel_gets_none():
+    llmc = worker_args("peer", "gptq", Path("m"), Path("o"), 64, "all", 1, 0)
+    assert llmc[:2] == ["--method", "gptq"] and "--ppl-tokens" in llmc and "--gar" not in llmc
+    assert "--ppl-text" not in worker_args("gptqmodel", "gptq", Path("m"), Path("o"), 64, "all", 1, 0)
+
+
+def test_tools_and_methods_are_checked_with_one_line():
+    assert parse_tools("ours,gptqmodel") == {"ours", "gptqmodel"}
+    assert parse_methods("gptq, gptq-nogar") == ["gptq", "gptq-nogar"]
+    with pytest.raises(SystemExit, match="--tools takes"):
+        parse_tools("ours,autogptq")
+    with pytest.raises(SystemExit, match="unknown gptq-gar"):
+        parse_methods("gptq,gptq-gar")
+
+
+def test_a_missing_peer_venv_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"GPTQModel's python not found at .*--gptqmodel-python; install steps") as err:
+        check_peer(tmp_path / "venv" / "bin" / "python", "gptqmodel")
+    assert "\n" not in str(err.value)
+
+
+def test_a_venv_without_gptqmodel_is_one_line():
+    """quantkit's own venv has no gptqmodel: the worker's --version fails, and says so in one line."""
+    with pytest.raises(SystemExit, match="GPTQModel is not usable with .*No module named 'gptqmodel'") as err:
+        check_peer(Path(sys.executable), "gptqmodel")
+    assert "\n" not in str(err.value) and PEERS["gptqmodel"].install in str(err.value)

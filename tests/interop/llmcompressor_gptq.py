@@ -142,6 +142,7 @@ def run(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="store_true", help="print llm-compressor's version and exit (checks the venv)")
     ap.add_argument("--model", default=str(SHARED_DATA / "stories260K-hf"))
     ap.add_argument("--method", choices=("rtn", "gptq", "awq"), default="gptq")
     ap.add_argument("--targets", choices=tuple(TARGETS), default="attention")
@@ -158,8 +159,17 @@ def main() -> None:
     ap.add_argument("--ppl-text", default=str(SHARED_DATA / "wikitext2" / "test.txt"))
     ap.add_argument("--ppl-seqlen", type=int, default=512)
     ap.add_argument("--skip-float-ppl", action="store_true", help="do not score the float model")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.version:
+        from importlib.metadata import version
+
+        import llmcompressor  # noqa: F401  (the import is the check)
+
+        print(f"llmcompressor {version('llmcompressor')}")
+        return
+    if args.out is None:
+        ap.error("--out is required")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     if args.threads:
