@@ -62,13 +62,17 @@ def build_ext_command():
     from torch.utils.cpp_extension import BuildExtension
 
     class BuildKernels(BuildExtension):
-        """torch's builder, one compiler per core, then build_info.json beside the modules."""
+        """torch's builder, one extension at a time with one compiler per core, then build_info.json beside the
+        modules."""
 
         def finalize_options(self):
             super().finalize_options()
-            if self.parallel is None:
-                self.parallel = os.cpu_count() or 1
-                os.environ.setdefault("MAX_JOBS", "1")  # each extension's files in turn: extensions fill the cores
+            # One extension at a time: every level of an extension compiles the same sources into the same object
+            # files and build.ninja under build_temp, so two levels built at once overwrite each other's objects (a
+            # wheel's quantkit_int4_avx512_bf16 was linked from another level's int4_cpu.o: no PyInit of its name).
+            # Built in turn, ninja recompiles each object for the next level (its command line changed).
+            self.parallel = 1
+            os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))  # an extension's files fill the cores
 
         def run(self):
             if getattr(self, "editable_mode", False) or self.inplace:
