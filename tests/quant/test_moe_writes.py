@@ -56,12 +56,12 @@ def test_each_expert_is_written_when_quantized_with_one_experts_codes_alive(tiny
                                                                            monkeypatch, method):
     """A writer spy: each expert's packed linears arrive in an add of their own, in expert order, before the
     layer's float tensors; at each of those adds, only the dense linears' and this expert's integer weights exist."""
-    alive = weakref.WeakSet()
+    alive = weakref.WeakValueDictionary()  # QuantizedWeight (a dataclass) is unhashable: keyed by id
     post_init = QuantizedWeight.__post_init__
 
     def tracked(self):
         post_init(self)
-        alive.add(self)
+        alive[id(self)] = self
 
     adds = []
     add = ShardWriter.add
