@@ -67,7 +67,7 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
     from quantkit.format.packing import pack
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import direct_bf16_call, int4_blocked_linear, q8_kernel, repack
+    from quantkit.kernels.int4_cpu import direct_call, int4_blocked_linear, q8_kernel, repack
 
     packed, dense = [], []
     for _ in range(copies):
@@ -78,7 +78,8 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations, a ring of {copies} weights "
           f"({copies * int4_mb:.0f} MB int4, {copies * dense_mb:.0f} MB dense)")
     # bf16 x: also the int8-activation kernel (W4A8) through its direct call, where it builds
-    q8 = [direct_bf16_call(w, int8_activations=True) for w in packed] \
+    m_max = max(ms) + 1
+    q8 = [direct_call(w, "q8", m_max) for w in packed] \
         if dtype == torch.bfloat16 and q8_kernel(packed[0]) else None
     print(f"{'M':>5} {'int4 ms':>9} {'int4 GB/s':>9} {'dense ms':>9} {'dense GB/s':>10} {'dense/int4':>10}"
           + (f" {'W4A8 ms':>9} {'int4/W4A8':>9}" if q8 else ""))

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quantkit.bench.vs_llmcompressor import CALIB, MODELS, NSAMPLES, PPL_TEXT, PPL_TOKENS, SEQLEN, model_path
+from quantkit.bench.vs_llmcompressor import CALIB, NSAMPLES, PPL_TEXT, PPL_TOKENS, SEQLEN, model_entry
 
 WINDOW = 128
 
@@ -76,7 +76,7 @@ def int8_head(model):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=tuple(MODELS), default="tiny")
+    ap.add_argument("--model", default="tiny", help="tiny, stories or a model of the accuracy suite")
     ap.add_argument("--method", default="gptq", choices=("rtn", "gptq", "awq"))
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -87,7 +87,7 @@ def main() -> None:
     from quantkit.model.quant_linear import QuantLinear
     from quantkit.quant.pipeline import quantize_model
 
-    path = model_path(args.model)
+    path, group_size, _ = model_entry(args.model)
     ids, _ = tokenize_once(load_tokenizer(path), PPL_TEXT.read_text(encoding="utf-8"))
     ids = ids[:PPL_TOKENS]
     with torch.inference_mode():
@@ -97,7 +97,7 @@ def main() -> None:
           f"({head8.ppl / base.ppl:.5f}x)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-int8-act-") as tmp:
         out = Path(tmp)
-        cfg = QuantizeConfig(model=str(path), out=out, method=args.method, group_size=MODELS[args.model][0],
+        cfg = QuantizeConfig(model=str(path), out=out, method=args.method, group_size=group_size,
                              calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0))
         quantize_model(cfg, out, show_progress=False)
         for int8, head in ((False, False), (True, False), (False, True), (True, True)):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.bench.vs_llmcompressor import CALIB, MODELS, NSAMPLES, PPL_SEQLEN, PPL_TEXT, PPL_TOKENS, SEQLEN, model_path
+from quantkit.bench.vs_llmcompressor import CALIB, NSAMPLES, PPL_SEQLEN, PPL_TEXT, PPL_TOKENS, SEQLEN, model_entry
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -58,7 +58,7 @@ def weights_hash(out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="+")
-    ap.add_argument("--model", choices=tuple(MODELS), default="tiny")
+    ap.add_argument("--model", default="tiny", help="tiny, stories or a model of the accuracy suite")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
@@ -68,7 +68,7 @@ def main() -> None:
     from quantkit.model.loader import load_model, load_tokenizer
     from quantkit.quant.pipeline import quantize_model
 
-    model = model_path(args.model)
+    model, group_size, _ = model_entry(args.model)
     ids, note = tokenize_once(load_tokenizer(model), PPL_TEXT.read_text(encoding="utf-8"))
 
     def score(path: Path) -> float:
@@ -82,7 +82,7 @@ def main() -> None:
             seed = int(fields.pop("seed", 0))
             out = Path(tmp) / str(i)
             out.mkdir()
-            cfg = QuantizeConfig(model=str(model), out=out, method=method, group_size=MODELS[args.model][0],
+            cfg = QuantizeConfig(model=str(model), out=out, method=method, group_size=group_size,
                                  calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=seed), **fields)
             prof = cProfile.Profile() if args.profile else None
             start = time.perf_counter()
