@@ -11,7 +11,8 @@ the path `int4_blocked_linear` picks at that M (kernel below `dense_threshold`, 
 --cold-copies N times instead the kernel and the dense bf16/fp32 linear over a ring of N different
 weights of each shape, called in turn, so that each call reads its weight from memory as in a model
 (the table above reuses one weight, which stays in the cache); it prints ms per call and the weight
-bytes read per second, and with bf16 activations the int8-activation (W4A8) kernel's time where it builds.
+bytes read per second, beside the streaming read's bound measured just before each shape (the host's memory
+bandwidth drifts), and with bf16 activations the int8-activation (W4A8) kernel's time where it builds.
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
               flush=True)
 
 
+def _bound() -> str:
+    """The streaming read's GB/s at torch's threads, measured now: the shared host's memory bandwidth drifts, so the
+    cold rows' GB/s compare with this figure of the same run only."""
+    from quantkit.kernels.stream_read import stream_read_bandwidth, unavailable
+
+    if (why := unavailable()) is not None:
+        return f"no bandwidth bound ({why})"
+    return f"streaming read {stream_read_bandwidth(torch.get_num_threads(), 1.0, 3) / 1e9:.1f} GB/s"
+
+
 def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps: int, dtype: torch.dtype) -> None:
     """The int4 kernel and the dense prepacked linear, each over a ring of `copies` weights of N x K."""
     from quantkit.format.packing import pack
@@ -76,7 +87,7 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
         dense.append(PrepackedLinear(linear.to(dtype)))
     int4_mb, dense_mb = n * k / 2 / 1e6, n * k * dtype.itemsize / 1e6
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations, a ring of {copies} weights "
-          f"({copies * int4_mb:.0f} MB int4, {copies * dense_mb:.0f} MB dense)")
+          f"({copies * int4_mb:.0f} MB int4, {copies * dense_mb:.0f} MB dense); {_bound()}")
     # bf16 x: also the int8-activation kernel (W4A8) through its direct call, where it builds
     m_max = max(ms) + 1
     q8 = [direct_call(w, "q8", m_max) for w in packed] \

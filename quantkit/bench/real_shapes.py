@@ -3,6 +3,7 @@ bandwidth, the bound of a memory-bound decode.
 
   python -m quantkit.bench.real_shapes build llama-3.2-1b [--out DIR] [--gptq] [--awq]
   python -m quantkit.bench.real_shapes build llama-3.1-8b --gptq
+  python -m quantkit.bench.real_shapes build llama-3.1-8b --layers 2   # the shape cut to 2 decoder layers
   python -m quantkit.bench.real_shapes bandwidth [--threads 2] [--gib 2] [--loop stream|sum] [--repeats 5]
 
 `build` writes a bf16 Llama of the named shape (SHAPES: Llama-3.2-1B's and Llama-3.1-8B's configs, vocab 128256)
@@ -12,7 +13,9 @@ which leaves the logits far from flat (std about 0.02 sqrt(hidden): 0.9 at 1B, 1
 byte-level BPE trained on the synthetic corpus, padded with reserved tokens to the model's vocabulary (benchmarks feed
 token ids). --gptq / --awq also write its 4-bit checkpoints
 (`quantkit quantize --method rtn`, group 128: RTN packs at the speed such work needs). Everything is written to a
-temporary folder and renamed, and reused when present.
+temporary folder and renamed, and reused when present. --layers N keeps only N decoder layers (config
+num_hidden_layers N; the embeddings, lm_head and every layer as the full shape's), in a folder of its own,
+NAME-Nlayers: a layer of the 8B shape for quantization work without the 16 GB model.
 
 `bandwidth` times a streaming read over a buffer far larger than the caches at the given threads (quantkit.kernels.
 stream_read, as STREAM's and likwid-bench's read kernels; beside it torch's fp32 sum, the first measure, which
@@ -23,6 +26,7 @@ understates the machine's peak): bytes read per second, the ceiling of a decode 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -63,6 +67,15 @@ SHAPES = {
     "llama-3.1-8b": RealShape("llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, False,
                               {**_LLAMA3_ROPE, "factor": 8.0}),
 }
+
+
+def with_layers(shape: RealShape, layers: int | None) -> RealShape:
+    """`shape` cut to `layers` decoder layers, named NAME-Nlayers (its own cache folder); `shape` itself for None."""
+    if layers is None:
+        return shape
+    if not 1 <= layers <= shape.layers:
+        raise SystemExit(f"--layers: {shape.name} has 1 to {shape.layers} decoder layers (got {layers})")
+    return dataclasses.replace(shape, name=f"{shape.name}-{layers}layers", layers=layers)
 
 
 def hf_config(shape: RealShape) -> dict:
@@ -235,6 +248,7 @@ def main(argv=None) -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="write a float checkpoint of a real shape (and its 4-bit ones)")
     b.add_argument("shape", choices=sorted(SHAPES))
+    b.add_argument("--layers", type=int, default=None, help="only this many decoder layers (default: the shape's)")
     b.add_argument("--out", type=Path, default=None)
     b.add_argument("--gptq", action="store_true")
     b.add_argument("--awq", action="store_true")
@@ -255,7 +269,7 @@ def main(argv=None) -> None:
             print(f"read bandwidth, {args.threads} threads, {args.gib:g} GiB buffer, best of {args.repeats}, "
                   f"{BANDWIDTH_LOOPS[loop]}: {rate}", flush=True)
         return
-    shape = SHAPES[args.shape]
+    shape = with_layers(SHAPES[args.shape], args.layers)
     start = time.perf_counter()
     out = build(shape, args.out or default_root() / shape.name)
     print(f"{shape.name}: {num_parameters(shape) / 1e9:.2f} B parameters at {out} ({time.perf_counter() - start:.0f} s)")

@@ -2,12 +2,17 @@
 
   python -m quantkit.bench.vs_llmcompressor [--models tiny,stories|suite|NAME,...] [--methods rtn,gptq,awq,awq-duo,awq-both]
       [--threads 2] [--tools ours,peer,gptqmodel] [--seeds 0] [--llmc-python PATH] [--gptqmodel-python PATH]
+      [--nsamples 32] [--seqlen 256]
+  python -m quantkit.bench.vs_llmcompressor --models llama-3.1-8b:2 --methods gptq,awq --nsamples 16 --seqlen 512
   python -m quantkit.bench.vs_llmcompressor --table RUN1.log RUN2.log ...   # one table from split runs
 
 Models: `suite` is the accuracy suite (quantkit.bench.suite: six small Llamas of different shapes trained
 in fp32, and stories260K-hf; each at its own group size), or any of its models by name; `tiny` is the project's GQA Llama (quantkit.bench.train_tiny: hidden 256, 6 layers, 8 heads /
-4 KV heads, every linear packed, group 128); `stories` is stories260K (only attention packs, group 64).
-Calibration: 32 windows of 256 tokens from wikitext2/valid.txt (seed 0; `--seeds 0,1,2` repeats every
+4 KV heads, every linear packed, group 128); `stories` is stories260K (only attention packs, group 64);
+`SHAPE:N` is a real shape of quantkit.bench.real_shapes cut to N decoder layers (`llama-3.1-8b:2`; built and cached
+first when absent; every linear, group 128): random weights, so no perplexity is scored (its columns read "-"), and
+the rows are times and peak RSS, the quantization cost at a real size.
+Calibration: 32 windows of 256 tokens (--nsamples, --seqlen) from wikitext2/valid.txt (seed 0; `--seeds 0,1,2` repeats every
 run on the windows each seed draws, and the table ends with the mean over the seeds: a difference
 between the tools smaller than the spread over seeds is noise); perplexity: the first 20,000 tokens of
 wikitext2/test.txt in 256-token windows.
@@ -17,9 +22,9 @@ pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` 
 (tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), then GPTQModel's `quantize` in its
 own venv (tests/interop/gptqmodel_gptq.py, its wall time, imports excluded; its checkpoint is scored here by
 quantkit's perplexity code), all with the same OMP/torch thread count. The calibration token hashes are compared
-(the run stops if they differ). Each tool's perplexity ratio is to the float model scored by the same code. The last
-column is the whole `quantkit quantize` child process (interpreter start, imports, checkpoint
-writing included), for the time a user waits.
+(the run stops if they differ). Each tool's perplexity ratio is to the float model scored by the same code. Then the whole `quantkit quantize` child process (interpreter start, imports, checkpoint
+writing included), for the time a user waits; last, each tool's peak RSS (VmHWM of its process: quantkit's child,
+the peer's worker, which loads the whole model as its users do).
 `--tools ours`, `--tools peer` (llm-compressor) or `--tools gptqmodel` runs one tool (to split a long run under the
 machine's heavy-job lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Each peer's venv is checked first (its worker's --version): a missing or broken one stops the run with one line.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -52,7 +58,18 @@ DEFAULT_GPTQMODEL = ROOT.parent / "venvs" / "gptqmodel" / "bin" / "python"  # do
 CALIB = SHARED / "wikitext2" / "valid.txt"
 PPL_TEXT = SHARED / "wikitext2" / "test.txt"
 NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
+REAL_SHAPE_GROUP = 128  # group size for the real shapes (SHAPE:N): the checkpoints' default
+GiB = 1024**3
 
+
+class Windows(NamedTuple):
+    """The calibration every tool reads: `nsamples` windows of `seqlen` tokens of CALIB."""
+
+    nsamples: int = NSAMPLES
+    seqlen: int = SEQLEN
+
+    def args(self) -> list[str]:
+        return ["--calib", str(CALIB), "--nsamples", str(self.nsamples), "--seqlen", str(self.seqlen)]
 
 
 class Method(NamedTuple):
@@ -103,12 +120,31 @@ PEER_KEYS = tuple(PEERS)  # the table's peer columns, in this order
 TINY = (128, "all")  # the GQA test model's group size and llm-compressor targets
 
 
+def real_shape(name: str):
+    """`SHAPE` or `SHAPE:N`, a shape of quantkit.bench.real_shapes (cut to N decoder layers): its RealShape; None for
+    any other name."""
+    from quantkit.bench.real_shapes import SHAPES, with_layers
+
+    shape, _, layers = name.partition(":")
+    if shape not in SHAPES:
+        return None
+    if layers and not layers.isdigit():
+        raise SystemExit(f"--models {name}: the layer count after ':' is a whole number (got {layers!r})")
+    return with_layers(SHAPES[shape], int(layers) if layers else None)
+
+
 def model_entry(name: str, tiny_steps: int | None = None) -> tuple[Path, int, str]:
     """The model's folder, group size and llm-compressor targets. `tiny` is trained (and cached) first
     when absent, with `tiny_steps` training steps (default: train_tiny's); `stories` is stories260K-hf;
-    any other name is a model of the accuracy suite (quantkit.bench.suite), trained first when absent."""
+    `SHAPE:N` is a real shape cut to N layers, built first when absent; any other name is a model of the
+    accuracy suite (quantkit.bench.suite), trained first when absent."""
     from quantkit.bench import suite
 
+    shape = real_shape(name)
+    if shape is not None:
+        from quantkit.bench.real_shapes import build, default_root
+
+        return build(shape, default_root() / shape.name), REAL_SHAPE_GROUP, "all"
     if name != "tiny":
         model = suite.lookup("stories260k" if name == "stories" else name)
         return suite.ensure(model), model.group, model.targets
@@ -140,23 +176,26 @@ def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
     return ppl, ppl / float_ppl if float_ppl else 1.0
 
 
-def run_ours(model: Path, out: Path, method: str, group: int, threads: int, float_ppl: float, seed: int = 0) -> dict:
-    args = METHODS[method].ours + ["--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES),
-                                   "--seqlen", str(SEQLEN), "--seed", str(seed), "--threads", str(threads)]
+def run_ours(model: Path, out: Path, method: str, group: int, threads: int, float_ppl: float | None, seed: int = 0,
+             windows: Windows = Windows(), scored: bool = True) -> dict:
+    """`quantkit quantize` in a child; its checkpoint scored unless not `scored` (then ppl and ratio are None)."""
+    args = METHODS[method].ours + ["--group-size", str(group), *windows.args(), "--seed", str(seed),
+                                   "--threads", str(threads)]
     run = quantize_in_child(model, out, args, threads)
-    ppl, ratio = ppl_ratio_ours(out, float_ppl)
+    ppl, ratio = ppl_ratio_ours(out, float_ppl) if scored else (None, None)
     meta = json.loads((out / "quantkit_meta.json").read_text())
     return {"wall_s": run.quantize_s, "process_s": round(run.process_s, 2), "ppl": ppl, "ratio": ratio,
-            "hash": meta["calibration_token_sha256"]}
+            "hash": meta["calibration_token_sha256"], "peak_rss_gib": round(run.peak_rss_gib, 2),
+            "layer_s": [layer["seconds"] for layer in meta["layers"]]}
 
 
 def worker_args(tool: str, method: str, model: Path, out: Path, group: int, targets: str, threads: int,
-                seed: int) -> list[str]:
+                seed: int, windows: Windows = Windows()) -> list[str]:
     """The arguments of `tool`'s worker for one method on one model: the method's, the peer's own, then the
     model, its group size and targets, and the calibration windows."""
     return [*getattr(METHODS[method], tool), *PEERS[tool].extra, "--model", str(model), "--targets", targets,
-            "--group-size", str(group), "--calib", str(CALIB), "--nsamples", str(NSAMPLES), "--seqlen", str(SEQLEN),
-            "--seed", str(seed), "--threads", str(threads), "--out", str(out)]
+            "--group-size", str(group), *windows.args(), "--seed", str(seed), "--threads", str(threads),
+            "--out", str(out)]
 
 
 def run_worker(python: Path, tool: str, args: list[str], threads: int, cwd: Path) -> dict:
@@ -190,11 +229,14 @@ def check_peer(python: Path, tool: str) -> str:
 
 
 def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-             skip_float: bool, seed: int = 0) -> dict:
-    args = worker_args("peer", method, model, out, group, targets, threads, seed)
-    r = run_worker(python, "peer", args + (["--skip-float-ppl"] if skip_float else []), threads, out.parent)
+             skip_float: bool, seed: int = 0, windows: Windows = Windows(), scored: bool = True) -> dict:
+    """llm-compressor's worker; it scores the float model (unless `skip_float`) and its checkpoint, or neither
+    when not `scored`."""
+    args = worker_args("peer", method, model, out, group, targets, threads, seed, windows)
+    flags = ["--skip-float-ppl"] if skip_float else []
+    r = run_worker(python, "peer", args + (flags if scored else ["--no-ppl"]), threads, out.parent)
     return {"wall_s": r["oneshot_wall_s"], "ppl": r["quant_ppl"], "float_ppl": r["float_ppl"],
-            "hash": r["calib_token_sha256"]}
+            "hash": r["calib_token_sha256"], "peak_rss_gib": round(r["peak_rss_bytes"] / GiB, 2)}
 
 
 def run_gptqmodel(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
@@ -215,10 +257,12 @@ def check_hashes(row: dict) -> None:
 
 
 def bench_model(name: str, methods: list[str], threads: int, pythons: dict[str, Path], root: Path, tools: set[str],
-                tiny_steps: int | None = None, seeds: tuple[int, ...] = (0,)) -> list[dict]:
-    """Each method and seed on one model, by each of `tools` that runs that method; `pythons`: each peer's python."""
+                tiny_steps: int | None = None, seeds: tuple[int, ...] = (0,), windows: Windows = Windows()) -> list[dict]:
+    """Each method and seed on one model, by each of `tools` that runs that method; `pythons`: each peer's python.
+    A real shape (random weights) is not scored: its rows are times and peak RSS."""
     model, group, targets = model_entry(name, tiny_steps)
-    float_ours = ppl_ratio_ours(model, None)[0] if tools & {"ours", "gptqmodel"} else None
+    scored = real_shape(name) is None
+    float_ours = ppl_ratio_ours(model, None)[0] if scored and tools & {"ours", "gptqmodel"} else None
     print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
     rows, float_peer = [], None
     for method, seed in ((m, s) for m in methods for s in seeds):
@@ -226,12 +270,15 @@ def bench_model(name: str, methods: list[str], threads: int, pythons: dict[str, 
                "load_avg": round(os.getloadavg()[0], 2)}
         spec, out = METHODS[method], root / f"{name}-{method}-{seed}"
         if "ours" in tools and spec.ours is not None:
-            row["ours"] = run_ours(model, out.with_name(out.name + "-qk"), method, group, threads, float_ours, seed)
+            row["ours"] = run_ours(model, out.with_name(out.name + "-qk"), method, group, threads, float_ours, seed,
+                                   windows, scored)
+            shutil.rmtree(out.with_name(out.name + "-qk"), ignore_errors=True)  # a real shape's is gigabytes
         if "peer" in tools and spec.peer is not None:
             peer = run_peer(pythons["peer"], model, out.with_name(out.name + "-llmc"), method, group, targets, threads,
-                            skip_float=float_peer is not None, seed=seed)
+                            skip_float=float_peer is not None, seed=seed, windows=windows, scored=scored)
+            shutil.rmtree(out.with_name(out.name + "-llmc"), ignore_errors=True)
             float_peer = float_peer or peer["float_ppl"]
-            row["peer"] = {**peer, "float_ppl": float_peer, "ratio": peer["ppl"] / float_peer}
+            row["peer"] = {**peer, "float_ppl": float_peer, "ratio": peer["ppl"] / float_peer if scored else None}
         if "gptqmodel" in tools and spec.gptqmodel is not None:
             row["gptqmodel"] = run_gptqmodel(pythons["gptqmodel"], model, out.with_name(out.name + "-gptqmodel"),
                                              method, group, targets, threads, float_ours, seed)
@@ -255,8 +302,9 @@ def merge_rows(rows: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def _cell(side: dict | None, fmt: str) -> str:
-    return "-" if side is None else fmt.format(**side)
+def _cell(side: dict | None, fmt: str, key: str = "wall_s") -> str:
+    """`side`'s figures by `fmt`; "-" where that tool did not run or did not measure `key`."""
+    return "-" if side is None or side.get(key) is None else fmt.format(**side)
 
 
 def _time_ratio(ours: float | None, theirs: float | None) -> str:
@@ -267,7 +315,8 @@ def header() -> list[str]:
     """The table's header and rule: per tool its ratio to float, then per tool its seconds, then our time over
     each peer's, then the quantkit CLI process."""
     cols = ["model", "method", *(f"{TOOLS[t]} ppl (x float)" for t in TOOLS), *(f"{TOOLS[t]} s" for t in TOOLS),
-            *(f"time ours/{TOOLS[t]}" for t in PEER_KEYS), "quantkit CLI process s"]
+            *(f"time ours/{TOOLS[t]}" for t in PEER_KEYS), "quantkit CLI process s",
+            *(f"{TOOLS[t]} peak RSS GiB" for t in TOOLS)]
     return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
 
 
@@ -279,10 +328,11 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         method = r["method"] if len(seeds) == 1 else f"{r['method']} (seed {r.get('seed', 0)})"
         o = r.get("ours")
-        cells = [_cell(r.get(t), "{ppl:.3f} ({ratio:.4f}x)") for t in TOOLS]
+        cells = [_cell(r.get(t), "{ppl:.3f} ({ratio:.4f}x)", "ppl") for t in TOOLS]
         cells += [_cell(r.get(t), "{wall_s:.2f}") for t in TOOLS]
         cells += [_time_ratio(o and o["wall_s"], r.get(t, {}).get("wall_s")) for t in PEER_KEYS]
         cells.append(str(o["process_s"]) if o and "process_s" in o else "-")
+        cells += [_cell(r.get(t), "{peak_rss_gib:.2f}", "peak_rss_gib") for t in TOOLS]
         print(f"| {r['model']} | {method} | " + " | ".join(cells) + " |")
     if len(seeds) > 1:
         for line in mean_lines(rows):
@@ -303,12 +353,13 @@ def mean_lines(rows: list[dict]) -> list[str]:
             if not sides:
                 cells.append("-")
                 continue
-            ratios = [x["ratio"] for x in sides]
+            ratios = [x["ratio"] for x in sides if x.get("ratio") is not None]  # none for a real shape
             walls[tool] = sum(x["wall_s"] for x in sides) / len(sides)
-            cells.append(f"{sum(ratios) / len(ratios):.4f}x ({min(ratios):.4f}-{max(ratios):.4f})")
+            cells.append(f"{sum(ratios) / len(ratios):.4f}x ({min(ratios):.4f}-{max(ratios):.4f})" if ratios else "-")
         cells += [f"{walls[t]:.2f}" if t in walls else "-" for t in TOOLS]
         cells += [_time_ratio(walls.get("ours"), walls.get(t)) for t in PEER_KEYS]
-        lines.append(f"| {model} | **{method}, mean of {len(runs)} seeds** | " + " | ".join(cells) + " | - |")
+        lines.append(f"| {model} | **{method}, mean of {len(runs)} seeds** | " + " | ".join(cells) + " | - |"
+                     + " - |" * len(TOOLS))
     return lines
 
 
@@ -341,6 +392,8 @@ def main() -> None:
     ap.add_argument("--table", type=Path, nargs="*", default=None,
                     help="print the table from the ROW lines of earlier runs' output files, run nothing")
     ap.add_argument("--seeds", default="0", help="calibration seeds, comma-separated: every run once per seed")
+    ap.add_argument("--nsamples", type=int, default=NSAMPLES, help="calibration windows, every tool")
+    ap.add_argument("--seqlen", type=int, default=SEQLEN, help="tokens per calibration window, every tool")
     ap.add_argument("--tiny-steps", type=int, default=None,
                     help="the GQA test model trained for this many steps (default: train_tiny's)")
     ap.add_argument("--llmc-python", type=Path, default=Path(os.environ.get("QUANTKIT_LLMC_PYTHON", DEFAULT_LLMC)))
@@ -362,7 +415,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vs-llmc-") as tmp:
         for name in model_names(args.models):
             rows += bench_model(name, methods, args.threads, pythons, Path(tmp), tools, args.tiny_steps,
-                                tuple(int(x) for x in args.seeds.split(",")))
+                                tuple(int(x) for x in args.seeds.split(",")), Windows(args.nsamples, args.seqlen))
     print(f"# load avg {os.getloadavg()[0]:.2f} at end")
     print_table(merge_rows(rows))
 

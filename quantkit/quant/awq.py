@@ -31,7 +31,7 @@ from quantkit.quant.awq_experts import expected_expert_plan, quantize_experts_aw
 from quantkit.quant.awq_capture import Capture, capture, merge_calls, strided_samples
 from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
 from quantkit.quant.awq_search import (
-    CLIP_TOKENS, act_mean, clip_sample, fake_quantize, input_gram, linear_output_mse, scaled_fake_weight, search_clip,
+    CLIP_TOKENS, act_mean, clip_sample, fake_quantize, output_error, scaled_fake_weight, search_clip,
     scale_candidates, search_scale, weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
@@ -141,10 +141,10 @@ class AWQMethod:
         calls = merge_calls(cap.calls[g.inspect])
         if g.inspects_its_linear:  # the error of one linear: a quadratic form in its inputs' Gram matrix
             w = originals[0].float()
-            gram, tokens = input_gram([a[0] if a else kw["input"] for a, kw in calls])
+            error = output_error([a[0] if a else kw["input"] for a, kw in calls])
 
             def loss_of(s: torch.Tensor) -> float:
-                return linear_output_mse(scaled_fake_weight(w, s.to(w.device), ctx.scheme) - w, gram, tokens)
+                return error(scaled_fake_weight(w, s.to(w.device), ctx.scheme) - w)
         else:
             loss_of = self._module_loss(ctx, g, linears, originals, calls)
         x_mean = act_mean(cap.inputs[g.name]).to(originals[0].device)

@@ -86,6 +86,19 @@ def linear_output_mse(delta: torch.Tensor, gram: torch.Tensor, tokens: int) -> f
     return float(((delta @ gram) * delta).sum()) / (tokens * delta.shape[0])
 
 
+def output_error(xs: list[torch.Tensor]) -> Callable[[torch.Tensor], float]:
+    """error(delta): linear_output_mse over the tokens of xs ([.., K] each) for a weight change delta [N, K], by the
+    cheaper of its two exact forms per candidate: through the Gram matrix (N K^2 multiply-adds) when there are more
+    tokens T than input features K, else on the tokens themselves (T N K). An 8B model's down_proj (K = 14336) judged
+    on 2048 tokens: 7x fewer by the tokens; a small model's linears on thousands of tokens: fewer by the Gram."""
+    tokens = sum(x.numel() // x.shape[-1] for x in xs)
+    if tokens > xs[0].shape[-1]:
+        gram, tokens = input_gram(xs)
+        return lambda delta: linear_output_mse(delta, gram, tokens)
+    x = torch.cat([t.reshape(-1, t.shape[-1]).float() for t in xs])  # [T, K]
+    return lambda delta: float((x @ delta.T).square().sum()) / (tokens * delta.shape[0])
+
+
 def ratio_grid(n_grid: int) -> list[float]:
     """The exponents tried without duo scaling: i / n for i in 0 .. n - 1 (so [0, 1)), llm-awq's grid."""
     return [i / n_grid for i in range(n_grid)]

@@ -83,20 +83,24 @@ def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
 def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor of (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors.
 
-    Factorized in float64 (thread-count independent once rounded), returned in H's dtype."""
+    Factorized in float64 (thread-count independent once rounded), returned in H's dtype. One float64 K x K buffer
+    is factored, inverted and factored again in place (LAPACK's potrf, potri, potrf work in place): at K = 14336
+    (an 8B model's down_proj) each such buffer is 1.5 GiB, and three of them lived at once before."""
     out_dtype = h.dtype
-    h = h.to(torch.float64, copy=True)  # damped in place: no K x K identity or sum beside it
-    diag = h.diagonal().clone()
+    diag = h.diagonal().to(torch.float64)
     mean_diag = torch.mean(diag)
+    info = torch.empty((), dtype=torch.int32, device=h.device)
     for attempt in range(max_retries + 1):
-        h.diagonal().copy_(diag + damp * mean_diag)
-        l, info = torch.linalg.cholesky_ex(h)
+        # column-major (H is symmetric: its transpose is H), the layout LAPACK works on, so no call copies it
+        a = h.to(torch.float64, copy=True).mT
+        a.diagonal().copy_(diag + damp * mean_diag)
+        torch.linalg.cholesky_ex(a, out=(a, info))  # a = L, lower
         if info == 0:
-            hinv = torch.cholesky_inverse(l)
-            del l
-            u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            torch.cholesky_inverse(a, out=a)  # a = (L L^T)^-1
+            torch.linalg.cholesky_ex(a, upper=True, out=(a, info))  # a = U
             if info == 0:
-                return u.to(out_dtype), damp
+                return a.to(out_dtype), damp
+        del a
         log.warning("GPTQ: Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
         damp *= 10
     raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")

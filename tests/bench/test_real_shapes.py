@@ -40,6 +40,35 @@ def test_a_toy_shape_is_written_in_shards_and_loads_in_transformers_and_the_engi
     assert not list(tmp_path.glob(".toy.tmp-*"))
 
 
+def test_the_8b_shape_cut_to_2_layers_keeps_its_embeddings_and_layer_shapes():
+    full, cut = rs.SHAPES["llama-3.1-8b"], rs.with_layers(rs.SHAPES["llama-3.1-8b"], 2)
+    assert cut.name == "llama-3.1-8b-2layers" and rs.hf_config(cut)["num_hidden_layers"] == 2
+    tensors = dict(rs.tensor_shapes(cut))
+    assert {n.split(".")[2] for n in tensors if n.startswith("model.layers.")} == {"0", "1"}
+    assert tensors["lm_head.weight"] == tensors["model.embed_tokens.weight"] == (128256, 4096)
+    assert tensors["model.layers.1.mlp.down_proj.weight"] == (4096, 14336)
+    per_layer = (rs.num_parameters(full) - rs.num_parameters(rs.with_layers(full, 1))) / 31
+    assert rs.num_parameters(cut) == rs.num_parameters(full) - 30 * per_layer  # 2 of the full shape's 32 layers
+    assert rs.with_layers(full, None) is full
+
+
+@pytest.mark.parametrize("layers", [0, 33])
+def test_a_layer_count_the_shape_does_not_have_is_refused_in_one_line(layers):
+    with pytest.raises(SystemExit, match="has 1 to 32 decoder layers"):
+        rs.with_layers(rs.SHAPES["llama-3.1-8b"], layers)
+
+
+def test_a_cut_toy_shape_is_written_to_its_own_folder_with_that_many_layers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cut = rs.with_layers(TOY, 1)
+    out = rs.build(cut, tmp_path / cut.name)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert out.name == "toy-1layers" and model.config.num_hidden_layers == 1 and len(model.model.layers) == 1
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert not [n for n in index["weight_map"] if n.startswith("model.layers.1.")]
+
+
 def test_the_tokenizer_covers_the_vocabulary():
     tok = rs.padded_tokenizer(4500)
     assert len(tok) == 4500 and tok.eos_token_id == 2

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from interop.gptqmodel_gptq import parser as gptqmodel_parser
-from quantkit.bench.vs_llmcompressor import (METHODS, PEERS, TOOLS, check_peer, mean_lines, merge_rows, parse_methods,
-                                             parse_tools, worker_args)
+from quantkit.bench.vs_llmcompressor import (METHODS, PEERS, TOOLS, Windows, check_peer, mean_lines, merge_rows,
+                                             parse_methods, parse_tools, print_table, real_shape, worker_args)
 
 
 def _side(ratio: float, wall: float, sha: str = "h") -> dict:
@@ -94,3 +94,36 @@ def test_a_venv_without_gptqmodel_is_one_line():
     with pytest.raises(SystemExit, match="GPTQModel is not usable with .*No module named 'gptqmodel'") as err:
         check_peer(Path(sys.executable), "gptqmodel")
     assert "\n" not in str(err.value) and PEERS["gptqmodel"].install in str(err.value)
+
+
+def test_a_real_shape_cut_to_n_layers_is_named_shape_colon_n():
+    shape = real_shape("llama-3.1-8b:2")
+    assert (shape.name, shape.layers, shape.hidden) == ("llama-3.1-8b-2layers", 2, 4096)
+    assert real_shape("llama-3.2-1b").layers == 16 and real_shape("tiny") is None and real_shape("mha-w64-d4") is None
+    with pytest.raises(SystemExit, match="the layer count after ':' is a whole number") as err:
+        real_shape("llama-3.1-8b:two")
+    assert "\n" not in str(err.value)
+
+
+def test_every_worker_reads_the_windows_asked_for(tmp_path):
+    args = worker_args("gptqmodel", "gptq", tmp_path / "m", tmp_path / "o", 128, "all", 2, 0, Windows(16, 512))
+    parsed = gptqmodel_parser().parse_args(args)
+    assert (parsed.nsamples, parsed.seqlen, parsed.threads) == (16, 512, 2)
+    llmc = worker_args("peer", "awq", Path("m"), Path("o"), 128, "all", 2, 0, Windows(16, 512))
+    assert llmc[llmc.index("--nsamples") + 1] == "16" and llmc[llmc.index("--seqlen") + 1] == "512"
+
+
+def test_an_unscored_real_shape_row_prints_times_and_peak_rss_and_dashes_for_perplexity(capsys):
+    side = {"ppl": None, "ratio": None, "hash": "h"}
+    rows = [{"model": "llama-3.1-8b:2", "method": "gptq", "seed": 0,
+             "ours": {**side, "wall_s": 60.0, "process_s": 75.5, "peak_rss_gib": 4.25, "layer_s": [29.0, 28.0]},
+             "peer": {**side, "wall_s": 240.0, "peak_rss_gib": 9.5}}]
+    print_table(rows)
+    head, _, line = capsys.readouterr().out.splitlines()
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    cells = dict(zip(cols, (c.strip() for c in line.strip("|").split("|"))))
+    assert cells["quantkit ppl (x float)"] == cells["llm-compressor ppl (x float)"] == "-"
+    assert (cells["quantkit s"], cells["llm-compressor s"], cells["time ours/llm-compressor"]) == ("60.00", "240.00", "0.25x")
+    assert (cells["quantkit peak RSS GiB"], cells["llm-compressor peak RSS GiB"], cells["GPTQModel peak RSS GiB"]) == (
+        "4.25", "9.50", "-")
+    assert mean_lines(rows * 2)[0].count("|") == len(cols) + 1  # the mean line fills every column

@@ -21,7 +21,8 @@ Same inputs as `quantkit quantize`, re-implemented here (the two venvs cannot sh
   perplexity: the text tokenized once with the tokenizer's default special tokens, non-overlapping
       windows of --ppl-seqlen tokens (tail dropped), each scored alone (quantkit/eval/perplexity.py).
 The perplexity is measured on the checkpoint as saved (compressed-tensors) and re-loaded, plus the
-float model by the same code, so the two columns can be compared with quantkit's.
+float model by the same code, so the two columns can be compared with quantkit's; --no-ppl measures neither (random
+weights at a real shape: only the time and the process's peak RSS, VmHWM, printed with every run, count).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def run(args) -> dict:
     token_hash = hashlib.sha256(windows.numpy().tobytes()).hexdigest()
     ds = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": torch.ones_like(windows).tolist()})
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    float_ppl = None if args.skip_float_ppl else perplexity(model, tok, args.ppl_text, args.ppl_seqlen, args.ppl_tokens)[0]
+    float_ppl = None if args.skip_float_ppl or args.no_ppl else perplexity(model, tok, args.ppl_text, args.ppl_seqlen, args.ppl_tokens)[0]
     if args.method == "awq":
         patch_cpu_pin_memory()
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -131,13 +132,21 @@ def run(args) -> dict:
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     model.save_pretrained(args.out, save_compressed=True)
     tok.save_pretrained(args.out)
-    reloaded = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
-    quant_ppl, n_windows = perplexity(reloaded, tok, args.ppl_text, args.ppl_seqlen, args.ppl_tokens)
+    quant_ppl, n_windows = None, 0
+    if not args.no_ppl:
+        reloaded = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
+        quant_ppl, n_windows = perplexity(reloaded, tok, args.ppl_text, args.ppl_seqlen, args.ppl_tokens)
     return {"method": args.method, "targets": args.targets, "duo": args.duo, "ppl_tokens": args.ppl_tokens, "group_size": args.group_size, "nsamples": args.nsamples,
             "seqlen": int(windows.shape[1]), "seed": args.seed, "calib_token_sha256": token_hash,
             "oneshot_wall_s": round(wall, 2), "oneshot_cpu_s": round(cpu, 2), "ppl_text": args.ppl_text, "ppl_seqlen": args.ppl_seqlen,
             "ppl_windows": n_windows, "float_ppl": float_ppl, "quant_ppl": quant_ppl, "out": str(args.out),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "peak_rss_bytes": peak_rss_bytes()}
+
+
+def peak_rss_bytes() -> int:
+    """This process's high-water resident set (VmHWM; Linux), as quantkit.bench.peak_rss reads its own."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM:"))) * 1024
 
 
 def main() -> None:
@@ -159,6 +168,7 @@ def main() -> None:
     ap.add_argument("--ppl-text", default=str(SHARED_DATA / "wikitext2" / "test.txt"))
     ap.add_argument("--ppl-seqlen", type=int, default=512)
     ap.add_argument("--skip-float-ppl", action="store_true", help="do not score the float model")
+    ap.add_argument("--no-ppl", action="store_true", help="score neither model (random weights: time and RSS only)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.version:

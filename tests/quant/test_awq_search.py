@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantkit.quant.awq_search import (
-    act_mean, candidate_scale, duo_ratio_grid, input_gram, linear_output_mse, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
+    act_mean, candidate_scale, duo_ratio_grid, input_gram, linear_output_mse, output_error, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
     scale_candidates, search_clip, search_scale, weight_mean,
 )
 from quantkit.format.primitives import QuantScheme, rtn_quantize
@@ -123,6 +123,21 @@ def test_a_linears_output_error_from_its_inputs_gram_matrix_equals_running_the_t
     x = torch.cat([t.reshape(-1, 48) for t in xs])
     assert tokens == 130
     direct = float(((x @ (w + delta).T - x @ w.T) ** 2).mean())
+    assert linear_output_mse(delta, gram, tokens) == pytest.approx(direct, rel=1e-4)
+
+
+@pytest.mark.parametrize("k", [48, 200])
+def test_a_linears_output_error_is_the_same_by_gram_or_by_tokens(k):
+    """130 tokens: through the Gram matrix at K = 48 (more tokens than features), on the tokens at K = 200; either
+    way the mean squared output change of running the tokens."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 50, k, generator=g) * torch.linspace(0.1, 5, k), torch.randn(1, 30, k, generator=g)]
+    w = torch.randn(24, k, generator=g)
+    delta = fake_quantize(w, QuantScheme(4, 8, False)) - w
+    x = torch.cat([t.reshape(-1, k) for t in xs])
+    direct = float(((x @ (w + delta).T - x @ w.T) ** 2).mean())
+    assert output_error(xs)(delta) == pytest.approx(direct, rel=1e-4)
+    gram, tokens = input_gram(xs)
     assert linear_output_mse(delta, gram, tokens) == pytest.approx(direct, rel=1e-4)
 
 

@@ -55,6 +55,29 @@ def test_inverse_hessian_factor_does_not_depend_on_the_thread_count():
     assert factors[0].dtype == torch.float32 and torch.equal(factors[0], factors[1])
 
 
+@pytest.mark.parametrize("shift", [0.0, 3e-3])
+def test_the_in_place_inverse_hessian_factor_is_the_textbook_one_bit_for_bit(shift):
+    """One float64 buffer factored, inverted and factored again in place gives the numbers of the three-buffer
+    chain (cholesky, cholesky_inverse, cholesky upper); an H made indefinite (its diagonal lowered by `shift` of its
+    mean) has its damping raised x10 until it factors (1e-4, 1e-3: no; 1e-2: yes), in both."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    h = hessian(correlated_inputs(300, 2048))
+    h -= shift * h.diagonal().mean() * torch.eye(300)
+    u, used = inverse_hessian_cholesky(h, 1e-4, 6)
+    d = 1e-4
+    while True:
+        h64 = h.double() + d * h.double().diagonal().mean() * torch.eye(300, dtype=torch.float64)
+        l, info = torch.linalg.cholesky_ex(h64)
+        if info == 0:
+            want, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(l), upper=True)
+            if info == 0:
+                break
+        d *= 10
+    assert used == d and (used > 1e-4) == (shift > 0)
+    assert u.dtype == torch.float32 and torch.equal(u, want.float())
+
+
 @pytest.mark.parametrize("act_order,static", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("group", [32, 128, -1])
 def test_gptq_beats_rtn_on_random_weights(act_order, static, group):
@@ -166,3 +189,29 @@ def test_lazy_batches_match_the_column_by_column_loop(group, block, sym):
     codes, scales = _columns_one_by_one(w, inverse_hessian_cholesky(h, 0.01, 0)[0], scheme)
     assert (r.weight.qweight == codes).float().mean() > 0.999
     torch.testing.assert_close(r.weight.scales, scales, rtol=1e-3, atol=0)
+
+
+def test_the_inverse_hessian_factor_holds_about_one_float64_copy_of_h(tmp_path):
+    """At K = 14336 (an 8B model's down_proj) each float64 K x K is 1.5 GiB: the factor is made in one such buffer
+    (the three-buffer chain held about three), measured as the growth of a fresh process's peak RSS (VmHWM)."""
+    import subprocess
+    import sys
+
+    code = """
+import re, torch
+from pathlib import Path
+from quantkit.quant.gptq import inverse_hessian_cholesky
+def hwm(): return int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+k = 2048
+x = torch.randn(k + 64, k, generator=torch.Generator().manual_seed(0))
+h = x.T @ x
+del x
+base = hwm()
+u, _ = inverse_hessian_cholesky(h, 0.01, 0)
+print((hwm() - base) / (k * k * 8))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    buffers = float(run.stdout.split()[-1])  # float64 K x K buffers beyond h, including the fp32 result (half one)
+    assert buffers < 2.0, buffers
