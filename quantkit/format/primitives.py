@@ -91,8 +91,9 @@ class QuantizedWeight:
 
     qweight: [N, K] codes, held as uint8 (0..2^bits - 1; given in any integer dtype); scales, zeros: [num_groups, N]
     (fp32, integral zeros); g_idx: [K] int32 group of each input column (act-order makes it non-monotonic).
-    The codes are a byte each because a layer's weights wait in this form until the layer is packed: as int32 they
-    took as much memory as the layer's fp32 weights (2.4 GB on a Qwen3-30B-A3B-shaped layer's 384 experts).
+    The codes are a byte each (the producers make them so; narrowing here is a guard) because weights wait in this
+    form until they are packed: as int32 a layer's took as much memory as its fp32 weights (2.4 GB on a
+    Qwen3-30B-A3B-shaped layer's 384 experts).
     """
 
     qweight: torch.Tensor
@@ -134,9 +135,9 @@ def rtn_quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
         s, z = minmax_params(block, scheme.bits, scheme.sym)
         scales.append(s)
         zeros.append(z)
-        codes.append(quantize_codes(block, s, z, scheme.maxq))
+        codes.append(quantize_codes(block, s, z, scheme.maxq).to(torch.uint8))  # integral floats in [0, maxq]: exact
     return QuantizedWeight(
-        qweight=torch.cat(codes, dim=1).to(torch.int32),
+        qweight=torch.cat(codes, dim=1),
         scales=torch.stack(scales),
         zeros=torch.stack(zeros),
         g_idx=default_g_idx(k, scheme, w.device),

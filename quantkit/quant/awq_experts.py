@@ -74,6 +74,7 @@ def quantize_experts_awq(moe, config, loaded: dict | None, quantize_linear) -> L
             quantize_linear(ctx, name, xs, name not in ctx.spec.awq_no_clip, loaded, result.plan,
                             config.awq_grid, result.weights, result.losses, result.stats["clip"])
         result.stats["groups"].setdefault(down.name, {})["tokens"] = ex.routed
+        moe.expert_done(result, ex.linears)
     return result
 
 

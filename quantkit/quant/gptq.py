@@ -232,4 +232,4 @@ def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch
     pos = torch.arange(k, device=codes.device)
     group_of_pos = pos // gsize if not static else perm // gsize  # group of each permuted position
     g_idx = group_of_pos[invperm].to(torch.int32)
-    return QuantizedWeight(codes[:, invperm].to(torch.int32), scales, zeros, g_idx, scheme)
+    return QuantizedWeight(codes[:, invperm].to(torch.uint8), scales, zeros, g_idx, scheme)  # codes in [0, maxq]

@@ -47,6 +47,7 @@ class GPTQMethod:
         for ex in moe.experts():
             self._quantize_stack(ctx, [ex.gate, ex.up], ex.hessian(), result)
             self._quantize_stack(ctx, [ex.down], ex.hessian(ex.module.hidden), result)
+            moe.expert_done(result, ex.linears)
         return result
 
     def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult) -> None:

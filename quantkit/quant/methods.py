@@ -10,6 +10,10 @@ at a time through a `LayerContext` and returns a `LayerResult`:
   so the pipeline's re-run of the layer feeds quantized outputs to the next layer,
 * it may change other float tensors of the layer (AWQ folds scales into norms and linears);
   the pipeline writes the layer's float tensors as the method leaves them.
+
+An MoE layer's experts come after (`quantize_experts`, quantkit.quant.moe_experts): as soon as the method is
+done with one expert it says so (`MoEContext.expert_done`), and the pipeline packs and writes that expert's
+linears then, so a layer's integer weights never wait all together.
 """
 
 from __future__ import annotations
@@ -79,6 +83,13 @@ class LayerResult:
     # (the pipeline then feeds these to the next layer instead of running the layer again)
     outputs: list[torch.Tensor] | None = None
     outputs_are_float: bool = False  # `outputs` are the float layer's (AWQ --awq-next-inputs float)
+    # linears whose integer weights were handed on (written) as soon as they were final, so not in `weights`
+    written: set[str] = field(default_factory=set)
+
+    @property
+    def quantized(self) -> set[str]:
+        """Every linear the method quantized: those in `weights` and those already written."""
+        return set(self.weights) | self.written
 
 
 def merge_results(first: LayerResult, then: LayerResult) -> LayerResult:
@@ -88,7 +99,7 @@ def merge_results(first: LayerResult, then: LayerResult) -> LayerResult:
     stats = {**first.stats, "experts": then.stats} if then.stats else first.stats
     return LayerResult({**first.weights, **then.weights}, {**first.losses, **then.losses}, stats,
                        {**first.plan, **then.plan}, first.outputs if first.outputs_are_float else None,
-                       first.outputs_are_float)
+                       first.outputs_are_float, first.written | then.written)
 
 
 class LayerMethod(Protocol):

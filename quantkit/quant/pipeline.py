@@ -3,8 +3,9 @@
   resolve + validate -> plan which linears can be packed -> calibration windows
   -> capture layer 0's inputs -> for each decoder layer:
         read its weights from the shards (memory-mapped) -> method.quantize_layer
+           (an MoE layer's experts: each packed and handed to the shard writer as soon as it is quantized)
         -> re-run the layer with quantized weights -> its outputs feed the next layer
-        -> pack + hand its tensors to the shard writer -> drop the layer
+        -> pack + hand its other tensors to the shard writer -> drop the layer
   -> embeddings / final norm / lm_head copied as they are -> configs, metadata.
 
 Only one decoder layer and the activations are in memory at a time (the embeddings too, until
@@ -42,6 +43,7 @@ from quantkit.quant.capture import batch_samples, capture_layer_inputs
 from quantkit.quant.methods import LayerContext, LayerMethod, merge_results
 from quantkit.quant.moe_experts import quantize_experts
 from quantkit.format.packing import packable
+from quantkit.format.primitives import QuantizedWeight
 from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
 
 # method name (quantkit.config.METHODS) -> the module and class that implement it; a module is imported only when its
@@ -216,9 +218,8 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     reports, plan_tensors = [], {}
     with progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
-            report, tensors, layer_plan, inputs = _quantize_one_layer(
-                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, dtype)
-            writer.add(tensors)
+            report, layer_plan, inputs = _quantize_one_layer(
+                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, writer, dtype)
             plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
             if cfg.low_memory:
@@ -305,8 +306,9 @@ def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.dev
 
 
 def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
-                        dtype: torch.dtype = torch.float32):
-    """Load layer i, quantize it, propagate the activations, and return its checkpoint tensors."""
+                        writer: ShardWriter, dtype: torch.dtype = torch.float32):
+    """Load layer i, quantize it, propagate the activations, and write its checkpoint tensors: an MoE layer's
+    experts each as soon as the method is done with it, the rest once the layer is done."""
     t0 = time.perf_counter()
     spec = plan.spec
     prefix = f"{spec.layers}.{i}"
@@ -328,25 +330,33 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     result = method.quantize_layer(ctx)
     if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
         linears += tuple(sorted(experts, key=spec.order_of))
-        result = merge_results(result, quantize_experts(ctx, method, bool(inputs)))
-    missing = set(linears) - set(result.weights)
+
+        def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
+            writer.add(_packed(weights, cfg.layout, prefix))
+
+        result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert))
+    missing = set(linears) - result.quantized
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
     if not inputs or i == plan.num_layers - 1:  # RTN has no activations; the last layer's outputs feed nothing
         outputs = []
     else:
         outputs = result.outputs if result.outputs is not None else ctx.run_layer()
-    tensors = {}
-    for name, t in layer.state_dict().items():
-        lin = name.rpartition(".")[0]
-        if lin in result.weights and name.endswith(".weight"):
-            continue
-        tensors[f"{prefix}.{name}"] = t.to(dtypes[name])
-    for name, qw in result.weights.items():
-        tensors.update(packed_tensors(qw, cfg.layout, f"{prefix}.{name}"))
+    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix) | _packed(result.weights, cfg.layout, prefix))
     layers[i] = layer.to("meta")
     report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
-    return report, tensors, result.plan, outputs
+    return report, result.plan, outputs
+
+
+def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str) -> dict[str, torch.Tensor]:
+    """The layer's tensors that stay float (all but the quantized linears' weights), in their source dtypes."""
+    return {f"{prefix}.{name}": t.to(dtypes[name]) for name, t in layer.state_dict().items()
+            if not (name.endswith(".weight") and name.rpartition(".")[0] in quantized)}
+
+
+def _packed(weights: dict[str, QuantizedWeight], layout: str, prefix: str) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of quantized linears (names relative to the layer at `prefix`), in `layout`."""
+    return {k: v for name, qw in weights.items() for k, v in packed_tensors(qw, layout, f"{prefix}.{name}").items()}
 
 
 def _meta(cfg: QuantizeConfig, report: QuantizeReport) -> dict:

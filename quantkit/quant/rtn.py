@@ -59,4 +59,5 @@ class RTNMethod:
         search = "mse" if self.cfg.scale_search != "minmax" else "minmax"
         for _, names in moe.expert_linears():
             rtn_linears(moe.layer.layer, names, moe.layer.scheme, result, search)
+            moe.expert_done(result, names)
         return result

@@ -177,5 +177,5 @@ def searched_quantize(w: torch.Tensor, scheme: QuantScheme, imp: torch.Tensor | 
     g = scheme.group_len(k)
     s, z = scales.T.unsqueeze(-1), zeros.T.unsqueeze(-1)  # [N, groups, 1]
     codes = torch.clamp(torch.round(w.float().reshape(n, k // g, g) / s) + z, 0, scheme.maxq)
-    return QuantizedWeight(codes.reshape(n, k).to(torch.int32), scales, zeros, default_g_idx(k, scheme, w.device),
+    return QuantizedWeight(codes.reshape(n, k).to(torch.uint8), scales, zeros, default_g_idx(k, scheme, w.device),
                            scheme)

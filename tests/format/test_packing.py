@@ -139,3 +139,30 @@ def test_quantized_weights_hold_their_codes_in_a_byte():
     assert wide.qweight.dtype == torch.uint8
     assert torch.equal(pack(wide, "gptq_v2").qweight, pack(qw, "gptq_v2").qweight)
     torch.testing.assert_close(qw.dequantize(), wide.dequantize(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("producer", ["rtn", "searched", "gptq", "gptq_act_order"])
+def test_every_producer_makes_its_codes_a_byte_wide_itself(producer, monkeypatch):
+    """RTN, the scale search and GPTQ hand QuantizedWeight uint8 codes (no int32 copy of a weight's codes beside its
+    fp32 weight); the narrowing in __post_init__ stays a guard."""
+    from quantkit.quant.gptq import GPTQOptions, gptq_quantize
+    from quantkit.quant.scale_search import searched_quantize
+
+    given = []
+    post_init = QuantizedWeight.__post_init__
+
+    def spy(self):
+        given.append(self.qweight.dtype)
+        post_init(self)
+
+    monkeypatch.setattr(QuantizedWeight, "__post_init__", spy)
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(16, 64, generator=gen), torch.randn(256, 64, generator=gen)
+    scheme = QuantScheme(4, 32, False)
+    made = {
+        "rtn": lambda: rtn_quantize(w, scheme),
+        "searched": lambda: searched_quantize(w, scheme),
+        "gptq": lambda: gptq_quantize(w, 2 * x.T @ x / 256, scheme, GPTQOptions()).weight,
+        "gptq_act_order": lambda: gptq_quantize(w, 2 * x.T @ x / 256, scheme, GPTQOptions(act_order=True)).weight,
+    }[producer]()
+    assert given == [torch.uint8] and made.qweight.dtype == torch.uint8 and int(made.qweight.max()) <= 15
