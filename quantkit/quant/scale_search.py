@@ -15,6 +15,11 @@ llm-compressor's imatrix_mse observer and llama.cpp's imatrix idea; GPTQ's diag(
      rounded to an integral zero) that fit the weights best; kept only where the error falls.
 
 So no group's error is ever above min-max's. Scales are rounded to fp16 as everywhere (format.primitives).
+
+The grid's candidates are tried all at once ([rows, candidates, G] temporaries), and a layer's linears are searched
+together, their groups laid end to end and cut into bounded chunks: the search is bound by torch's per-call overhead
+on small linears and by memory traffic on large ones. It chooses bit for bit what the one-candidate-at-a-time walk
+(scale_search_reference, the tests' oracle) chooses.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import torch
 
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx, range_params, round_scale
 
-# elements of the largest temporary (candidates x group rows x G): small enough to stay in the core's L2 cache, where
-# the search runs about 3x faster than from memory (benchmarks/scale_search.py)
-CHUNK_ELEMENTS = 2**18
+# elements of the largest temporary ([rows, candidates, G] fp32, 4 MiB): a whole 2048 x 2048 weight at once (16 MiB,
+# 11 candidates: 176 MiB) ran 3-4x slower from memory; much smaller chunks pay torch's per-call overhead (2**18 and
+# 2**21 measured 0-25% slower on the suite and on a 2048 x 2048 weight, one thread)
+CHUNK_ELEMENTS = 2**20
 
 
 @dataclass(frozen=True)
