@@ -100,19 +100,18 @@ class MoEBlock(nn.Module):
         kernel call (kernels/moe_int4.py), where every expert's gate|up (fused) and down are 4-bit linears on
         quantkit's int4 kernel in one layout and the activation is SiLU; each expert then reads its weights from the
         stack. Returns whether it did."""
-        from quantkit.kernels import int4_cpu, moe_int4
+        from quantkit.kernels import moe_int4
         from quantkit.model.quant_linear import QuantLinear
 
         experts = getattr(self, self.spec.experts)
         linears = [(e.gate_up_proj, getattr(e, e.down_name)) for e in experts]
-        modules = [m for pair in linears for m in pair]
-        if self.act != "silu" or not all(isinstance(m, QuantLinear) and isinstance(m._cpu, int4_cpu.Int4Blocked)
-                                         for m in modules):
+        kernels = [m.int4_kernel() if isinstance(m, QuantLinear) else None for pair in linears for m in pair]
+        if self.act != "silu" or None in kernels:
             return False
-        gate_up, down = ([pair[i]._cpu for pair in linears] for i in (0, 1))
+        gate_up, down = [w for w, _ in kernels[0::2]], [w for w, _ in kernels[1::2]]
         if not moe_int4.stackable(gate_up, down):
             return False
-        self.grouped = moe_int4.stack_experts(gate_up, down, grouped_max_m([m._direct for m in modules]))
+        self.grouped = moe_int4.stack_experts(gate_up, down, grouped_max_m([d for _, d in kernels]))
         for e, pair in enumerate(linears):
             for module, view in zip(pair, self.grouped.expert(e)):
                 module.point_at(view)

@@ -70,6 +70,13 @@ class QuantLinear(nn.Module):
         self._cpu = w
         self._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
 
+    def int4_kernel(self):
+        """(Int4Blocked, DirectCall | None) where this linear runs quantkit's int4 kernel (after repack_for_cpu), else
+        None: what a grouped call over several linears (an MoE layer's experts) reads."""
+        from quantkit.kernels.int4_cpu import Int4Blocked
+
+        return (self._cpu, self._direct) if isinstance(self._cpu, Int4Blocked) else None
+
     def packed(self) -> PackedLinear:
         return PackedLinear(self.layout, self.bits, self.group_size, self.qweight, self.qzeros, self.scales,
                             self.g_idx, self.bias)
