@@ -1,4 +1,4 @@
-"""quantkit against llm-compressor and GPTQModel: perplexity ratio to float, fidelity and quantization time, same windows.
+"""quantkit against llm-compressor and GPTQModel: perplexity ratio and fidelity to float, quantization time.
 
   python -m quantkit.bench.vs_llmcompressor [--models tiny,stories|suite|NAME,...] [--methods rtn,gptq,awq,awq-duo,awq-both]
       [--threads 2] [--tools ours,peer,gptqmodel] [--seeds 0] [--llmc-python PATH] [--gptqmodel-python PATH]
@@ -310,7 +310,8 @@ def header() -> list[str]:
     """The table's header and rule: per tool its ratio to float, its mean KL from float and top-1 agreement, then
     per tool its seconds, then our time over each peer's, then the quantkit CLI process."""
     cols = ["model", "method", *(f"{TOOLS[t]} ppl (x float)" for t in TOOLS),
-            *(f"{TOOLS[t]} {label}" for label, _, _ in FIDELITY.values() for t in TOOLS), *(f"{TOOLS[t]} s" for t in TOOLS),
+            *(f"{TOOLS[t]} {label}" for label, _, _ in FIDELITY.values() for t in TOOLS),
+            *(f"{TOOLS[t]} s" for t in TOOLS),
             *(f"time ours/{TOOLS[t]}" for t in PEER_KEYS), "quantkit CLI process s"]
     return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
 

@@ -248,7 +248,8 @@ def searched_quantize(w: torch.Tensor, scheme: QuantScheme, imp: torch.Tensor | 
 def searched_quantize_many(ws: list[torch.Tensor], scheme: QuantScheme, imps: list[torch.Tensor] | None = None,
                            grid: SearchGrid = SearchGrid()) -> list[QuantizedWeight]:
     """searched_quantize of several weights (a layer's linears), their groups searched together."""
-    return [_codes(w, scheme, scales, zeros) for w, (scales, zeros) in zip(ws, search_weights_params(ws, scheme, imps, grid))]
+    found = search_weights_params(ws, scheme, imps, grid)
+    return [_codes(w, scheme, scales, zeros) for w, (scales, zeros) in zip(ws, found)]
 
 
 def _codes(w: torch.Tensor, scheme: QuantScheme, scales: torch.Tensor, zeros: torch.Tensor) -> QuantizedWeight:

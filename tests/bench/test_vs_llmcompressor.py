@@ -115,7 +115,8 @@ def test_the_table_renders_logs_with_and_without_the_fidelity_figures():
     (old_line,), (new_line,) = [ln for ln in lines if "seed 0" in ln], [ln for ln in lines if "seed 1" in ln]
     assert _cells(old_line)[5:11] == ["-"] * 6
     assert _cells(new_line)[5:11] == ["2.000", "4.000", "-", "95.00", "90.00", "-"]
-    assert _cells(lines[-1])[5:11] == ["2.000", "4.000", "-", "95.00", "90.00", "-"]  # the mean of the one seed with them
+    # the mean line: the mean over the one seed that has them
+    assert _cells(lines[-1])[5:11] == ["2.000", "4.000", "-", "95.00", "90.00", "-"]
     assert len(lines) == len(header()) + 3
 
 
