@@ -1,4 +1,4 @@
-"""quantkit against llm-compressor and GPTQModel: perplexity ratio to float and quantization wall time, same windows.
+"""quantkit against llm-compressor and GPTQModel: perplexity ratio and fidelity to float, quantization time.
 
   python -m quantkit.bench.vs_llmcompressor [--models tiny,stories|suite|NAME,...] [--methods rtn,gptq,awq,awq-duo,awq-both]
       [--threads 2] [--tools ours,peer,gptqmodel] [--seeds 0] [--llmc-python PATH] [--gptqmodel-python PATH]
@@ -21,10 +21,14 @@ For each model and method, alternately: `quantkit quantize` in a child process (
 pipeline's own wall_seconds, imports excluded), then llm-compressor's `oneshot` in its own venv
 (tests/interop/llmcompressor_gptq.py, oneshot's wall time, imports excluded), then GPTQModel's `quantize` in its
 own venv (tests/interop/gptqmodel_gptq.py, its wall time, imports excluded; its checkpoint is scored here by
-quantkit's perplexity code), all with the same OMP/torch thread count. The calibration token hashes are compared
-(the run stops if they differ). Each tool's perplexity ratio is to the float model scored by the same code. Then the whole `quantkit quantize` child process (interpreter start, imports, checkpoint
-writing included), for the time a user waits; last, each tool's peak RSS (VmHWM of its process: quantkit's child,
-the peer's worker, which loads the whole model as its users do).
+quantkit's perplexity code), all with the same OMP/torch thread count. Fidelity: every tool's checkpoint is loaded
+here and scored by the same code (quantkit.eval.fidelity) against the float model's log-probs, computed once per
+model, on the perplexity windows: the mean KL(float || quant) per predicted token (the table shows it x1e-3, nats)
+and the top-1 agreement (the share of positions where both argmaxes match). The calibration token hashes are compared
+(the run stops if they differ). Each tool's perplexity ratio is to the float model scored by the same code. Then the
+whole `quantkit quantize` child process (interpreter start, imports, checkpoint writing included), for the time a
+user waits; last, each tool's peak RSS (VmHWM of its process: quantkit's child, the peer's worker, which loads the
+whole model as its users do).
 `--tools ours`, `--tools peer` (llm-compressor) or `--tools gptqmodel` runs one tool (to split a long run under the
 machine's heavy-job lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Each peer's venv is checked first (its worker's --version): a missing or broken one stops the run with one line.
@@ -166,25 +170,52 @@ def model_names(models: str) -> list[str]:
     return names
 
 
-def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
-    from quantkit.eval.perplexity import perplexity, tokenize_once
+def _model_and_ids(path: Path) -> tuple[torch.nn.Module, torch.Tensor, str]:
+    """The checkpoint loaded by quantkit, and the perplexity text's first PPL_TOKENS ids with their BOS note."""
+    from quantkit.eval.perplexity import tokenize_once
     from quantkit.model.loader import load_model, load_tokenizer
 
     model, _ = load_model(path)
     ids, note = tokenize_once(load_tokenizer(path), PPL_TEXT.read_text(encoding="utf-8"))
-    ppl = perplexity(model.eval(), ids[:PPL_TOKENS], PPL_SEQLEN, "wikitext2/test.txt", note).ppl
+    return model.eval(), ids[:PPL_TOKENS], note
+
+
+def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
+    from quantkit.eval.perplexity import perplexity
+
+    model, ids, note = _model_and_ids(path)
+    ppl = perplexity(model, ids, PPL_SEQLEN, "wikitext2/test.txt", note).ppl
     return ppl, ppl / float_ppl if float_ppl else 1.0
 
 
-def run_ours(model: Path, out: Path, method: str, group: int, threads: int, float_ppl: float | None, seed: int = 0,
-             windows: Windows = Windows(), scored: bool = True) -> dict:
-    """`quantkit quantize` in a child; its checkpoint scored unless not `scored` (then ppl and ratio are None)."""
+def float_reference(path: Path):
+    """The float model's log-probs on the perplexity windows (quantkit.eval.fidelity), for every tool's scoring."""
+    from quantkit.eval.fidelity import FloatReference
+
+    model, ids, _ = _model_and_ids(path)
+    return FloatReference(model, ids, PPL_SEQLEN)
+
+
+def score_checkpoint(path: Path, ref) -> dict:
+    """A checkpoint (any tool's) scored by quantkit against the float reference: perplexity, its ratio to the
+    float model's, mean KL(float || quant) per token and top-1 agreement, on the same windows; without a reference
+    (a real shape's random weights), nothing is scored."""
+    from quantkit.eval.fidelity import score
+
+    if ref is None:
+        return {"ppl": None, "ratio": None}
+    fid = score(_model_and_ids(path)[0], ref)
+    return {"ppl": fid.ppl, "ratio": fid.ppl / ref.ppl, "kl": fid.kl, "top1": fid.top1}
+
+
+def run_ours(model: Path, out: Path, method: str, group: int, threads: int, ref, seed: int = 0,
+             windows: Windows = Windows()) -> dict:
+    """`quantkit quantize` in a child; its checkpoint scored against `ref` (unless None)."""
     args = METHODS[method].ours + ["--group-size", str(group), *windows.args(), "--seed", str(seed),
                                    "--threads", str(threads)]
     run = quantize_in_child(model, out, args, threads)
-    ppl, ratio = ppl_ratio_ours(out, float_ppl) if scored else (None, None)
     meta = json.loads((out / "quantkit_meta.json").read_text())
-    return {"wall_s": run.quantize_s, "process_s": round(run.process_s, 2), "ppl": ppl, "ratio": ratio,
+    return {"wall_s": run.quantize_s, "process_s": round(run.process_s, 2), **score_checkpoint(out, ref),
             "hash": meta["calibration_token_sha256"], "peak_rss_gib": round(run.peak_rss_gib, 2),
             "layer_s": [layer["seconds"] for layer in meta["layers"]]}
 
@@ -229,23 +260,27 @@ def check_peer(python: Path, tool: str) -> str:
 
 
 def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-             skip_float: bool, seed: int = 0, windows: Windows = Windows(), scored: bool = True) -> dict:
-    """llm-compressor's worker; it scores the float model (unless `skip_float`) and its checkpoint, or neither
-    when not `scored`."""
+             skip_float: bool, ref, seed: int = 0, windows: Windows = Windows()) -> dict:
+    """llm-compressor quantizes and scores its perplexity in its venv (the float model's too, unless `skip_float`);
+    its checkpoint (compressed-tensors) is also scored here against `ref`, for the fidelity figures (and `ppl_qk`,
+    quantkit's perplexity of it, a cross-check). Without `ref` (a real shape's random weights) nothing is scored."""
     args = worker_args("peer", method, model, out, group, targets, threads, seed, windows)
-    flags = ["--skip-float-ppl"] if skip_float else []
-    r = run_worker(python, "peer", args + (flags if scored else ["--no-ppl"]), threads, out.parent)
-    return {"wall_s": r["oneshot_wall_s"], "ppl": r["quant_ppl"], "float_ppl": r["float_ppl"],
-            "hash": r["calib_token_sha256"], "peak_rss_gib": round(r["peak_rss_bytes"] / GiB, 2)}
+    flags = (["--skip-float-ppl"] if skip_float else []) if ref is not None else ["--no-ppl"]
+    r = run_worker(python, "peer", args + flags, threads, out.parent)
+    row = {"wall_s": r["oneshot_wall_s"], "ppl": r["quant_ppl"], "float_ppl": r["float_ppl"],
+           "hash": r["calib_token_sha256"], "peak_rss_gib": round(r["peak_rss_bytes"] / GiB, 2)}
+    if ref is not None:
+        ours = score_checkpoint(out, ref)
+        row.update(kl=ours["kl"], top1=ours["top1"], ppl_qk=ours["ppl"])
+    return row
 
 
 def run_gptqmodel(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-                  float_ppl: float, seed: int = 0) -> dict:
+                  ref, seed: int = 0) -> dict:
     """GPTQModel quantizes in its venv; its checkpoint (GPTQ v1) is scored here by quantkit's perplexity code."""
     r = run_worker(python, "gptqmodel", worker_args("gptqmodel", method, model, out, group, targets, threads, seed),
                    threads, out.parent)
-    ppl, ratio = ppl_ratio_ours(out, float_ppl)
-    return {"wall_s": r["quantize_wall_s"], "ppl": ppl, "ratio": ratio, "float_ppl": float_ppl,
+    return {"wall_s": r["quantize_wall_s"], **score_checkpoint(out, ref), "float_ppl": ref and ref.ppl,
             "hash": r["calib_token_sha256"], "version": r["gptqmodel"]}
 
 
@@ -262,26 +297,25 @@ def bench_model(name: str, methods: list[str], threads: int, pythons: dict[str, 
     A real shape (random weights) is not scored: its rows are times and peak RSS."""
     model, group, targets = model_entry(name, tiny_steps)
     scored = real_shape(name) is None
-    float_ours = ppl_ratio_ours(model, None)[0] if scored and tools & {"ours", "gptqmodel"} else None
-    print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {float_ours}", flush=True)
+    ref = float_reference(model) if scored else None  # every tool's checkpoint is scored against it (KL, top-1)
+    print(f"# {name}: {model.name}, group {group}, float ppl (quantkit) {ref and ref.ppl}", flush=True)
     rows, float_peer = [], None
     for method, seed in ((m, s) for m in methods for s in seeds):
         row = {"model": name, "method": method, "seed": seed, "threads": threads,
                "load_avg": round(os.getloadavg()[0], 2)}
         spec, out = METHODS[method], root / f"{name}-{method}-{seed}"
         if "ours" in tools and spec.ours is not None:
-            row["ours"] = run_ours(model, out.with_name(out.name + "-qk"), method, group, threads, float_ours, seed,
-                                   windows, scored)
+            row["ours"] = run_ours(model, out.with_name(out.name + "-qk"), method, group, threads, ref, seed, windows)
             shutil.rmtree(out.with_name(out.name + "-qk"), ignore_errors=True)  # a real shape's is gigabytes
         if "peer" in tools and spec.peer is not None:
             peer = run_peer(pythons["peer"], model, out.with_name(out.name + "-llmc"), method, group, targets, threads,
-                            skip_float=float_peer is not None, seed=seed, windows=windows, scored=scored)
+                            skip_float=float_peer is not None, ref=ref, seed=seed, windows=windows)
             shutil.rmtree(out.with_name(out.name + "-llmc"), ignore_errors=True)
             float_peer = float_peer or peer["float_ppl"]
             row["peer"] = {**peer, "float_ppl": float_peer, "ratio": peer["ppl"] / float_peer if scored else None}
         if "gptqmodel" in tools and spec.gptqmodel is not None:
             row["gptqmodel"] = run_gptqmodel(pythons["gptqmodel"], model, out.with_name(out.name + "-gptqmodel"),
-                                             method, group, targets, threads, float_ours, seed)
+                                             method, group, targets, threads, ref, seed)
         print("ROW " + json.dumps(row), flush=True)
         check_hashes(row)
         rows.append(row)
@@ -307,36 +341,55 @@ def _cell(side: dict | None, fmt: str, key: str = "wall_s") -> str:
     return "-" if side is None or side.get(key) is None else fmt.format(**side)
 
 
+FIDELITY = {"kl": ("KL x1e-3", 1e3, "{:.3f}"), "top1": ("top-1 %", 100, "{:.2f}")}  # field: header, unit, format
+
+
+def _fidelity_cells(sides: list[dict | None]) -> list[str]:
+    """Per FIDELITY field, per tool: the mean over `sides` that carry it, "-" where none does (logs older than
+    the fidelity figures, or a tool that did not run)."""
+    cells = []
+    for key, (_, unit, fmt) in FIDELITY.items():
+        for tool in TOOLS:
+            values = [side[tool][key] for side in sides if side and key in side.get(tool, {})]
+            cells.append(fmt.format(unit * sum(values) / len(values)) if values else "-")
+    return cells
+
+
 def _time_ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if ours and theirs else "-"
 
 
 def header() -> list[str]:
-    """The table's header and rule: per tool its ratio to float, then per tool its seconds, then our time over
-    each peer's, then the quantkit CLI process."""
-    cols = ["model", "method", *(f"{TOOLS[t]} ppl (x float)" for t in TOOLS), *(f"{TOOLS[t]} s" for t in TOOLS),
+    """The table's header and rule: per tool its ratio to float, its mean KL from float and top-1 agreement, then
+    per tool its seconds, then our time over each peer's, then the quantkit CLI process, then each tool's peak RSS."""
+    cols = ["model", "method", *(f"{TOOLS[t]} ppl (x float)" for t in TOOLS),
+            *(f"{TOOLS[t]} {label}" for label, _, _ in FIDELITY.values() for t in TOOLS),
+            *(f"{TOOLS[t]} s" for t in TOOLS),
             *(f"time ours/{TOOLS[t]}" for t in PEER_KEYS), "quantkit CLI process s",
             *(f"{TOOLS[t]} peak RSS GiB" for t in TOOLS)]
     return ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
 
 
-def print_table(rows: list[dict]) -> None:
+def table_lines(rows: list[dict]) -> list[str]:
     """One line per run; with more than one seed, the seed in the method column and a mean line per
     (model, method) after the runs."""
     seeds = {r.get("seed", 0) for r in rows}
-    print("\n".join(header()))
+    lines = header()
     for r in rows:
         method = r["method"] if len(seeds) == 1 else f"{r['method']} (seed {r.get('seed', 0)})"
         o = r.get("ours")
         cells = [_cell(r.get(t), "{ppl:.3f} ({ratio:.4f}x)", "ppl") for t in TOOLS]
+        cells += _fidelity_cells([r])
         cells += [_cell(r.get(t), "{wall_s:.2f}") for t in TOOLS]
         cells += [_time_ratio(o and o["wall_s"], r.get(t, {}).get("wall_s")) for t in PEER_KEYS]
         cells.append(str(o["process_s"]) if o and "process_s" in o else "-")
         cells += [_cell(r.get(t), "{peak_rss_gib:.2f}", "peak_rss_gib") for t in TOOLS]
-        print(f"| {r['model']} | {method} | " + " | ".join(cells) + " |")
-    if len(seeds) > 1:
-        for line in mean_lines(rows):
-            print(line)
+        lines.append(f"| {r['model']} | {method} | " + " | ".join(cells) + " |")
+    return lines + (mean_lines(rows) if len(seeds) > 1 else [])
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n".join(table_lines(rows)))
 
 
 def mean_lines(rows: list[dict]) -> list[str]:
@@ -356,6 +409,7 @@ def mean_lines(rows: list[dict]) -> list[str]:
             ratios = [x["ratio"] for x in sides if x.get("ratio") is not None]  # none for a real shape
             walls[tool] = sum(x["wall_s"] for x in sides) / len(sides)
             cells.append(f"{sum(ratios) / len(ratios):.4f}x ({min(ratios):.4f}-{max(ratios):.4f})" if ratios else "-")
+        cells += _fidelity_cells(runs)
         cells += [f"{walls[t]:.2f}" if t in walls else "-" for t in TOOLS]
         cells += [_time_ratio(walls.get("ours"), walls.get(t)) for t in PEER_KEYS]
         lines.append(f"| {model} | **{method}, mean of {len(runs)} seeds** | " + " | ".join(cells) + " | - |"

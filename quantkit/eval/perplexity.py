@@ -67,10 +67,24 @@ def tokenize_once(tokenizer, text: str) -> tuple[torch.Tensor, str]:
     return ids, note
 
 
+def next_token_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """logits [B, T, V] -> log-probs [B, T - 1, V] fp32 of the next token at each position but the last."""
+    return F.log_softmax(logits[:, :-1].float(), dim=-1)
+
+
+def logprob_nll(logp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Summed NLL per window from next_token_logprobs: logp [B, T - 1, V], ids [B, T] -> [B] fp32."""
+    return -logp.gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)
+
+
 def window_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Summed NLL per window: logits [B, T, V], ids [B, T] -> [B] fp32 (T - 1 predictions each)."""
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    return -logp.gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)
+    return logprob_nll(next_token_logprobs(logits), ids)
+
+
+def window_batches(ids: torch.Tensor, spans: list[tuple[int, int]], batch_size: int) -> list[torch.Tensor]:
+    """The windows `spans` of ids [n_tokens], stacked `batch_size` at a time: [B, seqlen] int64 each."""
+    return [torch.stack([ids[a:b] for a, b in spans[i:i + batch_size]]) for i in range(0, len(spans), batch_size)]
 
 
 @torch.no_grad()
@@ -84,8 +98,8 @@ def perplexity(model, ids: torch.Tensor, seqlen: int, source: str, bos_note: str
         raise QuantkitError(f"{source}: only {len(ids)} tokens, fewer than one window of --seqlen {seqlen}")
     spans = every[:limit]
     total = 0.0
-    for i in range(0, len(spans), batch_size):
-        batch = torch.stack([ids[a:b] for a, b in spans[i:i + batch_size]]).to(device)  # [B, seqlen]
+    for batch in window_batches(ids, spans, batch_size):
+        batch = batch.to(device)
         total += float(window_nll(model(batch).logits, batch).sum())
         if advance is not None:
             advance(len(batch))

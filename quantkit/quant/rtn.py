@@ -11,24 +11,28 @@ from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantiz
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
-def quantize_weight(w: torch.Tensor, scheme: QuantScheme, scale_search: str = "minmax",
-                    importance: torch.Tensor | None = None) -> QuantizedWeight:
-    """W [N, K] rounded to nearest, its group scales and zeros from min-max or searched (quantkit.quant.scale_search:
-    `mse` on the weight error, `imatrix` weighted by importance [K])."""
+def quantize_weights(ws: list[torch.Tensor], scheme: QuantScheme, scale_search: str = "minmax",
+                     importance: list[torch.Tensor] | None = None) -> list[QuantizedWeight]:
+    """Each W [N, K] rounded to nearest, its group scales and zeros from min-max or searched
+    (quantkit.quant.scale_search: `mse` on the weight error, `imatrix` weighted by each weight's importance [K]);
+    searched weights together, in one search over all their groups (a layer of small linears then costs about one
+    call's overhead, not one per linear)."""
     if scale_search == "minmax":
-        return rtn_quantize(w, scheme)
-    from quantkit.quant.scale_search import searched_quantize
+        return [rtn_quantize(w, scheme) for w in ws]
+    from quantkit.quant.scale_search import searched_quantize_many
 
-    return searched_quantize(w, scheme, importance if scale_search == "imatrix" else None)
+    return searched_quantize_many(ws, scheme, importance if scale_search == "imatrix" else None)
 
 
 def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: LayerResult, scale_search: str = "minmax",
                 importance: dict[str, torch.Tensor] | None = None) -> None:
     """RTN on each linear of `layer` named in `names`: the dequantized weight left in place, the integer
     weight and the squared weight error recorded in `result`."""
-    for name in names:
-        linear = get_submodule(layer, name)
-        qw = quantize_weight(linear.weight.data, scheme, scale_search, None if importance is None else importance[name])
+    names = list(names)
+    linears = [get_submodule(layer, name) for name in names]
+    qws = quantize_weights([linear.weight.data for linear in linears], scheme, scale_search,
+                           None if importance is None else [importance[name] for name in names])
+    for name, linear, qw in zip(names, linears, qws):
         w_hat = qw.dequantize().to(linear.weight.dtype)
         result.losses[name] = float(torch.sum((linear.weight.data.float() - w_hat.float()) ** 2))
         linear.weight.data = w_hat

@@ -15,6 +15,11 @@ llm-compressor's imatrix_mse observer and llama.cpp's imatrix idea; GPTQ's diag(
      rounded to an integral zero) that fit the weights best; kept only where the error falls.
 
 So no group's error is ever above min-max's. Scales are rounded to fp16 as everywhere (format.primitives).
+
+The grid's candidates are tried all at once ([rows, candidates, G] temporaries), and a layer's linears are searched
+together, their groups laid end to end and cut into bounded chunks: the search is bound by torch's per-call overhead
+on small linears and by memory traffic on large ones. It chooses bit for bit what the one-candidate-at-a-time walk
+(scale_search_reference, the tests' oracle) chooses.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import torch
 
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx, range_params, round_scale
 
-CHUNK_ELEMENTS = 2**22  # weights searched at once (a [chunk, ..., G] slice): bounds the temporaries
+# elements of the largest temporary ([rows, candidates, G] fp32, 4 MiB): a whole 2048 x 2048 weight at once (16 MiB,
+# 11 candidates: 176 MiB) ran 3-4x slower from memory; much smaller chunks pay torch's per-call overhead (2**18 and
+# 2**21 measured 0-25% slower on the suite and on a 2048 x 2048 weight, one thread)
+CHUNK_ELEMENTS = 2**20
 
 
 @dataclass(frozen=True)
@@ -58,34 +66,37 @@ def group_error(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, 
     return (d if imp is None else d.mul_(imp)).sum(-1)
 
 
+def candidate_params(w: torch.Tensor, imp: torch.Tensor | None, xmin: torch.Tensor, xmax: torch.Tensor,
+                     p: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every candidate range [p * xmin, p * xmax] of every group at once: w [..., G], imp broadcastable to w (or None),
+    xmin / xmax [...], p [..., C] (or [C]) -> scale, zero, error [..., C]. The temporary is [..., C, G]."""
+    s, z = range_params(xmin.unsqueeze(-1) * p, xmax.unsqueeze(-1) * p, bits, sym)
+    return s, z, group_error(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), s, z, 2**bits - 1)
+
+
+def _pick(p: torch.Tensor, s: torch.Tensor, z: torch.Tensor, err: torch.Tensor):
+    """Each group's first candidate of the lowest error (as a walk that keeps only strictly lower errors):
+    [..., C] each -> [...] each."""
+    i = err.argmin(-1, keepdim=True)
+    return tuple(t.expand_as(err).gather(-1, i).squeeze(-1) for t in (p, s, z, err))
+
+
 def grid_params(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool,
                 grid: SearchGrid = SearchGrid()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 1: the best shrunk range per group. w [..., G] fp32 -> scale, zero, error [...] (ties: the wider range).
-    The coarse points first (p = 1, min-max, among them), then each group's neighbourhood of its best one."""
-    maxq = 2**bits - 1
+    The coarse points first (p = 1, min-max, among them), all at once, then each group's neighbourhood of its best
+    one, all at once; the same choice as trying the points one by one (scale_search_reference)."""
     xmin, xmax = w.min(dim=-1).values, w.max(dim=-1).values
-    lowest = 1 - grid.max_shrink
-    best_p = torch.ones_like(xmin)
-    best_s, best_z = range_params(xmin, xmax, bits, sym)
-    best_err = group_error(w, imp, best_s, best_z, maxq)
-
-    def trial(p: torch.Tensor) -> None:
-        nonlocal best_p, best_s, best_z, best_err
-        s, z = range_params(xmin * p, xmax * p, bits, sym)
-        err = group_error(w, imp, s, z, maxq)
-        better = err < best_err
-        best_p, best_s, best_z, best_err = (torch.where(better, p, best_p), torch.where(better, s, best_s),
-                                            torch.where(better, z, best_z), torch.where(better, err, best_err))
-
-    for p in grid.coarse_shrinks[1:]:
-        trial(torch.full_like(xmin, p))
-    centre = best_p
-    for offset in grid.fine_offsets():
-        p = centre + offset
-        if offset > 0:
-            p = torch.clamp(p, max=1.0)
-        trial(torch.clamp(p, min=lowest))
-    return best_s, best_z, best_err
+    coarse = torch.tensor(grid.coarse_shrinks, dtype=w.dtype, device=w.device)  # [C], 1 first
+    best_p, best_s, best_z, best_err = _pick(coarse, *candidate_params(w, imp, xmin, xmax, coarse, bits, sym))
+    if grid.coarse == 1:  # every grid point was coarse: nothing left to refine
+        return best_s, best_z, best_err
+    offsets = torch.tensor(grid.fine_offsets(), dtype=w.dtype, device=w.device)  # [F]
+    fine = best_p.unsqueeze(-1) + offsets
+    fine = torch.where(offsets > 0, fine.clamp(max=1.0), fine).clamp(min=1 - grid.max_shrink)  # [..., F]
+    _, s, z, err = _pick(fine, *candidate_params(w, imp, xmin, xmax, fine, bits, sym))
+    better = err < best_err
+    return torch.where(better, s, best_s), torch.where(better, z, best_z), torch.where(better, err, best_err)
 
 
 def refine_params(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, zero: torch.Tensor,
@@ -131,12 +142,17 @@ def shift_zeros(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, 
 
 
 def search_params(w: torch.Tensor, bits: int, sym: bool, imp: torch.Tensor | None = None,
-                  grid: SearchGrid = SearchGrid()) -> tuple[torch.Tensor, torch.Tensor]:
+                  grid: SearchGrid = SearchGrid(), grid_search=grid_params) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero [...] of each group of w [..., G] (the grid, then the refinements); imp broadcastable to w
-    (per input channel; None: the plain weight error). The same (scale, zero) convention as minmax_params."""
-    w = w.float()
-    imp = None if imp is None else _floored(imp.float())
-    scale, zero, err = grid_params(w, imp, bits, sym, grid)
+    (per input channel; None: the plain weight error). The same (scale, zero) convention as minmax_params.
+    `grid_search`: step 1 (scale_search_reference passes its one-point-at-a-time walk)."""
+    return _search(w.float(), None if imp is None else _floored(imp.float()), bits, sym, grid, grid_search)
+
+
+def _search(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool, grid: SearchGrid,
+            grid_search=grid_params) -> tuple[torch.Tensor, torch.Tensor]:
+    """search_params on w [..., G] fp32 with its importance already floored."""
+    scale, zero, err = grid_search(w, imp, bits, sym, grid)
     for _ in range(grid.refine):
         if not sym:
             zero, err = shift_zeros(w, imp, scale, zero, err, bits)
@@ -150,29 +166,94 @@ def _floored(imp: torch.Tensor) -> torch.Tensor:
     return imp.clamp(min=float(imp.mean()) * 1e-6 + torch.finfo(torch.float32).tiny)
 
 
+@dataclass(frozen=True)
+class _Weight:
+    """One weight's groups as rows: w [N * groups, G] (a view), imp [groups, G] floored (row r's is imp[r % groups])."""
+
+    w: torch.Tensor
+    imp: torch.Tensor | None
+
+    def rows(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        imp = None if self.imp is None else self.imp[torch.arange(lo, hi) % len(self.imp)]
+        return self.w[lo:hi].float(), imp
+
+
+def _chunks(weights: list[_Weight], rows: int):
+    """The weights' group rows laid end to end, `rows` at a time: (w [rows, G] fp32, imp [rows, G] or None)."""
+    ws, imps, have = [], [], 0
+    for weight in weights:
+        lo = 0
+        while lo < len(weight.w):
+            hi = min(len(weight.w), lo + rows - have)
+            w, imp = weight.rows(lo, hi)
+            ws.append(w)
+            imps.append(imp)
+            have, lo = have + hi - lo, hi
+            if have == rows:
+                yield torch.cat(ws), None if imp is None else torch.cat(imps)
+                ws, imps, have = [], [], 0
+    if ws:
+        yield torch.cat(ws), None if imps[0] is None else torch.cat(imps)
+
+
+def search_weights_params(ws: list[torch.Tensor], scheme: QuantScheme, imps: list[torch.Tensor] | None = None,
+                          grid: SearchGrid = SearchGrid()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """search_params over whole weights W [N, K] (groups of G along K; imps: one [K] per weight, or None) searched
+    together: the groups of all the weights of one group length in one list of rows, cut into chunks that bound the
+    temporaries (many small linears cost one chunk's calls, not one call each). Returns each weight's scales, zeros
+    [num_groups, N], as QuantizedWeight holds them."""
+    by_len: dict[int, list[int]] = {}
+    for i, w in enumerate(ws):
+        k = w.shape[1]
+        if k % scheme.group_len(k):
+            raise ValueError(f"in_features {k} is not a multiple of the group size {scheme.group_len(k)}")
+        by_len.setdefault(scheme.group_len(k), []).append(i)
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for g, idx in by_len.items():
+        found = _search_rows([ws[i] for i in idx], None if imps is None else [imps[i] for i in idx], g, scheme, grid)
+        out.update(zip(idx, found))
+    return [out[i] for i in range(len(ws))]
+
+
+def _search_rows(ws: list[torch.Tensor], imps: list[torch.Tensor] | None, g: int, scheme: QuantScheme,
+                 grid: SearchGrid) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """search_weights_params for weights of one group length g."""
+    weights = [_Weight(w.reshape(-1, g), None if imps is None else _floored(imps[i].float()).reshape(-1, g))
+               for i, w in enumerate(ws)]
+    widest = max(len(grid.coarse_shrinks), len(grid.fine_offsets()))  # candidates tried at once
+    rows = max(1, CHUNK_ELEMENTS // (g * widest))
+    found = [_search(w, imp, scheme.bits, scheme.sym, grid) for w, imp in _chunks(weights, rows)]
+    scales, zeros = torch.cat([s for s, _ in found]), torch.cat([z for _, z in found])
+    out, start = [], 0
+    for w in ws:
+        n, groups = w.shape[0], w.shape[1] // g
+        out.append(tuple(t[start:start + n * groups].reshape(n, groups).T.contiguous() for t in (scales, zeros)))
+        start += n * groups
+    return out
+
+
 def search_weight_params(w: torch.Tensor, scheme: QuantScheme, imp: torch.Tensor | None = None,
                          grid: SearchGrid = SearchGrid()) -> tuple[torch.Tensor, torch.Tensor]:
-    """search_params over a whole weight W [N, K] (groups of G along K; imp [K] or None), N in chunks that bound the
+    """search_params over a whole weight W [N, K] (groups of G along K; imp [K] or None), in chunks that bound the
     memory. Returns scales, zeros [num_groups, N], as QuantizedWeight holds them."""
-    n, k = w.shape
-    g = scheme.group_len(k)
-    if k % g:
-        raise ValueError(f"in_features {k} is not a multiple of the group size {g}")
-    imp3 = None if imp is None else imp.float().reshape(k // g, g)  # [groups, G]: broadcast over rows
-    rows = max(1, CHUNK_ELEMENTS // k)
-    scales, zeros = [], []
-    for start in range(0, n, rows):
-        w3 = w[start:start + rows].float().reshape(-1, k // g, g)  # [rows, groups, G]
-        s, z = search_params(w3, scheme.bits, scheme.sym, imp3, grid)
-        scales.append(s)
-        zeros.append(z)
-    return torch.cat(scales).T.contiguous(), torch.cat(zeros).T.contiguous()
+    return search_weights_params([w], scheme, None if imp is None else [imp], grid)[0]
 
 
 def searched_quantize(w: torch.Tensor, scheme: QuantScheme, imp: torch.Tensor | None = None,
                       grid: SearchGrid = SearchGrid()) -> QuantizedWeight:
     """Round to nearest with searched group parameters: rtn_quantize's counterpart. w: [N, K] float."""
-    scales, zeros = search_weight_params(w, scheme, imp, grid)
+    return searched_quantize_many([w], scheme, None if imp is None else [imp], grid)[0]
+
+
+def searched_quantize_many(ws: list[torch.Tensor], scheme: QuantScheme, imps: list[torch.Tensor] | None = None,
+                           grid: SearchGrid = SearchGrid()) -> list[QuantizedWeight]:
+    """searched_quantize of several weights (a layer's linears), their groups searched together."""
+    found = search_weights_params(ws, scheme, imps, grid)
+    return [_codes(w, scheme, scales, zeros) for w, (scales, zeros) in zip(ws, found)]
+
+
+def _codes(w: torch.Tensor, scheme: QuantScheme, scales: torch.Tensor, zeros: torch.Tensor) -> QuantizedWeight:
+    """w [N, K] rounded with its scales, zeros [groups, N]."""
     n, k = w.shape
     g = scheme.group_len(k)
     s, z = scales.T.unsqueeze(-1), zeros.T.unsqueeze(-1)  # [N, groups, 1]

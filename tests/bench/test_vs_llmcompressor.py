@@ -9,12 +9,17 @@ from pathlib import Path
 import pytest
 
 from interop.gptqmodel_gptq import parser as gptqmodel_parser
-from quantkit.bench.vs_llmcompressor import (METHODS, PEERS, TOOLS, Windows, check_peer, mean_lines, merge_rows,
-                                             parse_methods, parse_tools, print_table, real_shape, worker_args)
+from quantkit.bench.vs_llmcompressor import (CALIB, METHODS, PEERS, TOOLS, Windows, check_peer, float_reference,
+                                             header, mean_lines, merge_rows, parse_methods, parse_tools, print_table,
+                                             real_shape, run_ours, score_checkpoint, table_lines, worker_args)
 
 
-def _side(ratio: float, wall: float, sha: str = "h") -> dict:
-    return {"ratio": ratio, "ppl": 30 * ratio, "wall_s": wall, "hash": sha}
+def _side(ratio: float, wall: float, sha: str = "h", **fidelity: float) -> dict:
+    return {"ratio": ratio, "ppl": 30 * ratio, "wall_s": wall, "hash": sha, **fidelity}
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def test_split_runs_join_per_seed_and_keep_the_seeds_apart():
@@ -36,10 +41,10 @@ def test_the_mean_line_averages_ratios_and_seconds_over_seeds():
     rows = [{"model": "tiny", "method": "gptq", "seed": s, "ours": _side(r, w), "peer": _side(p, pw)}
             for s, r, w, p, pw in [(0, 1.002, 1.0, 1.004, 4.0), (1, 1.004, 3.0, 1.000, 4.0)]]
     (line,) = mean_lines(rows)
-    cells = [c.strip() for c in line.strip("|").split("|")]
+    cells = _cells(line)
     assert cells[1] == "**gptq, mean of 2 seeds**"
     assert cells[2:5] == ["1.0030x (1.0020-1.0040)", "1.0020x (1.0000-1.0040)", "-"]  # quantkit, llm-compressor, GPTQModel
-    assert cells[5:10] == ["2.00", "4.00", "-", "0.50x", "-"]  # seconds per tool, then ours over each peer's
+    assert cells[11:16] == ["2.00", "4.00", "-", "0.50x", "-"]  # seconds per tool, then ours over each peer's
 
 
 def test_gptqmodel_gets_its_own_columns_and_joins_the_other_tools_runs():
@@ -47,9 +52,9 @@ def test_gptqmodel_gets_its_own_columns_and_joins_the_other_tools_runs():
     rows += [{"model": "tiny", "method": "gptq", "seed": s, "gptqmodel": _side(r, 4.0, f"h{s}")}
              for s, r in ((0, 1.001), (1, 1.003))]
     (line,) = mean_lines(merge_rows(rows))
-    cells = [c.strip() for c in line.strip("|").split("|")]
+    cells = _cells(line)
     assert cells[2:5] == ["1.0020x (1.0020-1.0020)", "-", "1.0020x (1.0010-1.0030)"]
-    assert cells[5:10] == ["1.00", "-", "4.00", "-", "0.25x"]
+    assert cells[11:16] == ["1.00", "-", "4.00", "-", "0.25x"]
 
 
 def test_every_method_runs_in_some_tool_and_gar_is_on_only_in_gptq():
@@ -127,3 +132,34 @@ def test_an_unscored_real_shape_row_prints_times_and_peak_rss_and_dashes_for_per
     assert (cells["quantkit peak RSS GiB"], cells["llm-compressor peak RSS GiB"], cells["GPTQModel peak RSS GiB"]) == (
         "4.25", "9.50", "-")
     assert mean_lines(rows * 2)[0].count("|") == len(cols) + 1  # the mean line fills every column
+
+
+def test_the_table_renders_logs_with_and_without_the_fidelity_figures():
+    """Rows of logs older than the fidelity figures show "-" there; new rows show KL x1e-3 and top-1 %, per tool;
+    the mean line averages them over the seeds that have them. Every line has the header's columns."""
+    old = [{"model": "m", "method": "gptq", "seed": 0, "ours": _side(1.002, 1.0), "peer": _side(1.003, 2.0)}]
+    new = [{"model": "m", "method": "gptq", "seed": 1, "ours": _side(1.001, 1.0, kl=0.002, top1=0.95),
+            "peer": _side(1.004, 2.0, kl=0.004, top1=0.90, ppl_qk=30.1)}]
+    lines = table_lines(merge_rows(old + new))
+    head = _cells(lines[0])
+    assert head[5:11] == ["quantkit KL x1e-3", "llm-compressor KL x1e-3", "GPTQModel KL x1e-3",
+                          "quantkit top-1 %", "llm-compressor top-1 %", "GPTQModel top-1 %"]
+    assert all(len(_cells(line)) == len(head) for line in lines[2:])
+    (old_line,), (new_line,) = [ln for ln in lines if "seed 0" in ln], [ln for ln in lines if "seed 1" in ln]
+    assert _cells(old_line)[5:11] == ["-"] * 6
+    assert _cells(new_line)[5:11] == ["2.000", "4.000", "-", "95.00", "90.00", "-"]
+    # the mean line: the mean over the one seed that has them
+    assert _cells(lines[-1])[5:11] == ["2.000", "4.000", "-", "95.00", "90.00", "-"]
+    assert len(lines) == len(header()) + 3
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_checkpoint_against_its_own_float_model_has_kl_zero_and_rtn_moves_it(stories_dir, tmp_path):
+    """The bench's scoring on stories260K-hf: the float checkpoint against itself, then quantkit's RTN of it."""
+    if not CALIB.is_file():
+        pytest.skip(f"shared data not found at {CALIB}")
+    ref = float_reference(stories_dir)
+    same = score_checkpoint(stories_dir, ref)
+    assert (same["kl"], same["top1"], same["ratio"]) == (0.0, 1.0, 1.0)
+    rtn = run_ours(stories_dir, tmp_path / "rtn", "rtn", 64, 1, ref)
+    assert rtn["kl"] > 1e-3 and 0.5 < rtn["top1"] < 1.0 and rtn["ratio"] > 1.0, rtn

@@ -27,7 +27,7 @@ def test_the_unscored_worker_reports_time_and_peak_rss_and_no_perplexity(tmp_pat
     assert check_peer(LLMC, "peer").startswith("llmcompressor ")
     model, group, targets = model_entry("stories")
     r = run_peer(LLMC, model, tmp_path / "llmc", "gptq", group, targets, 1, skip_float=False,
-                 windows=Windows(4, 64), scored=False)
+                 ref=None, windows=Windows(4, 64))
     assert r["ppl"] is None and r["float_ppl"] is None
     assert r["wall_s"] > 0 and 0.2 < r["peak_rss_gib"] < 8  # torch and transformers alone hold a few hundred MiB
     assert len(r["hash"]) == 64

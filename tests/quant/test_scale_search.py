@@ -157,3 +157,53 @@ def test_gptq_with_searched_groups_has_a_lower_output_error(search, static):
         r = gptq_quantize(w, h, scheme, GPTQOptions(static_groups=static, scale_search=scale_search))
         return float(((x @ (r.weight.dequantize() - w).T) ** 2).mean())
     assert error(search) < error("minmax")
+
+
+def _weights(seed: int, shapes) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 0.5) * 0.02 for shape in shapes]
+
+
+@pytest.mark.parametrize("sym", [True, False])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("chunk", [2**10, 2**18])
+def test_the_weights_searched_together_in_chunks_equal_the_sequential_reference(sym, weighted, chunk, monkeypatch):
+    """The vectorized search (every candidate at once, a layer's weights in one list of rows, cut into chunks that
+    straddle the weights) picks bit for bit the scales and zeros of the one-candidate-at-a-time reference, weight by
+    weight; a small chunk forces chunks across weight boundaries."""
+    from quantkit.quant import scale_search
+    from quantkit.quant.scale_search import search_weights_params
+    from quantkit.quant.scale_search_reference import reference_weight_params
+
+    monkeypatch.setattr(scale_search, "CHUNK_ELEMENTS", chunk)
+    ws = _weights(7, [(48, 128), (16, 128), (40, 256), (8, 64)])
+    g = torch.Generator().manual_seed(8)
+    imps = [torch.rand(w.shape[1], generator=g) ** 3 for w in ws] if weighted else None
+    scheme = QuantScheme(4, 64, sym)
+    for i, (scales, zeros) in enumerate(search_weights_params(ws, scheme, imps)):
+        ref_s, ref_z = reference_weight_params(ws[i], scheme, None if imps is None else imps[i])
+        assert torch.equal(scales, ref_s) and torch.equal(zeros, ref_z), i
+
+
+def test_per_channel_weights_of_different_widths_are_searched_by_width():
+    """Group size -1: each weight's group is its whole row, so weights of different K go to separate searches."""
+    from quantkit.quant.scale_search import search_weights_params
+    from quantkit.quant.scale_search_reference import reference_weight_params
+
+    ws = _weights(9, [(32, 64), (24, 96), (8, 64)])
+    scheme = QuantScheme(4, -1, False)
+    for w, (scales, zeros) in zip(ws, search_weights_params(ws, scheme)):
+        ref_s, ref_z = reference_weight_params(w, scheme)
+        assert scales.shape == (1, w.shape[0]) and torch.equal(scales, ref_s) and torch.equal(zeros, ref_z)
+
+
+def test_a_layer_of_linears_is_rounded_as_each_alone():
+    from quantkit.quant.scale_search import searched_quantize_many
+
+    ws = _weights(10, [(64, 128), (32, 128)])
+    scheme = QuantScheme(4, 32, False)
+    for w, q in zip(ws, searched_quantize_many(ws, scheme)):
+        alone = searched_quantize(w, scheme)
+        assert torch.equal(q.qweight, alone.qweight) and torch.equal(q.scales, alone.scales)
+    with pytest.raises(ValueError, match="not a multiple of the group size 32"):
+        searched_quantize_many([torch.zeros(4, 48)], scheme)
