@@ -41,9 +41,11 @@ class Score:
 
 
 def divergence(base_logp: torch.Tensor, logp: torch.Tensor) -> tuple[float, float]:
-    """Mean KL(base || this) per row and the share of rows with the same argmax: [N, V] log-probs each."""
-    kl = (base_logp.exp() * (base_logp - logp)).sum(-1)
-    return float(kl.mean()), float((base_logp.argmax(-1) == logp.argmax(-1)).float().mean())
+    """Mean KL(base || this) per row and the share of rows with the same argmax: [N, V] log-probs each (the
+    per-position figures of quantkit.eval.fidelity, which the suite benchmark reports)."""
+    from quantkit.eval.fidelity import token_kl, top1_matches
+
+    return float(token_kl(base_logp, logp).mean()), float(top1_matches(base_logp, logp).float().mean())
 
 
 def window_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
