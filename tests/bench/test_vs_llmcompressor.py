@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from interop.gptqmodel_gptq import parser as gptqmodel_parser
+from quantkit.bench.llmc_table import header, mean_lines, merge_rows, print_table, table_lines
 from quantkit.bench.vs_llmcompressor import (CALIB, METHODS, PEERS, TOOLS, Windows, check_peer, float_reference,
-                                             header, mean_lines, merge_rows, parse_methods, parse_tools, print_table,
-                                             real_shape, run_ours, score_checkpoint, table_lines, worker_args)
+                                             parse_methods, parse_tools, real_shape, run_ours, score_checkpoint,
+                                             worker_args)
 
 
 def _side(ratio: float, wall: float, sha: str = "h", **fidelity: float) -> dict:
