@@ -2,7 +2,8 @@
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
                                        [--model DIR --gptq DIR] [--gguf-dir DIR] [--quantized-only] [--int8-activations]
-  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--vllm-venv VENV] ...
+  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--int8-activations]
+                                       [--vllm-venv VENV] ...
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
@@ -23,11 +24,11 @@ from a streamed F16 GGUF rather than an F32 one.
 
 --ttft: the time-to-first-token table instead. Batch 1, one fresh random prompt of each length a round (no prefix
 cache can answer it), max_tokens 1, every system once a round in alternating order: quantkit's engine on the 4-bit
-checkpoint (wall time of `generate`; with --bf16 also the float model), llama.cpp on each of --quants (one worker
-each; its own timing of the prompt's evaluation and argmax), vLLM's CPU build on the same 4-bit checkpoint with
---vllm-venv (its worker's timing of `generate`; stopped between its jobs, since idle it spins). Resident memory of
-each process after load and at the end; quantkit and llama.cpp hold the same KV cache (context = longest prompt + 64,
-16-bit), vLLM its least pool, 1 GiB.
+checkpoint (wall time of `generate`; with --int8-activations also in W4A8, with --bf16 also the float model),
+llama.cpp on each of --quants (one worker each; its own timing of the prompt's evaluation and argmax), vLLM's CPU
+build on the same 4-bit checkpoint with --vllm-venv (its worker's timing of `generate`; stopped between its jobs,
+since idle it spins). Resident memory of each process after load and at the end; quantkit and llama.cpp hold the same
+KV cache (context = longest prompt + 64, 16-bit), vLLM its least pool, 1 GiB.
 """
 
 from __future__ import annotations
@@ -291,9 +292,14 @@ def ttft_systems(args, tmp: Path, n_ctx: int) -> tuple[dict[str, Held], list]:
     kv = kv_bytes_per_token(dense) * n_ctx
     same = f"{n_ctx} tokens, {kv / MiB:.0f} MiB"
     auto, held, closing = auto_cpu_dtype()[0], {}, []
-    for label, model, dtype in [("4-bit GPTQ", checkpoint, auto)] + ([("bf16", dense, "bfloat16")] if args.bf16 else []):
-        q = Quantkit(model, dtype, args.threads, n_ctx=n_ctx, kv_cache_memory=kv)
-        note = "" if label == "4-bit GPTQ" else "; the process also holds the 4-bit model"
+    systems = [("4-bit GPTQ", checkpoint, auto, False)]
+    if args.int8_activations and auto == "bfloat16":  # W4A8: activations in int8, as llama.cpp's Q4 types
+        systems.append(("4-bit GPTQ, W4A8", checkpoint, auto, True))
+    if args.bf16:
+        systems.append(("bf16", dense, "bfloat16", False))
+    for label, model, dtype, int8 in systems:
+        q = Quantkit(model, dtype, args.threads, int8_activations=int8, n_ctx=n_ctx, kv_cache_memory=kv)
+        note = "" if label == "4-bit GPTQ" else "; the process also holds the models above"
         held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{same}, {dtype}{note}", rss_bytes())
     python = Path(args.llamacpp_venv) / "bin" / "python"
     for kind in (k for k in ggufs if k != "F32"):
