@@ -60,6 +60,8 @@ class QuantizeConfig:
     group_size: int = 128
     sym: bool | None = None  # None: the method's default (gptq/rtn symmetric, awq asymmetric)
     desc_act: bool = False
+    # GPTQ's group-aware act-order (GAR, GPTQModel's act_group_aware): groups by importance, g_idx stays monotonic
+    act_group_aware: bool = False
     # GPTQ: each group's scale and zero from the original weights, fixed before the column loop (as
     # llm-compressor's observer does; measured at or below the lazy, updated-columns choice: docs/BENCHMARKS.md)
     static_groups: bool = True
@@ -107,6 +109,10 @@ class QuantizeConfig:
                                 "use --format gptq")
         if self.desc_act and self.method != "gptq":
             raise QuantkitError("--desc-act applies to --method gptq only")
+        if self.act_group_aware and self.method != "gptq":
+            raise QuantkitError("--act-group-aware applies to --method gptq only")
+        if self.act_group_aware and self.desc_act:
+            raise QuantkitError("--act-group-aware and --desc-act are two column orders for GPTQ; choose one")
         if self.desc_act and self.layout_format == "compressed-tensors":
             # compressed-tensors >= 0.20 stores act-order only as "weight" ordering: groups on the original columns
             object.__setattr__(self, "static_groups", True)

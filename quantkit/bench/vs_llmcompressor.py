@@ -35,7 +35,8 @@ Each peer's venv is checked first (its worker's --version): a missing or broken 
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order; GPTQModel with its
 default act_group_aware, GAR, on); awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both
 formulas searched per group; rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse:
-data-free; imatrix), gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-nogar = GPTQModel's GPTQ
+data-free; imatrix), gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-gar = GPTQ with group-aware
+act-order, GAR (quantkit only; GPTQModel's `gptq` has it on); gptq-nogar = GPTQModel's GPTQ
 with GAR off (GPTQModel only). The default --methods are those quantkit runs.
 """
 
@@ -94,6 +95,8 @@ METHODS = {
     "rtn-mse": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
     "rtn-imatrix": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
     "gptq-imatrix": Method(["--method", "gptq", "--scale-search", "imatrix"], None),
+    # quantkit's GPTQ with group-aware act-order (GAR), as GPTQModel's `gptq` runs by default
+    "gptq-gar": Method(["--method", "gptq", "--act-group-aware"], None),
     # GPTQModel's GPTQ with its act_group_aware off: plain GPTQ, as quantkit's and llm-compressor's `gptq`
     "gptq-nogar": Method(None, None, ["--gar", "false"]),
 }

@@ -6,6 +6,8 @@ LAPACK's blocked fp32 Cholesky gives different last bits at different thread cou
 rounding decisions amplify them (the same windows gave different perplexities at 1 and 2 threads). Quantization walks the columns of W (optionally in act-order, largest
 diag(H) first), quantizes one column, and spreads its error over the columns not yet quantized
 through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time.
+With group-aware act-order (quantkit.quant.column_order) whole groups are walked by importance instead, and
+each group's scale and zero are stored under its original index: g_idx stays monotonic.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, minmax_params, quantize_codes
+from quantkit.quant.column_order import group_aware_perm, walk_groups
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +54,17 @@ class GPTQOptions:
     damp: float = 0.01  # fraction of mean(diag(H)) added to the diagonal
     block_size: int = 128
     act_order: bool = False
+    # GAR: whole groups by decreasing max diag(H), each group's columns by decreasing diag(H); g_idx stays monotonic
+    act_group_aware: bool = False
     static_groups: bool = False
     max_damp_retries: int = 6
     # each group's scale and zero: min-max, or searched (quantkit.quant.scale_search) on the weight error (mse) or
     # on the error weighted by diag(H), the inputs' mean square per channel (imatrix)
     scale_search: str = "minmax"
+
+    def __post_init__(self):
+        if self.act_order and self.act_group_aware:
+            raise ValueError("GPTQ: act_order and act_group_aware are two column orders; choose one")
 
 
 @dataclass
@@ -144,6 +153,9 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     perm = torch.arange(k, device=w.device)
     if opts.act_order:
         perm = torch.argsort(torch.diag(h), descending=True)
+    elif opts.act_group_aware:
+        perm = group_aware_perm(torch.diag(h), gsize)
+    if opts.act_order or opts.act_group_aware:
         w, h = w[:, perm], h[perm][:, perm]
     params = group_params_fn(scheme, opts.scale_search, torch.diag(h).clone())  # permuted order, undamped
     u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries)
@@ -154,7 +166,12 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     wt = w.T.contiguous()
     del w
     codes, row_losses = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros, params)
-    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, static is not None), row_losses, damp)
+    by_original_group = static is not None
+    if opts.act_group_aware and not by_original_group:  # group j of the walk is original group walk_groups[j]
+        order = walk_groups(perm, gsize)
+        scales[order], zeros[order] = scales.clone(), zeros.clone()
+        by_original_group = True
+    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, by_original_group), row_losses, damp)
 
 
 def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, block_size: int,

@@ -21,7 +21,8 @@ class GPTQMethod:
     def __init__(self, cfg: QuantizeConfig):
         self.cfg = cfg
         self.opts = GPTQOptions(damp=cfg.damp, block_size=cfg.block_size, act_order=cfg.desc_act,
-                                static_groups=cfg.static_groups, scale_search=cfg.scale_search)
+                                act_group_aware=cfg.act_group_aware, static_groups=cfg.static_groups,
+                                scale_search=cfg.scale_search)
 
     def sequential_groups(self, ctx: LayerContext) -> list[list[str]]:
         """Linears sharing an input, in the order the layer computes them (true-sequential);

@@ -41,7 +41,8 @@ def record_fake_quant(monkeypatch):
 
 
 @pytest.mark.parametrize("extra", [(), ("--desc-act",), ("--no-sym",), ("--group-size", "32", "--no-static-groups", "--desc-act"),
-                                   ("--no-static-groups",)])
+                                   ("--no-static-groups",), ("--act-group-aware",),
+                                   ("--act-group-aware", "--no-static-groups", "--group-size", "32")])
 def test_reloaded_logits_match_fake_quantized_model(tiny_llama, tmp_path, monkeypatch, extra):
     seen = record_fake_quant(monkeypatch)
     out = tmp_path / "q"
@@ -54,6 +55,13 @@ def test_reloaded_logits_match_fake_quantized_model(tiny_llama, tmp_path, monkey
         torch.testing.assert_close(qmodel(ids).logits, fake(ids).logits, rtol=1e-4, atol=1e-4)
     assert info.layout == ("gptq_v2" if "--no-sym" in extra else "gptq")
     assert info.desc_act == ("--desc-act" in extra)
+    if "--act-group-aware" in extra:  # GAR: g_idx stays column // group in the checkpoint
+        qc = json.loads((out / "config.json").read_text())["quantization_config"]
+        assert qc["act_group_aware"] is True and qc["desc_act"] is False
+        group = int(extra[extra.index("--group-size") + 1]) if "--group-size" in extra else 128
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            g_idx = f.get_tensor("model.layers.0.mlp.down_proj.g_idx")
+        assert torch.equal(g_idx, torch.arange(g_idx.numel(), dtype=torch.int32) // group)
 
 
 def test_checkpoint_layout_and_metadata(tiny_llama, tmp_path):

@@ -64,6 +64,8 @@ def test_truncated_and_corrupt_safetensors(model_copy, tmp_path):
 @pytest.mark.parametrize("args,pattern", [(("--bits", "3"), "--bits"), (("--group-size", "48"), "--group-size"),
                                           (("--method", "smoothquant"), "unknown method"),
                                           (("--method", "awq", "--desc-act"), "act-order"),
+                                          (("--desc-act", "--act-group-aware"), "choose one"),
+                                          (("--method", "rtn", "--act-group-aware"), "--method gptq only"),
                                           (("--method", "awq", "--awq-duo-scaling", "maybe"), "--awq-duo-scaling"),
                                           (("--scale-search", "hqq"), "unknown --scale-search"),
                                           (("--method", "awq", "--scale-search", "mse"), "applies to --method rtn and gptq")])
