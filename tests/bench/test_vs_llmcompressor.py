@@ -62,6 +62,8 @@ def test_every_method_runs_in_some_tool_and_gar_is_on_only_in_gptq():
     assert all(any(getattr(spec, tool) is not None for tool in TOOLS) for spec in METHODS.values())
     with_gptqmodel = {m: spec.gptqmodel for m, spec in METHODS.items() if spec.gptqmodel is not None}
     assert with_gptqmodel == {"gptq": ["--gar", "true"], "gptq-nogar": ["--gar", "false"]}
+    # quantkit's GAR is its own method: plain `gptq` stays GAR-free in quantkit
+    assert "--act-group-aware" in METHODS["gptq-gar"].ours and "--act-group-aware" not in METHODS["gptq"].ours
 
 
 @pytest.mark.parametrize(("method", "gar"), [("gptq", True), ("gptq-nogar", False)])
@@ -85,8 +87,8 @@ def test_tools_and_methods_are_checked_with_one_line():
     assert parse_methods("gptq, gptq-nogar") == ["gptq", "gptq-nogar"]
     with pytest.raises(SystemExit, match="--tools takes"):
         parse_tools("ours,autogptq")
-    with pytest.raises(SystemExit, match="unknown gptq-gar"):
-        parse_methods("gptq,gptq-gar")
+    with pytest.raises(SystemExit, match="unknown gptq-gptaq"):
+        parse_methods("gptq,gptq-gptaq")
 
 
 def test_a_missing_peer_venv_is_one_line(tmp_path):
