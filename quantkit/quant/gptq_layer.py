@@ -60,6 +60,7 @@ class GPTQMethod:
             r = gptq_quantize(w, h, ctx.scheme, self.opts)
         except ArithmeticError as exc:
             raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
+        del h, w  # H was handed over (quantize_layer keeps none): it goes now, before the weights are dequantized
         sizes = [lin.weight.shape[0] for lin in linears]
         row_losses = r.row_losses.split(sizes)
         result.stats.setdefault("seconds", {})["+".join(names)] = round(time.perf_counter() - start, 4)

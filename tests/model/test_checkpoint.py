@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader
+from tests_support.peak_rss import peak_rss_kib, reset_peak_rss_kib
 
 
 def rss_file_kib() -> int:
@@ -121,19 +122,6 @@ def test_rows_are_the_tensors_rows_in_the_order_asked(tmp_path):
     save_file({"a": torch.tensor(1.0)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(QuantkitError, match="a has no rows"):
         ShardReader(tmp_path).rows("a", index)
-
-
-def reset_peak_rss_kib() -> int:
-    """Reset this process's peak RSS (VmHWM) to its RSS now (Linux 4.0+: clear_refs 5); returns it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pytest.skip("needs Linux /proc/self/clear_refs to reset the peak RSS")
-    return peak_rss_kib()
-
-
-def peak_rss_kib() -> int:
-    return int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
 
 
 def test_reading_rows_never_holds_the_table_nor_its_pages(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from quantkit.config import CalibConfig, QuantizeConfig
+from quantkit.format.primitives import QuantizedWeight
 from quantkit.quant import gptq_layer, pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -24,7 +25,7 @@ def calib(tmp_path_factory):
 
 
 @pytest.mark.parametrize("true_sequential", [False, True])
-def test_each_solve_sees_only_its_own_hessian_alive(tiny_llama, calib, tmp_path, monkeypatch, true_sequential):
+def test_each_solve_holds_its_own_hessian_and_none_past_it(tiny_llama, calib, tmp_path, monkeypatch, true_sequential):
     made: list[weakref.ref] = []
     empty_hessian = gptq_layer.empty_hessian
 
@@ -40,6 +41,14 @@ def test_each_solve_sees_only_its_own_hessian_alive(tiny_llama, calib, tmp_path,
         alive_at_solves.append(sum(ref() is not None for ref in made))
         return gptq_quantize(w, h, *args, **kwargs)
 
+    alive_at_dequantize: list[int] = []
+    dequantize = QuantizedWeight.dequantize
+
+    def spy_dequantize(qw):
+        alive_at_dequantize.append(sum(ref() is not None for ref in made))
+        return dequantize(qw)
+
+    monkeypatch.setattr(QuantizedWeight, "dequantize", spy_dequantize)
     monkeypatch.setattr(gptq_layer, "empty_hessian", spy_empty_hessian)
     monkeypatch.setattr(gptq_layer, "gptq_quantize", spy_gptq_quantize)
     out = tmp_path / "out"
@@ -51,3 +60,6 @@ def test_each_solve_sees_only_its_own_hessian_alive(tiny_llama, calib, tmp_path,
     # per layer: q/k/v stacked, o, gate/up stacked, down. One float run of the layer makes all four Hessians, and
     # each solve holds its own and those of the solves still to come; true-sequential makes each on its turn
     assert alive_at_solves == ([1] * 8 if true_sequential else [4, 3, 2, 1] * 2)
+    # and a solve's own Hessian is gone before its weights are dequantized back into the layer (q, k, v, o, gate, up,
+    # down); true-sequential collects the next group's after
+    assert alive_at_dequantize == ([0] * 14 if true_sequential else [3, 3, 3, 2, 1, 1, 0] * 2)
