@@ -1,5 +1,6 @@
 """What GPTQ's layer loop holds while it solves (quantkit.quant.gptq_layer): each Hessian is let go as soon as its
-linears are solved, so a layer's largest solve (down_proj's, the last) has no other group's Hessian beside it."""
+linears are solved, and the linears solved so far wait as integer weights, so a layer's largest solve (down_proj's,
+the last) has neither another group's Hessian nor the other linears' fp32 weights beside it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 import torch
 
 from quantkit.config import CalibConfig, QuantizeConfig
-from quantkit.format.primitives import QuantizedWeight
+from quantkit.format.arch import get_submodule
 from quantkit.quant import gptq_layer, pipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+LINEARS = [f"self_attn.{n}_proj" for n in "qkvo"] + [f"mlp.{n}_proj" for n in ("gate", "up", "down")]
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +40,24 @@ def test_each_solve_holds_its_own_hessian_and_none_past_it(tiny_llama, calib, tm
     alive_at_solves: list[int] = []
     gptq_quantize = gptq_layer.gptq_quantize
 
+    empty_at_solves: list[list[str]] = []  # the layer's linears holding no weight at each solve
+
     def spy_gptq_quantize(w, h, *args, **kwargs):
         alive_at_solves.append(sum(ref() is not None for ref in made))
+        empty_at_solves.append([n for n in LINEARS if get_submodule(layers[-1], n).weight.numel() == 0])
         return gptq_quantize(w, h, *args, **kwargs)
 
-    alive_at_dequantize: list[int] = []
-    dequantize = QuantizedWeight.dequantize
+    layers = []
+    quantize_layer = gptq_layer.GPTQMethod.quantize_layer
 
-    def spy_dequantize(qw):
-        alive_at_dequantize.append(sum(ref() is not None for ref in made))
-        return dequantize(qw)
+    def spy_quantize_layer(self, ctx):
+        layers.append(ctx.layer)
+        out = quantize_layer(self, ctx)
+        for name, qw in out.weights.items():  # the method's contract: dequantized weights back in the layer
+            assert torch.equal(get_submodule(ctx.layer, name).weight.data, qw.dequantize())
+        return out
 
-    monkeypatch.setattr(QuantizedWeight, "dequantize", spy_dequantize)
+    monkeypatch.setattr(gptq_layer.GPTQMethod, "quantize_layer", spy_quantize_layer)
     monkeypatch.setattr(gptq_layer, "empty_hessian", spy_empty_hessian)
     monkeypatch.setattr(gptq_layer, "gptq_quantize", spy_gptq_quantize)
     out = tmp_path / "out"
@@ -60,6 +69,8 @@ def test_each_solve_holds_its_own_hessian_and_none_past_it(tiny_llama, calib, tm
     # per layer: q/k/v stacked, o, gate/up stacked, down. One float run of the layer makes all four Hessians, and
     # each solve holds its own and those of the solves still to come; true-sequential makes each on its turn
     assert alive_at_solves == ([1] * 8 if true_sequential else [4, 3, 2, 1] * 2)
-    # and a solve's own Hessian is gone before its weights are dequantized back into the layer (q, k, v, o, gate, up,
-    # down); true-sequential collects the next group's after
-    assert alive_at_dequantize == ([0] * 14 if true_sequential else [3, 3, 3, 2, 1, 1, 0] * 2)
+    # the linears being solved and (until the layer runs again) those solved before hold no fp32 weight meanwhile
+    if true_sequential:
+        assert empty_at_solves == [LINEARS[:3], LINEARS[3:4], LINEARS[4:6], LINEARS[6:]] * 2
+    else:
+        assert empty_at_solves == [LINEARS[:3], LINEARS[:4], LINEARS[:6], LINEARS] * 2
