@@ -41,9 +41,20 @@ def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.
     step = -(-k // HESSIAN_COLUMN_BLOCKS)
     for i in range(0, k, step):
         h[i:, i:i + step].addmm_(x[:, i:].T, x[:, i:i + step], beta=n / (n + m), alpha=2.0 / (n + m))
-    lower = h.tril()
-    h.copy_(lower + lower.tril(-1).T)
+    mirror_lower(h, step)
     return h, n + m
+
+
+def mirror_lower(h: torch.Tensor, step: int) -> None:
+    """h [K, K] made symmetric in place from its lower triangle, diagonal blocks of `step` at a time: the same numbers
+    as h.tril() + h.tril(-1).T, with temporaries of a diagonal block's size, where that form makes three of K x K
+    (2.3 GiB at K = 14336, an 8B model's down_proj, on every calibration batch)."""
+    k = h.shape[0]
+    for i in range(0, k, step):
+        j = min(i + step, k)
+        h[i:j, j:].copy_(h[j:, i:j].T)  # the strict upper triangle right of the block, from below it
+        block = h[i:j, i:j]
+        block.copy_(block.tril() + block.tril(-1).T)
 
 
 @dataclass(frozen=True)
