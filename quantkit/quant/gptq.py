@@ -27,23 +27,32 @@ def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch
     return torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
 
 
-HESSIAN_COLUMN_BLOCKS = 4  # H's lower triangle in this many column blocks: ~35% fewer multiply-adds than X^T X
+HESSIAN_COLUMN_BLOCKS = 8  # H's lower triangle in this many column blocks: (1 + 1/8) / 2 of X^T X's multiply-adds
 
 
 def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Running H = 2/n * sum x x^T in h's dtype. x: [..., K] (any float dtype); returns (H, new n).
 
     H is symmetric, so only its lower triangle is multiplied out, one column block at a time
-    (each block from the diagonal down, one GEMM each), then mirrored: the same numbers as the
-    full X^T X below the diagonal, bit for bit, for about 65% of its work at K = 768."""
+    (each block from the diagonal down, one GEMM each), then mirrored block by block: about 56% of X^T X's
+    work, and no K x K temporary."""
     x = x.reshape(-1, x.shape[-1]).to(h.dtype)
     m, k = x.shape
     step = -(-k // HESSIAN_COLUMN_BLOCKS)
     for i in range(0, k, step):
         h[i:, i:i + step].addmm_(x[:, i:].T, x[:, i:i + step], beta=n / (n + m), alpha=2.0 / (n + m))
-    lower = h.tril()
-    h.copy_(lower + lower.tril(-1).T)
+    mirror_lower(h, step)
     return h, n + m
+
+
+def mirror_lower(h: torch.Tensor, step: int) -> None:
+    """h [K, K]'s upper triangle becomes its strict lower triangle's transpose, in place, `step` rows at a time."""
+    k = h.shape[0]
+    for i in range(0, k, step):
+        j = min(i + step, k)
+        h[i:j, j:].copy_(h[j:, i:j].T)
+        block = h[i:j, i:j]
+        block.copy_(block.tril() + block.tril(-1).T)
 
 
 @dataclass(frozen=True)
