@@ -245,9 +245,11 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
                 x = w1[i] if i == s1 else torch.addmv(w1[i], err1[s1:i].T, u1[s1:i, i], alpha=-1)  # [N]
                 _quantize_row(x, scale, zero, scheme.maxq, diag[col], codes[col], err1[i])
             if s2 < i2 - i1:
-                w1[s2:] -= u1[s1:s2, s2:].T @ err1[s1:s2]  # [B - s2, S] @ [S, N]
+                w1[s2:].addmm_(u1[s1:s2, s2:].T, err1[s1:s2], alpha=-1)  # [B - s2, S] @ [S, N], in place
         losses += err1.square().sum(0) / 2
-        wt[i2:] -= u[i1:i2, i2:].T @ err1  # [K - i2, B] @ [B, N]
+        # [K - i2, B] @ [B, N] in place: the same bits as `-= ... @ ...` without a [K - i2, N] temporary (235 MB
+        # at an 8B down_proj's first block), 2-3x faster
+        wt[i2:].addmm_(u[i1:i2, i2:].T, err1, alpha=-1)
     return codes, losses
 
 
