@@ -35,7 +35,8 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_int import int4_linear, repack_int4
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import amx_kernel, bf16_kernel, dense_threshold, int4_blocked_linear, repack
+    from quantkit.kernels.int4_cpu import (amx_kernel, bf16_kernel, dense_threshold, direct_call, int4_blocked_linear,
+                                           q8_kernel, repack)
 
     linear = torch.nn.Linear(k, n, bias=False)
     p = pack(rtn_quantize(linear.weight.detach(), QuantScheme(4, group_size, True)), "gptq")
@@ -47,8 +48,10 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     kernel = ("AMX tiles where they apply, else AVX-512 BF16" if amx else "AVX-512 BF16") if kernel_bf16 else "AVX2"
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; kernel: {kernel}, "
           f"dense tiles from M = {threshold}")
+    # bf16 x: also the int8-activation kernel (W4A8, `--cpu-int8-activations`) at every M, where it builds
+    q8 = direct_call(ours, "q8", max(ms) + 1) if dtype == torch.bfloat16 and q8_kernel(ours) else None
     print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'dense prepacked':>15} "
-          f"{'dense/ours':>10} {'int4pack/ours':>13}  picks")
+          f"{'dense/ours':>10} {'int4pack/ours':>13}" + (f" {'W4A8':>9} {'ours/W4A8':>9}" if q8 else "") + "  picks")
     for m in ms:
         x = torch.randn(m, k).to(dtype)
         kern = _time(lambda: int4_blocked_linear(x, ours, None, dense_from_m=m + 1), reps)
@@ -59,7 +62,8 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
         picks = "kernel" if m < threshold else "dense-tile"
         tp_s = f"{tp:>14.3f}" if tp is not None else f"{'-':>14}"
         ratio = f"{tp / best:>13.1f}" if tp is not None else f"{'-':>13}"
-        print(f"{m:>5} {kern:>9.3f} {tiles:>15.3f} {tp_s} {fp:>15.3f} {fp / best:>10.2f} {ratio}  {picks}",
+        w4a8 = f" {(q := _time(lambda: q8(x), reps)):>9.3f} {best / q:>9.2f}" if q8 else ""
+        print(f"{m:>5} {kern:>9.3f} {tiles:>15.3f} {tp_s} {fp:>15.3f} {fp / best:>10.2f} {ratio}{w4a8}  {picks}",
               flush=True)
 
 

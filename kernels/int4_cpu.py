@@ -48,6 +48,12 @@ DENSE_FROM_M_BF16_KERNEL = 160
 # bf16 tiles (bf16_dot_linear on AMX too) from 256 rows over the benchmark model's linears (808 against 838 GMAC/s; 797
 # against 913 at 384; measured at commit e02ec4c, python -m quantkit.bench.int4_tiles --switch amx; docs/cpu-kernels.md).
 DENSE_FROM_M_AMX = 256
+# With int8 activations asked (W4A8) and no AMX, the VNNI kernel's 64 multiply-adds an instruction stay ahead of the
+# dense tiles' bf16 GEMM at every M: 310-385 against 186-219 GMAC/s from M = 64 to 2048 on Llama-3.2-1B's linears
+# (python benchmarks/int4_cpu.py --dtype bfloat16 --shapes 16384x2048,2048x8192,3072x2048 --ms 64,160,512,2048,
+# EPYC BF16; docs/BENCHMARKS.md), so its direct call takes prefill chunks too. With AMX the dense tiles keep large M
+# (DENSE_FROM_M_AMX; the VNNI kernel against AMX's bf16 tiles is not measured).
+NEVER_DENSE = 1 << 62
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 

@@ -5,8 +5,9 @@ and `quantkit env` prints the table with what each row needs on this CPU.
 
 The rows, best first:
   W4A8            4-bit, bf16 activations, int8 activations asked (EngineConfig.cpu_int8_activations), the AVX-512
-                  VNNI + VBMI kernel built, groups in fours; decode-sized batches of a linear without bias or
-                  act-order go straight to it (x rounded to int8 per row and group)
+                  VNNI + VBMI kernel built, groups in fours; batches of a linear without bias or act-order go
+                  straight to it (x rounded to int8 per row and group): every batch, prefill chunks too, unless
+                  AMX tiles are granted (then decode-sized ones, the dense AMX tiles above)
   int4 AMX        4-bit, bf16 activations, AMX tiles granted, groups of whole 32-column tile steps
   int4 BF16       4-bit, bf16 activations, the AVX-512 BF16 kernel built, even groups
   int4 AVX2       4-bit, quantkit's int4 extension loaded (fp32 activations, or bf16 widened to fp32)
@@ -121,7 +122,9 @@ def _dense_avx2(case: LinearCase) -> int:
 
 
 def _dense_q8(case: LinearCase) -> int:
-    return int4_cpu.dense_threshold(torch.bfloat16, bf16_kernel=True, amx=_amx(case) is None and case.group_size % 32 == 0)
+    if _amx(case) is not None:
+        return int4_cpu.NEVER_DENSE  # the VNNI kernel beats bf16 dense tiles at every M without AMX
+    return int4_cpu.dense_threshold(torch.bfloat16, bf16_kernel=True, amx=case.group_size % 32 == 0)
 
 
 INT4 = (_bits(4), _loaded)

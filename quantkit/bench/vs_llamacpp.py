@@ -1,8 +1,9 @@
 """quantkit's engine against llama.cpp (llama-cpp-python) at batch 1: same model, prompt and threads, one sitting.
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
-                                       [--model DIR --gptq DIR] [--gguf-dir DIR] [--quantized-only] [--int8-activations]
-  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--vllm-venv VENV] ...
+                                       [--model DIR --gptq DIR] [--gguf-dir DIR] [--quantized-only] [--int8-activations [only]]
+  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--int8-activations]
+                                       [--vllm-venv VENV] ...
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
 16 heads, 8 KV heads, vocab 32000, bf16 safetensors) and its 4-bit checkpoint (RTN, symmetric,
@@ -23,11 +24,11 @@ from a streamed F16 GGUF rather than an F32 one.
 
 --ttft: the time-to-first-token table instead. Batch 1, one fresh random prompt of each length a round (no prefix
 cache can answer it), max_tokens 1, every system once a round in alternating order: quantkit's engine on the 4-bit
-checkpoint (wall time of `generate`; with --bf16 also the float model), llama.cpp on each of --quants (one worker
-each; its own timing of the prompt's evaluation and argmax), vLLM's CPU build on the same 4-bit checkpoint with
---vllm-venv (its worker's timing of `generate`; stopped between its jobs, since idle it spins). Resident memory of
-each process after load and at the end; quantkit and llama.cpp hold the same KV cache (context = longest prompt + 64,
-16-bit), vLLM its least pool, 1 GiB.
+checkpoint (wall time of `generate`; with --int8-activations also in W4A8, with --bf16 also the float model),
+llama.cpp on each of --quants (one worker each; its own timing of the prompt's evaluation and argmax), vLLM's CPU
+build on the same 4-bit checkpoint with --vllm-venv (its worker's timing of `generate`; stopped between its jobs,
+since idle it spins). Resident memory of each process after load and at the end; quantkit and llama.cpp hold the same
+KV cache (context = longest prompt + 64, 16-bit), vLLM its least pool, 1 GiB.
 """
 
 from __future__ import annotations
@@ -212,9 +213,11 @@ def compare(args, tmp: Path) -> None:
     ours = {} if args.quantized_only else {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
     if auto != "float32" and not args.quantized_only:
         ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
+    w4a8 = args.int8_activations and auto == "bfloat16"  # W4A8: activations in int8, as llama.cpp's Q4 types
     for label, path in gptq.items():
-        ours[f"quantkit {label}, {auto}"] = Quantkit(path, auto, args.threads)
-        if args.int8_activations and auto == "bfloat16":  # W4A8: activations in int8, as llama.cpp's Q4 types
+        if not (w4a8 and args.int8_activations == "only"):
+            ours[f"quantkit {label}, {auto}"] = Quantkit(path, auto, args.threads)
+        if w4a8:
             ours[f"quantkit {label}, W4A8"] = Quantkit(path, auto, args.threads, int8_activations=True)
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
@@ -291,9 +294,15 @@ def ttft_systems(args, tmp: Path, n_ctx: int) -> tuple[dict[str, Held], list]:
     kv = kv_bytes_per_token(dense) * n_ctx
     same = f"{n_ctx} tokens, {kv / MiB:.0f} MiB"
     auto, held, closing = auto_cpu_dtype()[0], {}, []
-    for label, model, dtype in [("4-bit GPTQ", checkpoint, auto)] + ([("bf16", dense, "bfloat16")] if args.bf16 else []):
-        q = Quantkit(model, dtype, args.threads, n_ctx=n_ctx, kv_cache_memory=kv)
-        note = "" if label == "4-bit GPTQ" else "; the process also holds the 4-bit model"
+    w4a8 = args.int8_activations and auto == "bfloat16"  # W4A8: activations in int8, as llama.cpp's Q4 types
+    systems = [] if w4a8 and args.int8_activations == "only" else [("4-bit GPTQ", checkpoint, auto, False)]
+    if w4a8:
+        systems.append(("4-bit GPTQ, W4A8", checkpoint, auto, True))
+    if args.bf16:
+        systems.append(("bf16", dense, "bfloat16", False))
+    for i, (label, model, dtype, int8) in enumerate(systems):
+        q = Quantkit(model, dtype, args.threads, int8_activations=int8, n_ctx=n_ctx, kv_cache_memory=kv)
+        note = "; the process also holds the models above" if i else ""
         held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{same}, {dtype}{note}", rss_bytes())
     python = Path(args.llamacpp_venv) / "bin" / "python"
     for kind in (k for k in ggufs if k != "F32"):
@@ -379,8 +388,9 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="--ttft: also quantkit's engine on the float model in bf16")
     ap.add_argument("--vllm-venv", help="--ttft: also vLLM's CPU build (in this venv) on the 4-bit checkpoint")
     ap.add_argument("--vllm-log", default="out/vllm-ttft.log", help="where vLLM's log goes")
-    ap.add_argument("--int8-activations", action="store_true",
-                    help="also each 4-bit checkpoint with --cpu-int8-activations (bf16 CPUs)")
+    ap.add_argument("--int8-activations", nargs="?", const="also", choices=("also", "only"),
+                    help="also (or, `only`, instead of W4A16) each 4-bit checkpoint with --cpu-int8-activations "
+                         "(bf16 CPUs): two 8B engines in one process do not fit 24 GiB beside llama.cpp")
     args = ap.parse_args()
     if bool(args.model) != bool(args.gptq):
         raise SystemExit("--model and --gptq go together")

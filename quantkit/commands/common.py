@@ -22,8 +22,9 @@ def cpu_int8_activations_option(make: Callable = typer.Option):
     """`--cpu-int8-activations` of generate and serve (EngineConfig.cpu_int8_activations); `make`: typer.Option, or
     flags.option for a field of a flags dataclass."""
     return make(False, "--cpu-int8-activations/--no-cpu-int8-activations",
-                        help="CPU, bf16, 4-bit checkpoints: decode batches round activations to int8 per row and "
-                             "group (W4A8 on AVX-512 VNNI, as llama.cpp). Off: W4A16, the checkpoint's arithmetic.")
+                        help="CPU, bf16, 4-bit checkpoints: the 4-bit linears round activations to int8 per row and "
+                             "group (W4A8 on AVX-512 VNNI, as llama.cpp), prefill too except on AMX CPUs. Off: W4A16, "
+                             "the checkpoint's arithmetic.")
 
 
 def cpu_int8_lm_head_option(make: Callable = typer.Option):

@@ -29,8 +29,9 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch intra-op threads (None: leave torch's setting)
-    # CPU, bf16, 4-bit checkpoints: decode batches round the activations to int8 per row and group and run
-    # the W4A8 kernel (AVX-512 VNNI), as llama.cpp's Q8 activations; off: W4A16, the checkpoint's arithmetic
+    # CPU, bf16, 4-bit checkpoints: the 4-bit linears round the activations to int8 per row and group and run
+    # the W4A8 kernel (AVX-512 VNNI), as llama.cpp's Q8 activations, prefill chunks too except where AMX tiles
+    # take them (kernels/linear_choice.py); off: W4A16, the checkpoint's arithmetic
     cpu_int8_activations: bool = False
     # CPU, bf16: a float lm_head held in int8, symmetric per row and group of 128 columns (kernels/int8_cpu.py):
     # half the bytes a decode step reads for it. None (auto): on for checkpoints whose linears are quantized,

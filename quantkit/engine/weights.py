@@ -33,7 +33,7 @@ EMBED = "model.embed_tokens.weight"
 def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, int8_activations: bool = False,
                  int8_lm_head: bool | None = None) -> tuple[Decoder, QuantInfo | None]:
     """The decoder with every weight of the checkpoint `source` loaded, in eval mode on `device`
-    (`int8_activations`: the 4-bit linears' decode batches run W4A8 on CPU, QuantLinear.repack_for_cpu;
+    (`int8_activations`: the 4-bit linears run W4A8 on CPU, QuantLinear.repack_for_cpu;
     `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing;
     None: where the checkpoint's linears are quantized, see `int8_head_wanted`)."""
     path, info, reader = source.path, source.quant, source.reader

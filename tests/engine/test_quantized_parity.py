@@ -66,7 +66,7 @@ def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
 
 @pytest.mark.slow
 def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir):
-    """EngineConfig.cpu_int8_activations: every quantized linear's decode call runs the W4A8 kernel, and the
+    """EngineConfig.cpu_int8_activations: every quantized linear's decode call (and prefill, without AMX) runs the W4A8 kernel, and the
     greedy tokens stay those of the W4A16 engine but for near-ties."""
     from quantkit.kernels import int4_cpu
     from quantkit.model.quant_linear import QuantLinear
@@ -81,6 +81,8 @@ def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir):
         llm = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=16, cpu_int8_activations=int8)
         linears = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
         assert linears and all(m._direct is not None and m._direct.int8_activations == int8 for m in linears)
+        if int8 and not int4_cpu.amx_kernel(linears[0]._cpu):  # without AMX, prefill chunks run W4A8 as well
+            assert all(m._direct.max_m == int4_cpu.NEVER_DENSE for m in linears)
         runs[int8] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     same_first = sum(a[0] == b[0] for a, b in zip(runs[False], runs[True]))
     assert same_first >= 14, (same_first, runs)

@@ -77,7 +77,7 @@ def test_q8_kernel_rejects_groups_not_in_fours(q8):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("m", [1, 7, 200])  # the direct call below the dense crossover, then dense tiles (W4A16)
+@pytest.mark.parametrize("m", [1, 7, 200])  # W4A8 at every M without AMX; with AMX dense tiles (W4A16) from 256 rows
 def test_quantlinear_with_int8_activations_runs_the_q8_kernel_fused_or_not(q8, m):
     from quantkit.model.quant_linear import QuantLinear
 

@@ -44,7 +44,9 @@ def test_the_choice_agrees_with_the_kernels_predicates(case):
     name = "AVX-512 VNNI int8-activation" if q8 else "AMX + AVX-512 BF16" if amx else "AVX-512 BF16" if bf16 \
         else "AVX2"
     assert choice.cpu_path == f"int4 (quantkit {name} kernel)"
-    assert choice.dense_from_m == int4_cpu.dense_threshold(case.dtype, bf16, amx)
+    # W4A8 without AMX: the VNNI kernel takes every M (prefill chunks too); else the kernel's own crossover
+    want = int4_cpu.NEVER_DENSE if q8 and not amx else int4_cpu.dense_threshold(case.dtype, bf16, amx)
+    assert choice.dense_from_m == want
     assert choice.direct == (None if not bf16 or case.bias or case.act_order else "q8" if q8 else "bf16")
 
 
