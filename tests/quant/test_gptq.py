@@ -182,6 +182,28 @@ def test_damping_is_raised_when_cholesky_fails(caplog):
 
 
 @pytest.mark.parametrize("act_order", [False, True])
+def test_a_consumed_hessian_receives_the_factor_and_nothing_else_changes(act_order):
+    """consume_h (the layer loop's hand-over): H's storage holds the factor afterwards, so a solve holds one K x K
+    fp32 matrix beside the float64 buffer, not two; the result is the same bit for bit. Without it H is untouched."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    x = correlated_inputs(96, 512)
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(2))
+    scheme, opts = QuantScheme(4, 32, True), GPTQOptions(act_order=act_order)
+    h = hessian(x)
+    kept, handed = h.clone(), h.clone()
+    a = gptq_quantize(w, kept, scheme, opts)
+    b = gptq_quantize(w, handed, scheme, opts, consume_h=True)
+    assert torch.equal(kept, h)
+    assert torch.equal(a.weight.qweight, b.weight.qweight) and torch.equal(a.weight.scales, b.weight.scales)
+    assert torch.equal(a.row_losses, b.row_losses)
+    if not act_order:  # (act-order factors a permuted copy: the caller's H is left as it was)
+        assert torch.equal(handed, inverse_hessian_cholesky(h, opts.damp, 0)[0])
+    else:
+        assert torch.equal(handed, h)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
 def test_stacked_rows_quantize_as_each_linear_alone(act_order):
     # q/k/v (or gate/up) share H: quantized stacked, each block of rows is what it would be alone
     x = correlated_inputs(128, 2048)
