@@ -38,3 +38,9 @@ def per_round(rates: Sequence[float], base: Sequence[float]) -> str:
         q1, _, q3 = statistics.quantiles(ratios, n=4)
         text += f", quartiles {q1:.2f}-{q3:.2f}x"
     return text
+
+
+def add_round_options(ap, rounds: int, threads: int) -> None:
+    """--rounds and --threads, as a one-process benchmark that alternates its variants takes them."""
+    ap.add_argument("--rounds", type=int, default=rounds, help="alternating rounds, every variant once a round")
+    ap.add_argument("--threads", type=int, default=threads, help="torch threads")

@@ -41,8 +41,26 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
+# codes packed per step: the int64 words are made in slices of about this many codes, so their temporaries stay near
+# 4 x 8 bytes each (128 MiB) whatever the weight (at once they were ~24 bytes a code: 1.4 GB for an 8B down_proj)
+PACK_STEP_CODES = 1 << 22
+
+
+def _in_slices(pack_slice, codes: torch.Tensor, dim: int) -> torch.Tensor:
+    """pack_slice applied to slices of `codes` [R, C] along `dim` (independent of each other), joined along it."""
+    across = codes.shape[1 - dim]
+    step = max(1, PACK_STEP_CODES // max(across, 1))
+    if codes.shape[dim] <= step:
+        return pack_slice(codes)
+    return torch.cat([pack_slice(part) for part in codes.split(step, dim=dim)], dim=dim)
+
+
 def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack along dim 0: codes [R, C] -> int32 [R / pf, C]; row pf*r+j goes to bits bits*j.. of word r."""
+    return _in_slices(lambda part: _pack_rows(part, bits), codes, dim=1)
+
+
+def _pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     pf = pack_factor(bits)
     r, c = codes.shape
     shifts = (torch.arange(pf, dtype=torch.int64, device=codes.device) * bits).view(1, pf, 1)
@@ -64,6 +82,10 @@ def pack_cols(codes: torch.Tensor, bits: int, order: tuple[int, ...] | None = No
     Without `order`, column pf*c+j goes to bits bits*j (GPTQ qzeros). With `order` (AWQ), the
     value of column pf*c + order[i] goes to bits bits*i.
     """
+    return _in_slices(lambda part: _pack_cols(part, bits, order), codes, dim=0)
+
+
+def _pack_cols(codes: torch.Tensor, bits: int, order: tuple[int, ...] | None) -> torch.Tensor:
     pf = pack_factor(bits)
     r, c = codes.shape
     grouped = codes.to(torch.int64).view(r, c // pf, pf)

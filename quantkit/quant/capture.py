@@ -37,8 +37,10 @@ class _Recorder(nn.Module):
 
 
 def capture_layer_inputs(base_model: nn.Module, layers: nn.ModuleList, input_ids: torch.Tensor,
-                         device: torch.device) -> tuple[list[torch.Tensor], list[dict]]:
-    """Run the embedding part of `base_model` (e.g. LlamaModel) on each row of input_ids [n, seq].
+                         device: torch.device, embed: Callable[[torch.Tensor], torch.Tensor] | None = None
+                         ) -> tuple[list[torch.Tensor], list[dict]]:
+    """Run the embedding part of `base_model` (e.g. LlamaModel) on each row of input_ids [n, seq]; with `embed`
+    (ids [1, seq] -> [1, seq, hidden]) the model gets embed(row) as its inputs_embeds instead of the ids.
 
     Returns one [1, seq, hidden] fp32 tensor per sample (layer 0's input) and, per layer, the keyword
     arguments the model passes it on the last call: RoPE, mask, positions. All samples share seqlen, so
@@ -54,8 +56,10 @@ def capture_layer_inputs(base_model: nn.Module, layers: nn.ModuleList, input_ids
     try:
         with torch.no_grad():
             for row in input_ids:
+                ids = row.unsqueeze(0).to(device)
+                fed = {"input_ids": ids} if embed is None else {"inputs_embeds": embed(ids)}
                 try:
-                    base_model(input_ids=row.unsqueeze(0).to(device), use_cache=False)
+                    base_model(**fed, use_cache=False)
                 except _Captured:
                     pass
     finally:

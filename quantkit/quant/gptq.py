@@ -30,23 +30,34 @@ def empty_hessian(in_features: int, device: torch.device | str = "cpu") -> torch
     return torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
 
 
-HESSIAN_COLUMN_BLOCKS = 4  # H's lower triangle in this many column blocks: ~35% fewer multiply-adds than X^T X
+HESSIAN_COLUMN_BLOCKS = 8  # H's lower triangle in this many column blocks: (1 + 1/8) / 2 of X^T X's multiply-adds
 
 
 def accumulate_hessian(h: torch.Tensor, n: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Running H = 2/n * sum x x^T in h's dtype. x: [..., K] (any float dtype); returns (H, new n).
 
     H is symmetric, so only its lower triangle is multiplied out, one column block at a time
-    (each block from the diagonal down, one GEMM each), then mirrored: the same numbers as the
-    full X^T X below the diagonal, bit for bit, for about 65% of its work at K = 768."""
+    (each block from the diagonal down, one GEMM each), then mirrored block by block: about 56% of X^T X's
+    work, and no K x K temporary."""
     x = x.reshape(-1, x.shape[-1]).to(h.dtype)
     m, k = x.shape
     step = -(-k // HESSIAN_COLUMN_BLOCKS)
     for i in range(0, k, step):
         h[i:, i:i + step].addmm_(x[:, i:].T, x[:, i:i + step], beta=n / (n + m), alpha=2.0 / (n + m))
-    lower = h.tril()
-    h.copy_(lower + lower.tril(-1).T)
+    mirror_lower(h, step)
     return h, n + m
+
+
+def mirror_lower(h: torch.Tensor, step: int) -> None:
+    """h [K, K] made symmetric in place from its lower triangle, diagonal blocks of `step` at a time: the same numbers
+    as h.tril() + h.tril(-1).T, with temporaries of a diagonal block's size, where that form makes three of K x K
+    (2.3 GiB at K = 14336, an 8B model's down_proj, on every calibration batch)."""
+    k = h.shape[0]
+    for i in range(0, k, step):
+        j = min(i + step, k)
+        h[i:j, j:].copy_(h[j:, i:j].T)  # the strict upper triangle right of the block, from below it
+        block = h[i:j, i:j]
+        block.copy_(block.tril() + block.tril(-1).T)
 
 
 @dataclass(frozen=True)
@@ -89,30 +100,76 @@ def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
     return out
 
 
-def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors.
+REVERSE_ROWS = 64  # rows per chunk when a K x K matrix is reversed into another: a chunk-sized temporary
+TRI_INV_LEAF = 128  # a lower-triangular block this small is inverted by one solve against the identity
+TRI_INV_STRIP = 2048  # rows / columns per triangular solve on an off-diagonal block: a strip-sized temporary
 
-    Factorized in float64 (thread-count independent once rounded), returned in H's dtype. One float64 K x K buffer
-    is factored, inverted and factored again in place (LAPACK's potrf, potri, potrf work in place): at K = 14336
-    (an 8B model's down_proj) each such buffer is 1.5 GiB, and three of them lived at once before."""
+
+def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, float]:
+    """Upper U with U^T U = (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors. `out` [K, K] of H's
+    dtype receives U; it may be h itself, which is read only until the factor succeeds (a caller done with H then
+    holds one K x K fp32 matrix through the factor, not two: 0.77 GiB at K = 14336).
+
+    With J the reversal permutation, J H J = L L^T (one potrf) gives H = R R^T with R = J L J upper, so
+    U = R^-1 = J L^-1 J: one Cholesky and one triangular inverse, about 2/3 K^3 flops, where the chain
+    cholesky, cholesky_inverse, cholesky (upper) takes 4/3 K^3 (at K = 14336, an 8B model's down_proj, 76 s a
+    layer at 2 threads). In float64, returned in H's dtype: MKL's potrf differs in its last float64 bits between
+    thread counts, as the chain does, and rounding hides nearly all of it (K = 4096: 4 of 16.7M fp32 entries differ
+    between 1 and 2 threads, the chain's 5; no GPTQ code changes). The work lives in one float64 K x K buffer
+    (1.5 GiB at K = 14336) and strip-sized temporaries."""
     out_dtype = h.dtype
-    diag = h.diagonal().to(torch.float64)
+    k = h.shape[0]
+    diag = h.diagonal().to(torch.float64).flip(0)
     mean_diag = torch.mean(diag)
     info = torch.empty((), dtype=torch.int32, device=h.device)
+    buf = torch.empty(k, k, dtype=torch.float64, device=h.device)
     for attempt in range(max_retries + 1):
-        # column-major (H is symmetric: its transpose is H), the layout LAPACK works on, so no call copies it
-        a = h.to(torch.float64, copy=True).mT
+        _reverse_into(buf, h)  # J H J, symmetric
+        a = buf.mT  # column-major, the layout LAPACK works on, so no call copies it
         a.diagonal().copy_(diag + damp * mean_diag)
-        torch.linalg.cholesky_ex(a, out=(a, info))  # a = L, lower
+        torch.linalg.cholesky_ex(a, out=(a, info))  # a = L, lower (upper triangle zeroed)
         if info == 0:
-            torch.cholesky_inverse(a, out=a)  # a = (L L^T)^-1
-            torch.linalg.cholesky_ex(a, upper=True, out=(a, info))  # a = U
-            if info == 0:
-                return a.to(out_dtype), damp
-        del a
+            invert_lower_in_place(a)  # a = L^-1
+            u = torch.empty(k, k, dtype=out_dtype, device=h.device) if out is None else out
+            _reverse_into(u, a)  # U = J L^-1 J, upper (h is no longer read)
+            return u, damp
         log.warning("GPTQ: Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
         damp *= 10
     raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")
+
+
+def _reverse_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst = J src J (rows and columns reversed) [K, K], converted to dst's dtype, `REVERSE_ROWS` rows at a time."""
+    k = src.shape[0]
+    for i in range(0, k, REVERSE_ROWS):
+        j = min(i + REVERSE_ROWS, k)
+        dst[i:j].copy_(src[k - j : k - i].flip(0, 1))
+
+
+def invert_lower_in_place(t: torch.Tensor) -> None:
+    """t [K, K] lower triangular (zero above the diagonal) becomes t^-1, by recursive halving (torch has no trtri):
+
+        [[A, 0], [B, C]]^-1 = [[A^-1, 0], [-C^-1 B A^-1, C^-1]]
+
+    The off-diagonal block is two triangular solves with A and C, taken before they are inverted in turn: K^3/3
+    flops in all, as LAPACK's trtri, where a solve against the identity takes K^3. Each solve runs on a strip of
+    rows (B A^-1: row by row) or of columns (C^-1 Z: column by column), so no temporary is a quarter of t."""
+    k = t.shape[0]
+    if k <= TRI_INV_LEAF:
+        eye = torch.eye(k, dtype=t.dtype, device=t.device)
+        t.copy_(torch.linalg.solve_triangular(t, eye, upper=False))
+        return
+    m = k // 2
+    a, b, c = t[:m, :m], t[m:, :m], t[m:, m:]
+    for r in range(0, k - m, TRI_INV_STRIP):
+        rows = b[r : r + TRI_INV_STRIP]  # B A^-1 = (A^-T B^T)^T: a left solve, which reads A in place (a right
+        rows.copy_(torch.linalg.solve_triangular(a.mT, rows.mT, upper=True).mT)  # solve would copy it)
+    for q in range(0, m, TRI_INV_STRIP):
+        cols = b[:, q : q + TRI_INV_STRIP]
+        cols.copy_(torch.linalg.solve_triangular(c, cols, upper=False)).neg_()  # -C^-1 (B A^-1)
+    invert_lower_in_place(a)
+    invert_lower_in_place(c)
 
 
 def group_params_fn(scheme: QuantScheme, search: str, diag: torch.Tensor):
@@ -128,10 +185,13 @@ def group_params_fn(scheme: QuantScheme, search: str, diag: torch.Tensor):
     return params
 
 
-def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions) -> GPTQResult:
-    """Quantize W [N, K] against Hessian H [K, K]. Returns codes in the original column order."""
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions,
+                  consume_h: bool = False) -> GPTQResult:
+    """Quantize W [N, K] against Hessian H [K, K]. Returns codes in the original column order. `consume_h`: the
+    caller is done with H, whose storage then receives the inverse Hessian's factor (else H stays as it is)."""
     w = w.detach().float().clone()
-    h = h.detach().float()  # not copied unless a dead column must be patched: the caller's H stays as it is
+    given = h
+    h = h.detach().float()  # not copied unless a dead column must be patched or H is not fp32
     n, k = w.shape
     gsize = scheme.group_len(k)
     dead = torch.diag(h) == 0
@@ -158,7 +218,9 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     if opts.act_order or opts.act_group_aware:
         w, h = w[:, perm], h[perm][:, perm]
     params = group_params_fn(scheme, opts.scale_search, torch.diag(h).clone())  # permuted order, undamped
-    u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries)
+    own = consume_h or h.data_ptr() != given.data_ptr()  # H handed over, or a copy made here
+    del given
+    u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries, out=h if own else None)
     del h
 
     # The loop runs on W^T [K, N]: a column of W is then a contiguous row, which on CPU makes the
@@ -210,9 +272,11 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
                 x = w1[i] if i == s1 else torch.addmv(w1[i], err1[s1:i].T, u1[s1:i, i], alpha=-1)  # [N]
                 _quantize_row(x, scale, zero, scheme.maxq, diag[col], codes[col], err1[i])
             if s2 < i2 - i1:
-                w1[s2:] -= u1[s1:s2, s2:].T @ err1[s1:s2]  # [B - s2, S] @ [S, N]
+                w1[s2:].addmm_(u1[s1:s2, s2:].T, err1[s1:s2], alpha=-1)  # [B - s2, S] @ [S, N], in place
         losses += err1.square().sum(0) / 2
-        wt[i2:] -= u[i1:i2, i2:].T @ err1  # [K - i2, B] @ [B, N]
+        # [K - i2, B] @ [B, N] in place: the same bits as `-= ... @ ...` without a [K - i2, N] temporary (235 MB
+        # at an 8B down_proj's first block), 2-3x faster
+        wt[i2:].addmm_(u[i1:i2, i2:].T, err1, alpha=-1)
     return codes, losses
 
 

@@ -32,11 +32,19 @@ class GPTQMethod:
         return groups if self.cfg.true_sequential else [[n for g in groups for n in g]]
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult:
+        """Every group's linears solved; a solved linear's dequantized weight goes back into the layer only before the
+        layer runs again (true-sequential) or at the end: until then its integer weight (a byte a weight) stands for
+        it, so the layer's later solves (an 8B model's down_proj, the largest) do not have the earlier linears beside
+        them in fp32 (0.6 GiB at that shape)."""
         result = LayerResult(weights={})
+        solved: list[str] = []
         for names in self.sequential_groups(ctx):
+            _dequantize_into_layer(ctx, result, solved)
             hessians = self._collect_hessians(ctx, names)
-            for stack in _shared_input_stacks(ctx, names):
-                self._quantize_stack(ctx, stack, hessians[stack[0]], result)
+            for stack in _shared_input_stacks(ctx, names):  # each Hessian let go once its linears are solved
+                self._quantize_stack(ctx, stack, _take(hessians, stack), result, dequantize=False)
+                solved += stack
+        _dequantize_into_layer(ctx, result, solved)
         return result
 
     def quantize_experts(self, moe) -> LayerResult:
@@ -51,21 +59,27 @@ class GPTQMethod:
             moe.expert_done(result, ex.linears)
         return result
 
-    def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult) -> None:
+    def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult,
+                        dequantize: bool = True) -> None:
         """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
-        in one pass (rows are independent given H), so the column loop and the Cholesky run once."""
+        in one pass (rows are independent given H), so the column loop and the Cholesky run once.
+
+        H and the weights are handed over: gptq_quantize holds the only references (H's storage receives its factor, the
+        weights are held until it has its own fp32 copy), and the linears hold no weight until theirs is dequantized back
+        (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again)."""
         linears = [get_submodule(ctx.layer, n) for n in names]
         start = time.perf_counter()
-        w = torch.cat([lin.weight.data for lin in linears]) if len(linears) > 1 else linears[0].weight.data
+        sizes = [lin.weight.shape[0] for lin in linears]
         try:
-            r = gptq_quantize(w, h, ctx.scheme, self.opts)
+            r = gptq_quantize(_hand_over(linears), h, ctx.scheme, self.opts, consume_h=True)
         except ArithmeticError as exc:
             raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
-        sizes = [lin.weight.shape[0] for lin in linears]
+        del h
         row_losses = r.row_losses.split(sizes)
         result.stats.setdefault("seconds", {})["+".join(names)] = round(time.perf_counter() - start, 4)
         for name, lin, qw, loss in zip(names, linears, split_rows(r.weight, sizes), row_losses):
-            lin.weight.data = qw.dequantize().to(lin.weight.dtype)
+            if dequantize:
+                lin.weight.data = qw.dequantize().to(lin.weight.dtype)
             result.weights[name] = qw
             result.losses[name] = float(loss.sum())
             if r.damp != self.opts.damp:
@@ -81,6 +95,33 @@ class GPTQMethod:
             return accumulate_hessian(h, n, x)
 
         return {n: hn[0] for n, hn in fold_linear_inputs(ctx, names, update).items()}
+
+
+def _hand_over(linears: list[torch.nn.Module]) -> torch.Tensor:
+    """The linears' weights stacked [sum N, K] (one linear's: its own tensor), each linear left holding an empty
+    placeholder of its dtype, so that the caller's argument is the weights' last reference."""
+    w = torch.cat([lin.weight.data for lin in linears]) if len(linears) > 1 else linears[0].weight.data
+    for lin in linears:
+        lin.weight.data = torch.empty(0, dtype=lin.weight.dtype, device=lin.weight.device)
+    return w
+
+
+def _dequantize_into_layer(ctx: LayerContext, result: LayerResult, names: list[str]) -> None:
+    """Each of `names` (solved, its integer weight in `result`) gets its dequantized weight back; `names` emptied."""
+    for name in names:
+        lin = get_submodule(ctx.layer, name)
+        lin.weight.data = result.weights[name].dequantize().to(lin.weight.dtype)
+    names.clear()
+
+
+def _take(hessians: dict[str, torch.Tensor], stack: list[str]) -> torch.Tensor:
+    """The Hessian of the linears `stack` (one shared input), removed from `hessians` under each of their names: the
+    caller's is then the last reference (an 8B model's down_proj's is 0.77 GiB, not to be held through the solves
+    that follow)."""
+    h = hessians.pop(stack[0])
+    for name in stack[1:]:
+        hessians.pop(name)
+    return h
 
 
 def _shared_input_stacks(ctx: LayerContext, names: list[str]) -> list[list[str]]:

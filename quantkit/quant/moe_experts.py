@@ -190,10 +190,17 @@ def capture_block_input(ctx: LayerContext, block_path: str) -> torch.Tensor:
     """The MoE block's input [T, hidden] fp32 on every calibration token, the layer as it is now (its
     attention quantized): each run stops at the block."""
     block = get_submodule(ctx.layer, block_path)
-    seen: list[torch.Tensor] = []
+    tokens = sum(x.shape[0] * x.shape[1] for x in ctx.inputs)
+    out: torch.Tensor | None = None  # [T, hidden], filled run by run (no list of runs joined at the end: 2x its size)
+    filled = 0
 
     def hook(_module, args):
-        seen.append(args[0].reshape(-1, args[0].shape[-1]).float())
+        nonlocal out, filled
+        x = args[0].reshape(-1, args[0].shape[-1])
+        if out is None:
+            out = torch.empty(tokens, x.shape[1], dtype=torch.float32, device=x.device)
+        out[filled:filled + x.shape[0]].copy_(x)
+        filled += x.shape[0]
         raise _HaveBlockInput
 
     handle = block.register_forward_pre_hook(hook)
@@ -201,7 +208,9 @@ def capture_block_input(ctx: LayerContext, block_path: str) -> torch.Tensor:
         ctx.run_for_hooks(_HaveBlockInput)
     finally:
         handle.remove()
-    return torch.cat(seen)
+    if out is None or filled != tokens:
+        raise RuntimeError(f"the MoE block saw {filled} of the {tokens} calibration tokens")
+    return out
 
 
 def route_tokens(ctx: LayerContext, block: SparseMoeBlock, x: torch.Tensor) -> RoutedTokens:

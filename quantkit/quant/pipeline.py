@@ -254,13 +254,29 @@ def _check_calibration_amount(cfg: QuantizeConfig, plan: QuantizePlan, reader: S
 
 
 def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> tuple[list, list[dict]]:
-    """The calibration samples' hidden states entering layer 0 (batched) and each layer's other
-    arguments: the embeddings are loaded for this one pass, then dropped (not needed past layer 0)."""
-    _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".")], device)
-    with progress_bar("capture layer 0 inputs", None, False):
-        inputs, layer_kwargs = capture_layer_inputs(get_submodule(model, spec.layers.rpartition(".")[0]),
-                                                    get_submodule(model, spec.layers), input_ids, device)
-    get_submodule(model, spec.embed).to("meta")
+    """The calibration samples' hidden states entering layer 0 (batched) and each layer's other arguments.
+
+    Of the input embeddings only the rows of the calibration's distinct tokens are read, in fp32 (a few MB, where
+    the whole table is 2.1 GB in fp32 at Llama 3's 128256 x 4096), and the model's own embedding module looks the
+    samples up in them (renumbered), its output fed to the model as inputs_embeds: the same fp32 values as the whole
+    table gives, scaled embeddings included. Dropped after this pass (not needed past layer 0)."""
+    embed = get_submodule(model, spec.embed)
+    weight_key = f"{spec.embed}.weight"
+    tokens, renumbered = torch.unique(input_ids, return_inverse=True)  # tokens [distinct], renumbered [n, seq]
+    _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".") and k != weight_key],
+                  device)
+    rows = reader.rows(weight_key, tokens).float().to(device)  # [distinct, hidden]
+    check_finite({"weight": rows}, spec.embed)
+    embed.weight = torch.nn.Parameter(rows, requires_grad=False)  # the table's shape differs: not load_state_dict
+    del rows
+    padding_idx, embed.padding_idx = embed.padding_idx, None  # padding only shapes gradients; its id may be past the rows
+    try:
+        with progress_bar("capture layer 0 inputs", None, False):
+            inputs, layer_kwargs = capture_layer_inputs(get_submodule(model, spec.layers.rpartition(".")[0]),
+                                                        get_submodule(model, spec.layers), renumbered, device, embed)
+    finally:
+        embed.padding_idx = padding_idx
+        embed.to("meta")
     return batch_samples(inputs), layer_kwargs
 
 

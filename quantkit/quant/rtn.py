@@ -34,7 +34,7 @@ def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: Laye
                            None if importance is None else [importance[name] for name in names])
     for name, linear, qw in zip(names, linears, qws):
         w_hat = qw.dequantize().to(linear.weight.dtype)
-        result.losses[name] = float(torch.sum((linear.weight.data.float() - w_hat.float()) ** 2))
+        result.losses[name] = float(torch.sub(linear.weight.data.float(), w_hat.float()).square_().sum())  # one temporary
         linear.weight.data = w_hat
         result.weights[name] = qw
 

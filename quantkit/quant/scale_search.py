@@ -86,7 +86,7 @@ def grid_params(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool,
     """Step 1: the best shrunk range per group. w [..., G] fp32 -> scale, zero, error [...] (ties: the wider range).
     The coarse points first (p = 1, min-max, among them), all at once, then each group's neighbourhood of its best
     one, all at once; the same choice as trying the points one by one (scale_search_reference)."""
-    xmin, xmax = w.min(dim=-1).values, w.max(dim=-1).values
+    xmin, xmax = w.amin(dim=-1), w.amax(dim=-1)
     coarse = torch.tensor(grid.coarse_shrinks, dtype=w.dtype, device=w.device)  # [C], 1 first
     best_p, best_s, best_z, best_err = _pick(coarse, *candidate_params(w, imp, xmin, xmax, coarse, bits, sym))
     if grid.coarse == 1:  # every grid point was coarse: nothing left to refine

@@ -166,3 +166,16 @@ def test_every_producer_makes_its_codes_a_byte_wide_itself(producer, monkeypatch
         "gptq_act_order": lambda: gptq_quantize(w, 2 * x.T @ x / 256, scheme, GPTQOptions(act_order=True)).weight,
     }[producer]()
     assert given == [torch.uint8] and made.qweight.dtype == torch.uint8 and int(made.qweight.max()) <= 15
+
+
+@pytest.mark.parametrize("shape", [(64, 40), (16, 8), (8, 1000)])
+def test_packing_in_slices_gives_the_words_of_one_pass(monkeypatch, shape):
+    """Codes are packed a slice at a time (PACK_STEP_CODES) to bound the int64 temporaries: the same words."""
+    from quantkit.format import packing
+
+    codes = torch.randint(0, 16, shape, generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    whole_rows, whole_cols = packing.pack_rows(codes, 4), packing.pack_cols(codes, 4, AWQ_ORDER)
+    monkeypatch.setattr(packing, "PACK_STEP_CODES", 50)  # slices of a few rows or columns, the last one short
+    assert torch.equal(packing.pack_rows(codes, 4), whole_rows)
+    assert torch.equal(packing.pack_cols(codes, 4, AWQ_ORDER), whole_cols)
+    assert torch.equal(packing.unpack_rows(whole_rows, 4), codes.to(torch.int32))

@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader
+from tests_support.peak_rss import peak_rss_kib, reset_peak_rss_kib
 
 
 def rss_file_kib() -> int:
@@ -83,19 +84,51 @@ def test_a_mapped_table_is_not_copied_into_process_memory(tmp_path):
     assert grown_mib < 16, f"{grown_mib:.1f} MiB of process memory for a mapped 64 MiB table"
 
 
-def test_a_misaligned_tensor_is_read_not_mapped(tmp_path):
-    """safetensors does not promise aligned offsets: a bf16 table after a 3-byte tensor, written by hand."""
+def write_misaligned_table(folder: Path, table: torch.Tensor) -> None:
+    """model.safetensors with the bf16 `table` after a 3-byte tensor, written by hand (safetensors does not promise
+    aligned offsets)."""
     import json
     import struct
 
-    table = torch.randn(4, 8).bfloat16()
+    size = table.numel() * 2
     header = json.dumps({"a": {"dtype": "I8", "shape": [3], "data_offsets": [0, 3]},
-                         "embed": {"dtype": "BF16", "shape": [4, 8], "data_offsets": [3, 67]}}).encode()
+                         "embed": {"dtype": "BF16", "shape": list(table.shape), "data_offsets": [3, 3 + size]}}).encode()
     header += b" " * (-len(header) % 8)
     data = bytes([1, 2, 3]) + table.view(torch.int16).numpy().tobytes()
-    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+def test_a_misaligned_tensor_is_read_not_mapped(tmp_path):
+    table = torch.randn(4, 8).bfloat16()
+    write_misaligned_table(tmp_path, table)
     reader = ShardReader(tmp_path)
     assert not reader.aligned("embed")
     with pytest.raises(QuantkitError, match="not aligned"):
         reader.mapped("embed")
     assert torch.equal(reader.get("embed"), table)  # read (copied) instead
+
+
+def test_rows_are_the_tensors_rows_in_the_order_asked(tmp_path):
+    """Rows read from the file (the calibration tokens' embeddings), repeats and any order, also from a tensor at an
+    offset that is not a multiple of its element size; rows past the table and a scalar are refused."""
+    table = torch.randn(40, 8).bfloat16()
+    write_misaligned_table(tmp_path, table)
+    index = torch.tensor([39, 0, 7, 7, 21])
+    reader = ShardReader(tmp_path)
+    rows = reader.rows("embed", index)
+    assert rows.dtype == torch.bfloat16 and torch.equal(rows, table[index])
+    with pytest.raises(QuantkitError, match="past its 40 rows"):
+        reader.rows("embed", torch.tensor([3, 40]))
+    save_file({"a": torch.tensor(1.0)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(QuantkitError, match="a has no rows"):
+        ShardReader(tmp_path).rows("a", index)
+
+
+def test_reading_rows_never_holds_the_table_nor_its_pages(tmp_path):
+    save_file({"embed": torch.randn(16384, 1024)}, str(tmp_path / "model.safetensors"))  # 64 MiB
+    reader = ShardReader(tmp_path)
+    before = reset_peak_rss_kib()
+    rows = reader.rows("embed", torch.arange(0, 16384, 64))  # 256 rows: 1 MiB
+    assert rows.shape == (256, 1024)
+    grown_mib = (peak_rss_kib() - before) / 1024
+    assert grown_mib < 8, f"reading 1 MiB of rows raised the peak by {grown_mib:.1f} MiB"

@@ -30,7 +30,7 @@ def test_hessian_running_average_equals_batch_formula():
     assert torch.allclose(hessian(x), 2 * x.T @ x / x.shape[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("k", [7, 32, 130])
+@pytest.mark.parametrize("k", [7, 32, 130, 1031])
 def test_hessian_is_exactly_symmetric_and_matches_the_full_product_below_the_diagonal(k):
     """Only the lower triangle is multiplied out (column blocks), then mirrored."""
     x = correlated_inputs(k, 257)
@@ -56,11 +56,17 @@ def test_inverse_hessian_factor_does_not_depend_on_the_thread_count():
     assert factors[0].dtype == torch.float32 and torch.equal(factors[0], factors[1])
 
 
+def _damped(h: torch.Tensor, d: float) -> torch.Tensor:
+    h64 = h.double()
+    return h64 + d * h64.diagonal().mean() * torch.eye(h.shape[0], dtype=torch.float64)
+
+
 @pytest.mark.parametrize("shift", [0.0, 3e-3])
-def test_the_in_place_inverse_hessian_factor_is_the_textbook_one_bit_for_bit(shift):
-    """One float64 buffer factored, inverted and factored again in place gives the numbers of the three-buffer
-    chain (cholesky, cholesky_inverse, cholesky upper); an H made indefinite (its diagonal lowered by `shift` of its
-    mean) has its damping raised x10 until it factors (1e-4, 1e-3: no; 1e-2: yes), in both."""
+def test_the_inverse_hessian_factor_is_the_chains_within_float64_rounding(shift):
+    """One Cholesky of the reversed H and a triangular inverse give the numbers of the chain (cholesky,
+    cholesky_inverse, cholesky upper, in float64) but for a last-bit rounding of few entries; an H made indefinite
+    (its diagonal lowered by `shift` of its mean) has its damping raised x10 until it factors (1e-4, 1e-3: no;
+    1e-2: yes), in both."""
     from quantkit.quant.gptq import inverse_hessian_cholesky
 
     h = hessian(correlated_inputs(300, 2048))
@@ -68,15 +74,51 @@ def test_the_in_place_inverse_hessian_factor_is_the_textbook_one_bit_for_bit(shi
     u, used = inverse_hessian_cholesky(h, 1e-4, 6)
     d = 1e-4
     while True:
-        h64 = h.double() + d * h.double().diagonal().mean() * torch.eye(300, dtype=torch.float64)
-        l, info = torch.linalg.cholesky_ex(h64)
+        l, info = torch.linalg.cholesky_ex(_damped(h, d))
         if info == 0:
             want, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(l), upper=True)
             if info == 0:
                 break
         d *= 10
     assert used == d and (used > 1e-4) == (shift > 0)
-    assert u.dtype == torch.float32 and torch.equal(u, want.float())
+    assert u.dtype == torch.float32 and torch.equal(u, u.triu())
+    torch.testing.assert_close(u, want.float(), rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+    assert (u == want.float()).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("k", [1, 2, 129, 300, 517])
+def test_the_inverse_hessian_factor_against_the_explicit_inverse(k):
+    """U^T U = (H + damp)^-1 and U upper, against torch.linalg.inv + cholesky in float64 (the oracle), on random
+    SPD matrices of sizes that do and do not halve evenly down to the leaves."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(k + 8, k, generator=g, dtype=torch.float64)
+    h = (x.T @ x / (k + 8)).float()
+    u, used = inverse_hessian_cholesky(h, 0.01, 0)
+    want = torch.linalg.cholesky(torch.linalg.inv(_damped(h, 0.01)), upper=True)
+    assert used == 0.01 and torch.equal(u, u.triu())
+    torch.testing.assert_close(u.double(), want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
+def test_a_hessian_that_no_damping_factors_raises():
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    h = -torch.eye(16)
+    with pytest.raises(ArithmeticError, match="not positive definite even with damp=0.1"):
+        inverse_hessian_cholesky(h, 0.01, 1)
+
+
+@pytest.mark.parametrize("k", [1, 7, 128, 129, 1000])
+def test_the_triangular_inverse_in_place_is_the_inverse(k):
+    from quantkit.quant.gptq import invert_lower_in_place
+
+    g = torch.Generator().manual_seed(k)
+    l = torch.randn(k, k, generator=g, dtype=torch.float64).tril() / k**0.5 + 2 * torch.eye(k, dtype=torch.float64)
+    t = torch.empty(k, k, dtype=torch.float64).mT.copy_(l)  # column-major, as the factor leaves it
+    invert_lower_in_place(t)
+    torch.testing.assert_close(t, torch.linalg.inv(l), rtol=1e-12, atol=1e-12)
+    assert torch.equal(t, t.tril())
 
 
 @pytest.mark.parametrize("act_order,static", [(False, False), (True, False), (True, True)])
@@ -138,6 +180,28 @@ def test_damping_is_raised_when_cholesky_fails(caplog):
     r = gptq_quantize(w, h, QuantScheme(4, 32, True), GPTQOptions(damp=0.01))
     assert r.damp > 0.01
     assert "Cholesky failed" in caplog.text
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_a_consumed_hessian_receives_the_factor_and_nothing_else_changes(act_order):
+    """consume_h (the layer loop's hand-over): H's storage holds the factor afterwards, so a solve holds one K x K
+    fp32 matrix beside the float64 buffer, not two; the result is the same bit for bit. Without it H is untouched."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    x = correlated_inputs(96, 512)
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(2))
+    scheme, opts = QuantScheme(4, 32, True), GPTQOptions(act_order=act_order)
+    h = hessian(x)
+    kept, handed = h.clone(), h.clone()
+    a = gptq_quantize(w, kept, scheme, opts)
+    b = gptq_quantize(w, handed, scheme, opts, consume_h=True)
+    assert torch.equal(kept, h)
+    assert torch.equal(a.weight.qweight, b.weight.qweight) and torch.equal(a.weight.scales, b.weight.scales)
+    assert torch.equal(a.row_losses, b.row_losses)
+    if not act_order:  # (act-order factors a permuted copy: the caller's H is left as it was)
+        assert torch.equal(handed, inverse_hessian_cholesky(h, opts.damp, 0)[0])
+    else:
+        assert torch.equal(handed, h)
 
 
 @pytest.mark.parametrize("act_order", [False, True])

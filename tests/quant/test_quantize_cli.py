@@ -91,7 +91,14 @@ def test_checkpoint_layout_and_metadata(tiny_llama, tmp_path):
     assert any(n.startswith("calibration forward passes in ") for n in meta["notes"])
 
 
-def test_low_memory_when_asked(tiny_llama, tmp_path):
+def test_low_memory_when_asked(tiny_llama, tmp_path, monkeypatch):
+    import os
+
+    from quantkit.commands.quantize import KERNEL_CACHE_ENTRIES
+    from quantkit.memory import KERNEL_CACHE_ENV
+
+    for name in KERNEL_CACHE_ENV:
+        monkeypatch.delenv(name, raising=False)
     out = tmp_path / "q"
     code, output = run_cli("quantize", tiny_llama, "--out", out, "--method", "gptq", "--group-size", "32",
                            "--calib", synthetic_calib(tmp_path / "c.txt"), "--nsamples", "2", "--seqlen", "32",
@@ -99,6 +106,7 @@ def test_low_memory_when_asked(tiny_llama, tmp_path):
     assert code == 0, output
     meta = json.loads((out / "quantkit_meta.json").read_text())
     assert meta["config"]["low_memory"] is True
+    assert {os.environ.get(name) for name in KERNEL_CACHE_ENV} == {str(KERNEL_CACHE_ENTRIES)}  # oneDNN's, ideep's
     assert "calibration forward passes in float32: asked for (--compute-dtype float32)" in meta["notes"]
 
 
