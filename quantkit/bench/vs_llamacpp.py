@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,6 +201,14 @@ def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     return dense, gptq, ggufs
 
 
+def activation_variants(args, auto: str) -> list[bool]:
+    """int8_activations of each 4-bit quantkit system to run: W4A16, and W4A8 (activations in int8, as llama.cpp's Q4
+    types) with --int8-activations on a bf16 CPU; W4A8 alone with `--int8-activations only`."""
+    if not args.int8_activations or auto != "bfloat16":
+        return [False]
+    return [True] if args.int8_activations == "only" else [False, True]
+
+
 def compare(args, tmp: Path) -> None:
     from quantkit.bench.engine_vs_vllm import workloads
     from quantkit.devices import auto_cpu_dtype
@@ -213,12 +220,10 @@ def compare(args, tmp: Path) -> None:
     ours = {} if args.quantized_only else {"quantkit fp32 (float model)": Quantkit(dense, "float32", args.threads)}
     if auto != "float32" and not args.quantized_only:
         ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
-    w4a8 = args.int8_activations and auto == "bfloat16"  # W4A8: activations in int8, as llama.cpp's Q4 types
     for label, path in gptq.items():
-        if not (w4a8 and args.int8_activations == "only"):
-            ours[f"quantkit {label}, {auto}"] = Quantkit(path, auto, args.threads)
-        if w4a8:
-            ours[f"quantkit {label}, W4A8"] = Quantkit(path, auto, args.threads, int8_activations=True)
+        for int8 in activation_variants(args, auto):
+            name = f"quantkit {label}, W4A8" if int8 else f"quantkit {label}, {auto}"
+            ours[name] = Quantkit(path, auto, args.threads, int8_activations=int8)
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
                **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
@@ -258,120 +263,6 @@ def report(args, tallies: dict[str, Tally], loads: list[float], ours: dict, peer
               f"{decode['quantkit fp32 (float model)'] / decode['llama.cpp F32']:.2f}x")
 
 
-@dataclass
-class Held:
-    """One system of the time-to-first-token table: its timer (prompt -> seconds), its process, the KV cache it
-    holds, and its resident set after load and at the end (bytes)."""
-
-    first_token_s: Callable[[list[int]], float]
-    pid: int | str
-    kv: str
-    rss_after_load: int = 0
-    rss_at_end: int = 0
-
-
-def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (n,), generator=g).tolist()
-
-
-def kv_bytes_per_token(model: Path) -> int:
-    """K and V of every layer for one token, in 16-bit: what llama.cpp's default f16 KV cache holds a token."""
-    c = json.loads((model / "config.json").read_text())
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 2
-
-
-def ttft_systems(args, tmp: Path, n_ctx: int) -> tuple[dict[str, Held], list]:
-    """quantkit (4-bit, and bf16 with --bf16, in this process), llama.cpp (one worker per --quants type) and, with
-    --vllm-venv, vLLM on the 4-bit checkpoint; each loaded and its RSS read. Also what must be closed."""
-    from quantkit.bench.peak_rss import rss_bytes
-    from quantkit.bench.vllm_process import VLLM
-    from quantkit.devices import auto_cpu_dtype
-
-    dense, gptq, ggufs = prepare(args, tmp)
-    checkpoint = gptq["4-bit GPTQ"]
-    kv = kv_bytes_per_token(dense) * n_ctx
-    same = f"{n_ctx} tokens, {kv / MiB:.0f} MiB"
-    auto, held, closing = auto_cpu_dtype()[0], {}, []
-    w4a8 = args.int8_activations and auto == "bfloat16"  # W4A8: activations in int8, as llama.cpp's Q4 types
-    systems = [] if w4a8 and args.int8_activations == "only" else [("4-bit GPTQ", checkpoint, auto, False)]
-    if w4a8:
-        systems.append(("4-bit GPTQ, W4A8", checkpoint, auto, True))
-    if args.bf16:
-        systems.append(("bf16", dense, "bfloat16", False))
-    for i, (label, model, dtype, int8) in enumerate(systems):
-        q = Quantkit(model, dtype, args.threads, int8_activations=int8, n_ctx=n_ctx, kv_cache_memory=kv)
-        note = "; the process also holds the models above" if i else ""
-        held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{same}, {dtype}{note}", rss_bytes())
-    python = Path(args.llamacpp_venv) / "bin" / "python"
-    for kind in (k for k in ggufs if k != "F32"):
-        peer = LlamaCpp(python, {kind: ggufs[kind]}, args.threads, Path(args.log).resolve(), n_ctx)
-        closing.append(peer)
-        held[f"llama.cpp {kind}"] = Held(lambda p, peer=peer, kind=kind: peer.run(kind, p, 1).prefill_s,
-                                         peer.worker.proc.pid, f"{same}, f16", rss_bytes(peer.worker.proc.pid))
-    if args.vllm_venv:
-        vllm = VLLM(Path(args.vllm_venv), checkpoint, auto, args.threads, Path(args.vllm_log), n_ctx,
-                    pause_idle=True, kv_cache_gib=1)
-        closing.append(vllm)
-        held["vLLM 4-bit GPTQ"] = Held(lambda p: vllm.run([p], 1)[0], vllm.proc.pid,
-                                       f"1 GiB pool (VLLM_CPU_KVCACHE_SPACE=1, its least), {auto}", vllm.rss())
-    return held, closing
-
-
-def ttft_table(args, tmp: Path) -> None:
-    """Time to first token at each --ttft prompt length, batch 1, every system once a round in alternating order,
-    a fresh random prompt each round (so that no prefix cache answers it); seconds, ratios and resident memory."""
-    from quantkit.bench.peak_rss import rss_bytes
-    from quantkit.bench.rounds import round_order
-
-    lengths = sorted(int(n) for n in args.ttft.split(","))
-    n_ctx = max(lengths) + 64
-    held, closing = ttft_systems(args, tmp, n_ctx)
-    vocab = json.loads(((Path(args.model) if args.model else tmp / "bf16") / "config.json").read_text())["vocab_size"]
-    names = list(held)
-    for name in names:  # warm-up, not counted
-        held[name].first_token_s(random_prompt(64, vocab, 1))
-    seconds = {(n, L): [] for n in names for L in lengths}
-    loads = [os.getloadavg()[0]]
-    for r in range(args.rounds):
-        for L in lengths:
-            prompt = random_prompt(L, vocab, 1000 * (r + 1) + L)
-            for name in round_order(names, r):
-                seconds[name, L].append(held[name].first_token_s(prompt))
-        loads.append(os.getloadavg()[0])
-        print(f"round {r + 1}: " + ", ".join(f"{n} @{L} {seconds[n, L][-1]:.2f} s" for n in names for L in lengths)
-              + f"; load {loads[-1]:.1f}", flush=True)
-    for h in held.values():
-        h.rss_at_end = rss_bytes(h.pid)
-    for c in closing:
-        if hasattr(c, "idle_cores"):
-            print(f"vLLM's worker idle after its jobs: {c.idle_cores():.2f} cores busy over 3 s (so it was stopped "
-                  f"with SIGSTOP between its jobs)")
-    for c in closing:
-        c.close()
-    ttft_report(args, held, seconds, lengths, loads)
-
-
-def ttft_report(args, held: dict[str, Held], seconds: dict, lengths: list[int], loads: list[float]) -> None:
-    med = {k: statistics.median(v) for k, v in seconds.items()}
-    print(f"\n== time to first token, batch 1, {args.threads} threads each, median of {args.rounds} alternating "
-          f"rounds (fresh prompt each round); load average {min(loads):.1f}-{max(loads):.1f}; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    print("| system | " + " | ".join(f"TTFT @{L} s (range)" for L in lengths)
-          + " | RSS after load | RSS at end | KV cache held |")
-    print("|---|" + "---|" * (len(lengths) + 3))
-    for name, h in held.items():
-        cells = [f"{med[name, L]:.2f} ({min(seconds[name, L]):.2f}-{max(seconds[name, L]):.2f})" for L in lengths]
-        print(f"| {name} | " + " | ".join(cells)
-              + f" | {h.rss_after_load / MiB:.0f} MiB | {h.rss_at_end / MiB:.0f} MiB | {h.kv} |")
-    print()
-    for ours in (n for n in held if n.startswith("quantkit")):
-        for peer in (n for n in held if not n.startswith("quantkit")):
-            print(f"TTFT ratio {ours} / {peer}: "
-                  + ", ".join(f"{med[ours, L] / med[peer, L]:.2f}x @{L}" for L in lengths))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llamacpp-venv", required=True, metavar="VENV", help="a venv with llama-cpp-python and gguf")
@@ -401,7 +292,12 @@ def main() -> None:
     Path(args.log).parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        (ttft_table if args.ttft else compare)(args, Path(tmp))
+        if args.ttft:
+            from quantkit.bench.llamacpp_ttft import ttft_table
+
+            ttft_table(args, Path(tmp))
+        else:
+            compare(args, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.vs_llamacpp import PROMPT_LEN, Run, Tally, common_prefix, kv_bytes_per_token, random_prompt
+from quantkit.bench.llamacpp_ttft import kv_bytes_per_token, random_prompt
+from quantkit.bench.vs_llamacpp import PROMPT_LEN, Run, Tally, common_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("QUANTKIT_LLAMACPP_VENV", REPO.parent / ".venvs" / "llamacpp"))
