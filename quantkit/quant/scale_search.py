@@ -34,6 +34,8 @@ from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_i
 # 11 candidates: 176 MiB) ran 3-4x slower from memory; much smaller chunks pay torch's per-call overhead (2**18 and
 # 2**21 measured 0-25% slower on the suite and on a 2048 x 2048 weight, one thread)
 CHUNK_ELEMENTS = 2**20
+# weights [rows, G] refined at once (the refinements' temporaries are [rows, G])
+REFINE_ELEMENTS = 2**21
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,14 @@ class SearchGrid:
 def group_error(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, zero: torch.Tensor,
                 maxq: int) -> torch.Tensor:
     """sum_j imp_j (w_j - dequant_j)^2 per group: w [..., G], imp broadcastable to w (None: 1), scale/zero [...].
-    One temporary the size of w, updated in place (the search is bound by memory traffic)."""
+    One temporary the size of w, updated in place (the search is bound by memory traffic): the codes less the zero
+    are round(w / s) clamped to [-z, maxq - z], which is clamp(round(w / s) + z, 0, maxq) - z exactly (small
+    integers), in two passes instead of three."""
     s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
-    d = torch.div(w, s).round_().add_(z).clamp_(0, maxq).sub_(z).mul_(s)  # dequantized
-    d.sub_(w).square_()
+    d = torch.div(w, s).round_()
+    torch.maximum(d, z.neg(), out=d)
+    torch.minimum(d, maxq - z, out=d)
+    d.mul_(s).sub_(w).square_()  # (s (q - z) - w)^2
     return (d if imp is None else d.mul_(imp)).sum(-1)
 
 
@@ -103,21 +109,25 @@ def refine_params(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor
                   err: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 2, one round: the codes of (scale, zero) fixed, the weighted least-squares fit of w ~ s * q + b
     (symmetric: b = -s * zero with the zero fixed at the middle code), rounded to the format (fp16 scale, integral
-    zero); kept per group where its error is lower. Returns scale, zero, error [...]."""
+    zero); kept per group where its error is lower. Returns scale, zero, error [...]. Without importance the weights
+    are 1 and left out (multiplying by 1 is exact: the same fit bit for bit)."""
     maxq = 2**bits - 1
-    q = torch.clamp(torch.round(w / scale.unsqueeze(-1)) + zero.unsqueeze(-1), 0, maxq)
-    a = torch.ones_like(w) if imp is None else imp.expand_as(w)
+    q = torch.div(w, scale.unsqueeze(-1)).round_().add_(zero.unsqueeze(-1)).clamp_(0, maxq)
+    tiny = torch.finfo(torch.float32).tiny
     if sym:
-        c = q - zero.unsqueeze(-1)
-        den = (a * c * c).sum(-1)
-        s = (a * c * w).sum(-1) / den.clamp(min=torch.finfo(torch.float32).tiny)
+        c = q.sub_(zero.unsqueeze(-1))
+        ac = c if imp is None else imp * c
+        den = (ac * c).sum(-1)
+        s = ac.mul_(w).sum(-1) / den.clamp(min=tiny)  # (a c) w: ac is not needed after
         z = zero
     else:
-        n = a.sum(-1).clamp(min=torch.finfo(torch.float32).tiny)
-        qm, wm = (a * q).sum(-1) / n, (a * w).sum(-1) / n
-        qc = q - qm.unsqueeze(-1)
-        den = (a * qc * qc).sum(-1)
-        s = (a * qc * (w - wm.unsqueeze(-1))).sum(-1) / den.clamp(min=torch.finfo(torch.float32).tiny)
+        n = w.shape[-1] if imp is None else imp.expand_as(w).sum(-1).clamp(min=tiny)
+        qm = (q if imp is None else imp * q).sum(-1) / n
+        wm = (w if imp is None else imp * w).sum(-1) / n
+        qc = q.sub_(qm.unsqueeze(-1))
+        aqc = qc if imp is None else imp * qc
+        den = (aqc * qc).sum(-1)
+        s = (aqc * (w - wm.unsqueeze(-1))).sum(-1) / den.clamp(min=tiny)
         s_safe = torch.where(s > 0, s, scale)
         z = torch.round(qm - wm / s_safe).clamp(0, maxq)  # w ~ s (q - z) with b = wm - s qm = -s z
     ok = (den > 0) & (s > 0) & torch.isfinite(s)
@@ -131,14 +141,16 @@ def refine_params(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor
 def shift_zeros(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, zero: torch.Tensor,
                 err: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric groups: the zero one code down or up (the range slid by one step, clipping the other end), kept
-    where the error falls. Returns zero, error [...]."""
+    where the error falls, down first: both tried at once ([..., 2, G]), which chooses as trying down, then up from
+    the zero kept (after a step down, up is the old zero, not lower). Returns zero, error [...]."""
     maxq = 2**bits - 1
-    for step in (-1.0, 1.0):
-        z = torch.clamp(zero + step, 0, maxq)
-        new_err = group_error(w, imp, scale, z, maxq)
-        better = new_err < err
-        zero, err = torch.where(better, z, zero), torch.where(better, new_err, err)
-    return zero, err
+    z = torch.stack((zero - 1, zero + 1), -1).clamp_(0, maxq)  # [..., 2]
+    e = group_error(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), scale.unsqueeze(-1).expand_as(z),
+                    z, maxq)
+    down, up = e[..., 0] < err, e[..., 1] < err
+    pick = torch.where(down, 0, torch.where(up, 1, 2)).unsqueeze(-1)  # 2: keep
+    zero = torch.cat((z, zero.unsqueeze(-1)), -1).gather(-1, pick).squeeze(-1)
+    return zero, torch.cat((e, err.unsqueeze(-1)), -1).gather(-1, pick).squeeze(-1)
 
 
 def search_params(w: torch.Tensor, bits: int, sym: bool, imp: torch.Tensor | None = None,
@@ -150,9 +162,16 @@ def search_params(w: torch.Tensor, bits: int, sym: bool, imp: torch.Tensor | Non
 
 
 def _search(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool, grid: SearchGrid,
-            grid_search=grid_params) -> tuple[torch.Tensor, torch.Tensor]:
-    """search_params on w [..., G] fp32 with its importance already floored."""
-    scale, zero, err = grid_search(w, imp, bits, sym, grid)
+            grid_search=grid_params, grid_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """search_params on w [..., G] fp32 with its importance already floored; the grid `grid_rows` rows at a time
+    (w [R, G], imp [R, G] or None: its [R, C, G] temporaries kept small), the refinements over all the rows at once
+    (their temporaries are only [R, G]: in small pieces they would pay torch's per-call overhead many times over)."""
+    if grid_rows is None or grid_rows >= len(w):
+        scale, zero, err = grid_search(w, imp, bits, sym, grid)
+    else:
+        parts = [grid_search(w[a:a + grid_rows], None if imp is None else imp[a:a + grid_rows], bits, sym, grid)
+                 for a in range(0, len(w), grid_rows)]
+        scale, zero, err = (torch.cat(t) for t in zip(*parts))
     for _ in range(grid.refine):
         if not sym:
             zero, err = shift_zeros(w, imp, scale, zero, err, bits)
@@ -221,8 +240,9 @@ def _search_rows(ws: list[torch.Tensor], imps: list[torch.Tensor] | None, g: int
     weights = [_Weight(w.reshape(-1, g), None if imps is None else _floored(imps[i].float()).reshape(-1, g))
                for i, w in enumerate(ws)]
     widest = max(len(grid.coarse_shrinks), len(grid.fine_offsets()))  # candidates tried at once
-    rows = max(1, CHUNK_ELEMENTS // (g * widest))
-    found = [_search(w, imp, scheme.bits, scheme.sym, grid) for w, imp in _chunks(weights, rows)]
+    grid_rows = max(1, CHUNK_ELEMENTS // (g * widest))
+    rows = max(grid_rows, REFINE_ELEMENTS // g)
+    found = [_search(w, imp, scheme.bits, scheme.sym, grid, grid_rows=grid_rows) for w, imp in _chunks(weights, rows)]
     scales, zeros = torch.cat([s for s, _ in found]), torch.cat([z for _, z in found])
     out, start = [], 0
     for w in ws:
