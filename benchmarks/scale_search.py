@@ -8,13 +8,15 @@ Per model: the decoder linears of each layer searched as `quantkit quantize --me
 them (ours: a layer's linears together; the reference: one linear at a time), every layer of each suite model, and
 the first `--big-layers` layers of `--big` (default ~/.cache/quantkit/real-shapes/llama-3.2-1b: q/k/v/o
 2048x2048 / 512x2048, gate/up 8192x2048, down 2048x8192). Prints each side's median seconds, the median of the
-per-round ratios (reference / ours: above 1 is faster), and whether the two chose the same scales and zeros (they
-must: the vectorized search is the same search).
+per-round ratios (reference / ours: above 1 is faster), whether the two chose the same scales and zeros (they
+must: the vectorized search is the same search), and a digest of ours (sha256 of every scale and zero, in order: the
+same digest before and after a change to the search means the same choice).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
 from pathlib import Path
@@ -69,8 +71,18 @@ def bench(name: str, layers: list[list[torch.Tensor]], group: int, sym: bool, ro
                for pa, pb in zip(la, lb) for a, b in zip(pa, pb))
     weights = sum(w.numel() for ws in layers for w in ws)
     print(f"| {name} | {len(layers)} | {weights / 1e6:.2f}M | g{group} | {statistics.median(times['reference']):.3f} "
-          f"| {statistics.median(times['ours']):.3f} | {per_round(times['reference'], times['ours'])} | {same} |",
-          flush=True)
+          f"| {statistics.median(times['ours']):.3f} | {per_round(times['reference'], times['ours'])} | {same} "
+          f"| {digest(found['ours'])} |", flush=True)
+
+
+def digest(found: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> str:
+    """The first 16 hex digits of the sha256 of every layer's weights' scales and zeros, in order."""
+    h = hashlib.sha256()
+    for layer in found:
+        for scales, zeros in layer:
+            h.update(scales.numpy().tobytes())
+            h.update(zeros.numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def main() -> None:
@@ -86,8 +98,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     models = suite.SUITE if args.models == "suite" else [suite.lookup(n) for n in args.models.split(",")]
-    print("| model | layers | weights | group | reference s | ours s | reference / ours (per round) | same choice |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | layers | weights | group | reference s | ours s | reference / ours (per round) | same choice "
+          "| digest |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in models:
         path = suite.cached_path(model)
         if path is None:

@@ -207,3 +207,25 @@ def test_a_layer_of_linears_is_rounded_as_each_alone():
         assert torch.equal(q.qweight, alone.qweight) and torch.equal(q.scales, alone.scales)
     with pytest.raises(ValueError, match="not a multiple of the group size 32"):
         searched_quantize_many([torch.zeros(4, 48)], scheme)
+
+
+@pytest.mark.parametrize("sym", [False, True])
+def test_real_weights_searched_as_a_layer_equal_the_reference_bit_for_bit(stories_dir, sym):
+    """stories260K-hf's attention linears (its MLP's 172 inputs take no group of 32), each layer's searched together
+    as `--scale-search mse` searches them: the same scales and zeros, bit for bit, as the search as first written
+    (scale_search_reference), weight by weight."""
+    from quantkit.model.checkpoint import ShardReader
+    from quantkit.quant.scale_search import search_weights_params
+    from quantkit.quant.scale_search_reference import reference_weight_params
+
+    reader = ShardReader(stories_dir)
+    layers: dict[str, list[torch.Tensor]] = {}
+    for key in sorted(reader.keys()):
+        if key.endswith("proj.weight") and ".self_attn." in key:
+            layers.setdefault(key.split(".layers.")[1].split(".")[0], []).append(reader.get(key).float())
+    scheme = QuantScheme(4, 32, sym)
+    assert layers
+    for ws in layers.values():
+        for w, (scales, zeros) in zip(ws, search_weights_params(ws, scheme)):
+            ref_s, ref_z = reference_weight_params(w, scheme)
+            assert torch.equal(scales, ref_s) and torch.equal(zeros, ref_z)
