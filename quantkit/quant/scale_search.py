@@ -73,11 +73,20 @@ def group_error(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, 
 
 
 def candidate_params(w: torch.Tensor, imp: torch.Tensor | None, xmin: torch.Tensor, xmax: torch.Tensor,
-                     p: torch.Tensor, bits: int, sym: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     p: torch.Tensor, bits: int, sym: bool,
+                     rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every candidate range [p * xmin, p * xmax] of every group at once: w [..., G], imp broadcastable to w (or None),
-    xmin / xmax [...], p [..., C] (or [C]) -> scale, zero, error [..., C]. The temporary is [..., C, G]."""
+    xmin / xmax [...], p [..., C] (or [C]) -> scale, zero, error [..., C]. The temporary is [..., C, G]; with `rows`
+    (w [R, G], imp [R, G] or None) the errors are taken `rows` groups at a time, which bounds it to [rows, C, G]
+    (the same errors: each group's is its own sum)."""
     s, z = range_params(xmin.unsqueeze(-1) * p, xmax.unsqueeze(-1) * p, bits, sym)
-    return s, z, group_error(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), s, z, 2**bits - 1)
+    maxq = 2**bits - 1
+    if rows is None or rows >= len(w):
+        return s, z, group_error(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), s, z, maxq)
+    s, z = s.expand(len(w), -1), z.expand(len(w), -1)
+    err = [group_error(w[a:a + rows].unsqueeze(-2), None if imp is None else imp[a:a + rows].unsqueeze(-2),
+                       s[a:a + rows], z[a:a + rows], maxq) for a in range(0, len(w), rows)]
+    return s, z, torch.cat(err)
 
 
 def _pick(p: torch.Tensor, s: torch.Tensor, z: torch.Tensor, err: torch.Tensor):
@@ -87,20 +96,21 @@ def _pick(p: torch.Tensor, s: torch.Tensor, z: torch.Tensor, err: torch.Tensor):
     return tuple(t.expand_as(err).gather(-1, i).squeeze(-1) for t in (p, s, z, err))
 
 
-def grid_params(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool,
-                grid: SearchGrid = SearchGrid()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def grid_params(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool, grid: SearchGrid = SearchGrid(),
+                rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step 1: the best shrunk range per group. w [..., G] fp32 -> scale, zero, error [...] (ties: the wider range).
     The coarse points first (p = 1, min-max, among them), all at once, then each group's neighbourhood of its best
-    one, all at once; the same choice as trying the points one by one (scale_search_reference)."""
+    one, all at once; the same choice as trying the points one by one (scale_search_reference). `rows`: the errors
+    taken that many groups at a time (candidate_params), the rest over every group at once (few calls)."""
     xmin, xmax = w.amin(dim=-1), w.amax(dim=-1)
     coarse = torch.tensor(grid.coarse_shrinks, dtype=w.dtype, device=w.device)  # [C], 1 first
-    best_p, best_s, best_z, best_err = _pick(coarse, *candidate_params(w, imp, xmin, xmax, coarse, bits, sym))
+    best_p, best_s, best_z, best_err = _pick(coarse, *candidate_params(w, imp, xmin, xmax, coarse, bits, sym, rows))
     if grid.coarse == 1:  # every grid point was coarse: nothing left to refine
         return best_s, best_z, best_err
     offsets = torch.tensor(grid.fine_offsets(), dtype=w.dtype, device=w.device)  # [F]
     fine = best_p.unsqueeze(-1) + offsets
     fine = torch.where(offsets > 0, fine.clamp(max=1.0), fine).clamp(min=1 - grid.max_shrink)  # [..., F]
-    _, s, z, err = _pick(fine, *candidate_params(w, imp, xmin, xmax, fine, bits, sym))
+    _, s, z, err = _pick(fine, *candidate_params(w, imp, xmin, xmax, fine, bits, sym, rows))
     better = err < best_err
     return torch.where(better, s, best_s), torch.where(better, z, best_z), torch.where(better, err, best_err)
 
@@ -154,24 +164,19 @@ def shift_zeros(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, 
 
 
 def search_params(w: torch.Tensor, bits: int, sym: bool, imp: torch.Tensor | None = None,
-                  grid: SearchGrid = SearchGrid(), grid_search=grid_params) -> tuple[torch.Tensor, torch.Tensor]:
+                  grid: SearchGrid = SearchGrid()) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero [...] of each group of w [..., G] (the grid, then the refinements); imp broadcastable to w
-    (per input channel; None: the plain weight error). The same (scale, zero) convention as minmax_params.
-    `grid_search`: step 1 (scale_search_reference passes its one-point-at-a-time walk)."""
-    return _search(w.float(), None if imp is None else _floored(imp.float()), bits, sym, grid, grid_search)
+    (per input channel; None: the plain weight error). The same (scale, zero) convention as minmax_params."""
+    return _search(w.float(), None if imp is None else _floored(imp.float()), bits, sym, grid)
 
 
 def _search(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool, grid: SearchGrid,
-            grid_search=grid_params, grid_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """search_params on w [..., G] fp32 with its importance already floored; the grid `grid_rows` rows at a time
-    (w [R, G], imp [R, G] or None: its [R, C, G] temporaries kept small), the refinements over all the rows at once
-    (their temporaries are only [R, G]: in small pieces they would pay torch's per-call overhead many times over)."""
-    if grid_rows is None or grid_rows >= len(w):
-        scale, zero, err = grid_search(w, imp, bits, sym, grid)
-    else:
-        parts = [grid_search(w[a:a + grid_rows], None if imp is None else imp[a:a + grid_rows], bits, sym, grid)
-                 for a in range(0, len(w), grid_rows)]
-        scale, zero, err = (torch.cat(t) for t in zip(*parts))
+            grid_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """search_params on w [..., G] fp32 with its importance already floored; the grid's errors `grid_rows` groups
+    at a time (w [R, G], imp [R, G] or None: the [rows, C, G] temporaries kept small), everything else over all the
+    rows at once (the refinements' temporaries are only [R, G]: in small pieces they would pay torch's per-call
+    overhead many times over)."""
+    scale, zero, err = grid_params(w, imp, bits, sym, grid, grid_rows)
     for _ in range(grid.refine):
         if not sym:
             zero, err = shift_zeros(w, imp, scale, zero, err, bits)

@@ -176,6 +176,7 @@ def test_the_weights_searched_together_in_chunks_equal_the_sequential_reference(
     from quantkit.quant.scale_search_reference import reference_weight_params
 
     monkeypatch.setattr(scale_search, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(scale_search, "REFINE_ELEMENTS", chunk * 4)
     ws = _weights(7, [(48, 128), (16, 128), (40, 256), (8, 64)])
     g = torch.Generator().manual_seed(8)
     imps = [torch.rand(w.shape[1], generator=g) ** 3 for w in ws] if weighted else None
