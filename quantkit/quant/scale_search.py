@@ -16,10 +16,14 @@ llm-compressor's imatrix_mse observer and llama.cpp's imatrix idea; GPTQ's diag(
 
 So no group's error is ever above min-max's. Scales are rounded to fp16 as everywhere (format.primitives).
 
-The grid's candidates are tried all at once ([rows, candidates, G] temporaries), and a layer's linears are searched
-together, their groups laid end to end and cut into bounded chunks: the search is bound by torch's per-call overhead
-on small linears and by memory traffic on large ones. It chooses bit for bit what the one-candidate-at-a-time walk
-(scale_search_reference, the tests' oracle) chooses.
+The grid's candidates are tried all at once ([rows, candidates, G] temporaries, in row slices that stay small), and a
+layer's linears are searched together, their groups laid end to end and cut into bounded chunks: the search is bound
+by torch's per-call overhead on small linears and by memory traffic on large ones. So each candidate's error is one
+temporary and six element-wise passes before its sum (w / s, round, max and min against -z and maxq - z, one
+addcmul against -w, square), and everything that is per group, not per weight (the candidates' ranges, the picks,
+the refinements) runs over whole chunks. It chooses bit for bit what the search as first written, one candidate at a
+time (scale_search_reference, the tests' oracle), chooses: every rewrite above is exact in floating point, and each
+group's error is summed over the same G values in the same order.
 """
 
 from __future__ import annotations
