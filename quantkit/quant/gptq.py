@@ -72,6 +72,8 @@ class GPTQOptions:
     # each group's scale and zero: min-max, or searched (quantkit.quant.scale_search) on the weight error (mse) or
     # on the error weighted by diag(H), the inputs' mean square per channel (imatrix)
     scale_search: str = "minmax"
+    # the working precision of the inverse Hessian's factor (the result is fp32 either way)
+    factor_dtype: torch.dtype = torch.float64
 
     def __post_init__(self):
         if self.act_order and self.act_group_aware:
@@ -105,8 +107,8 @@ TRI_INV_LEAF = 128  # a lower-triangular block this small is inverted by one sol
 TRI_INV_STRIP = 2048  # rows / columns per triangular solve on an off-diagonal block: a strip-sized temporary
 
 
-def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out: torch.Tensor | None = None
-                             ) -> tuple[torch.Tensor, float]:
+def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out: torch.Tensor | None = None,
+                             dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, float]:
     """Upper U with U^T U = (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors. `out` [K, K] of H's
     dtype receives U; it may be h itself, which is read only until the factor succeeds (a caller done with H then
     holds one K x K fp32 matrix through the factor, not two: 0.77 GiB at K = 14336).
@@ -117,13 +119,13 @@ def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out
     layer at 2 threads). In float64, returned in H's dtype: MKL's potrf differs in its last float64 bits between
     thread counts, as the chain does, and rounding hides nearly all of it (K = 4096: 4 of 16.7M fp32 entries differ
     between 1 and 2 threads, the chain's 5; no GPTQ code changes). The work lives in one float64 K x K buffer
-    (1.5 GiB at K = 14336) and strip-sized temporaries."""
+    (1.5 GiB at K = 14336) and strip-sized temporaries. `dtype`: the factor's working precision (see GPTQOptions)."""
     out_dtype = h.dtype
     k = h.shape[0]
     diag = h.diagonal().to(torch.float64).flip(0)
     mean_diag = torch.mean(diag)
     info = torch.empty((), dtype=torch.int32, device=h.device)
-    buf = torch.empty(k, k, dtype=torch.float64, device=h.device)
+    buf = torch.empty(k, k, dtype=dtype, device=h.device)
     for attempt in range(max_retries + 1):
         _reverse_into(buf, h)  # J H J, symmetric
         a = buf.mT  # column-major, the layout LAPACK works on, so no call copies it
@@ -186,10 +188,12 @@ def group_params_fn(scheme: QuantScheme, search: str, diag: torch.Tensor):
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions,
-                  consume_h: bool = False) -> GPTQResult:
+                  consume_h: bool = False, consume_w: bool = False) -> GPTQResult:
     """Quantize W [N, K] against Hessian H [K, K]. Returns codes in the original column order. `consume_h`: the
-    caller is done with H, whose storage then receives the inverse Hessian's factor (else H stays as it is)."""
-    w = w.detach().float().clone()
+    caller is done with H, whose storage then receives the inverse Hessian's factor (else H stays as it is).
+    `consume_w`: the caller is done with W, which is then worked on in place, not copied (an fp32 W [N, K]: 0.47 GB
+    at an 8B model's gate|up), and may be changed."""
+    w = _own_fp32(w, consume_w)
     given = h
     h = h.detach().float()  # not copied unless a dead column must be patched or H is not fp32
     n, k = w.shape
@@ -220,7 +224,8 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     params = group_params_fn(scheme, opts.scale_search, torch.diag(h).clone())  # permuted order, undamped
     own = consume_h or h.data_ptr() != given.data_ptr()  # H handed over, or a copy made here
     del given
-    u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries, out=h if own else None)
+    u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries, out=h if own else None,
+                                       dtype=opts.factor_dtype)
     del h
 
     # The loop runs on W^T [K, N]: a column of W is then a contiguous row, which on CPU makes the
@@ -234,6 +239,12 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
         scales[order], zeros[order] = scales.clone(), zeros.clone()
         by_original_group = True
     return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, by_original_group), row_losses, damp)
+
+
+def _own_fp32(t: torch.Tensor, consume: bool) -> torch.Tensor:
+    """t in fp32 for this function to change: t itself if the caller handed it over (`consume`), else a copy."""
+    f = t.detach().float()
+    return f if consume or f.data_ptr() != t.data_ptr() else f.clone()
 
 
 def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, block_size: int,

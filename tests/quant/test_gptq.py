@@ -182,26 +182,48 @@ def test_damping_is_raised_when_cholesky_fails(caplog):
     assert "Cholesky failed" in caplog.text
 
 
+def kept_and_handed(w: torch.Tensor, h: torch.Tensor, opts: GPTQOptions, consume: str):
+    """gptq_quantize on copies of W and H, keeping them, then handing `consume` ("w" or "h") over: asserts the two
+    results equal bit for bit and returns the kept and the handed-over copy."""
+    kept = (w if consume == "w" else h).clone()
+    handed = kept.clone()
+    inputs = (lambda t: (t, h)) if consume == "w" else (lambda t: (w, t))
+    a = gptq_quantize(*inputs(kept), QuantScheme(4, 32, True), opts)
+    b = gptq_quantize(*inputs(handed), QuantScheme(4, 32, True), opts, **{f"consume_{consume}": True})
+    assert torch.equal(a.weight.qweight, b.weight.qweight) and torch.equal(a.weight.scales, b.weight.scales)
+    assert torch.equal(a.row_losses, b.row_losses)
+    return kept, handed
+
+
 @pytest.mark.parametrize("act_order", [False, True])
 def test_a_consumed_hessian_receives_the_factor_and_nothing_else_changes(act_order):
     """consume_h (the layer loop's hand-over): H's storage holds the factor afterwards, so a solve holds one K x K
     fp32 matrix beside the float64 buffer, not two; the result is the same bit for bit. Without it H is untouched."""
     from quantkit.quant.gptq import inverse_hessian_cholesky
 
-    x = correlated_inputs(96, 512)
     w = torch.randn(24, 96, generator=torch.Generator().manual_seed(2))
-    scheme, opts = QuantScheme(4, 32, True), GPTQOptions(act_order=act_order)
-    h = hessian(x)
-    kept, handed = h.clone(), h.clone()
-    a = gptq_quantize(w, kept, scheme, opts)
-    b = gptq_quantize(w, handed, scheme, opts, consume_h=True)
+    opts = GPTQOptions(act_order=act_order)
+    h = hessian(correlated_inputs(96, 512))
+    kept, handed = kept_and_handed(w, h, opts, "h")
     assert torch.equal(kept, h)
-    assert torch.equal(a.weight.qweight, b.weight.qweight) and torch.equal(a.weight.scales, b.weight.scales)
-    assert torch.equal(a.row_losses, b.row_losses)
     if not act_order:  # (act-order factors a permuted copy: the caller's H is left as it was)
         assert torch.equal(handed, inverse_hessian_cholesky(h, opts.damp, 0)[0])
     else:
         assert torch.equal(handed, h)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_consumed_weight_gives_the_same_result_and_a_kept_one_is_untouched(dtype, static):
+    """consume_w (the layer loop's hand-over) skips the copy of W; without it the caller's W is left as it was, dead
+    input columns (zeroed in the copy) included."""
+    x = correlated_inputs(96, 512)
+    x[:, 7] = 0  # a dead input: its column of W is zeroed on the way
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(3)).to(dtype)
+    kept, handed = kept_and_handed(w, hessian(x), GPTQOptions(static_groups=static), "w")
+    assert torch.equal(kept, w)
+    if dtype == torch.float32:  # worked on in place: the handed-over W has its dead column zeroed
+        assert torch.all(handed[:, 7] == 0) and not torch.all(kept[:, 7] == 0)
 
 
 @pytest.mark.parametrize("act_order", [False, True])
