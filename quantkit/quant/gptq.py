@@ -238,7 +238,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
         order = walk_groups(perm, gsize)
         scales[order], zeros[order] = scales.clone(), zeros.clone()
         by_original_group = True
-    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, by_original_group), row_losses, damp)
+    return GPTQResult(_to_quantized_weight(codes, scales, zeros, perm, scheme, by_original_group), row_losses, damp)
 
 
 def _own_fp32(t: torch.Tensor, consume: bool) -> torch.Tensor:
@@ -313,15 +313,17 @@ def _quantize_row(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq
 
 def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor,
                          scheme: QuantScheme, static: bool) -> QuantizedWeight:
-    """Undo the permutation of the codes [N, K] and give each input column its group (g_idx).
+    """The codes [N, K] uint8 in the original column order, from the loop's codes [K, N] fp32 in the permuted order,
+    and each input column's group (g_idx). The codes are made bytes first (exact: they lie in [0, maxq]), so the
+    permutation and the transpose move a quarter of the bytes.
 
     Without static groups, group j is the j-th run of `group_size` permuted columns (act-order
     makes g_idx non-monotonic); with static groups it is the original column group.
     """
-    k = codes.shape[1]
+    k = codes.shape[0]
     gsize = scheme.group_len(k)
     invperm = torch.argsort(perm)
     pos = torch.arange(k, device=codes.device)
     group_of_pos = pos // gsize if not static else perm // gsize  # group of each permuted position
     g_idx = group_of_pos[invperm].to(torch.int32)
-    return QuantizedWeight(codes[:, invperm].to(torch.uint8), scales, zeros, g_idx, scheme)  # codes in [0, maxq]
+    return QuantizedWeight(codes.to(torch.uint8)[invperm].T.contiguous(), scales, zeros, g_idx, scheme)
