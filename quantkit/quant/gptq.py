@@ -5,7 +5,9 @@ batch by batch in fp32. Its Cholesky factorizations run in float64 and are round
 LAPACK's blocked fp32 Cholesky gives different last bits at different thread counts, and GPTQ's
 rounding decisions amplify them (the same windows gave different perplexities at 1 and 2 threads). Quantization walks the columns of W (optionally in act-order, largest
 diag(H) first), quantizes one column, and spreads its error over the columns not yet quantized
-through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time.
+through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time. With static groups
+the same updates are spread as residuals through H's own Cholesky factor (hessian_factor: Babai's nearest-plane form,
+no inverse: half the work of a Cholesky and a triangular inverse).
 With group-aware act-order (quantkit.quant.column_order) whole groups are walked by importance instead, and
 each group's scale and zero are stored under its original index: g_idx stays monotonic.
 """
