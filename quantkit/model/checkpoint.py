@@ -270,11 +270,6 @@ class ShardReader:
             self._maps[file] = mm
         return mm
 
-    def with_prefix(self, prefix: str) -> dict[str, torch.Tensor]:
-        """All tensors under `prefix.` with the prefix stripped."""
-        p = prefix + "."
-        return {k[len(p):]: self.get(k) for k in self.entries if k.startswith(p)}
-
     def num_elements(self) -> int:
         """Elements of every tensor, from the headers (no data read)."""
         return sum(math.prod(e.shape) for e in self.entries.values())

@@ -53,6 +53,7 @@ class AWQMethod:
 
     name = "awq"
     needs_calibration = True
+    streams_experts = False  # the MLP norm's scale is searched over every expert's gate/up at once
 
     def __init__(self, config: QuantizeConfig):
         self.config = config

@@ -17,6 +17,7 @@ from quantkit.quant.methods import LayerContext, LayerResult
 class GPTQMethod:
     name = "gptq"
     needs_calibration = True
+    streams_experts = True  # each expert's Hessians and solve need only its own weights
 
     def __init__(self, cfg: QuantizeConfig):
         self.cfg = cfg

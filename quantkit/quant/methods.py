@@ -93,17 +93,22 @@ class LayerResult:
 
 
 def merge_results(first: LayerResult, then: LayerResult) -> LayerResult:
-    """One layer's result from two stages (the dense linears, then an MoE layer's experts). The first stage's
-    outputs were computed before the second changed the layer, so only float outputs (`outputs_are_float`)
-    are kept."""
+    """One layer's result from two stages (the dense linears, then an MoE layer's experts). The second stage's
+    outputs, where it has them (streamed experts), are the layer's; the first stage's were computed before the
+    second changed the layer, so of those only float outputs (`outputs_are_float`) are kept."""
     stats = {**first.stats, "experts": then.stats} if then.stats else first.stats
+    outputs, are_float = (then.outputs, then.outputs_are_float) if then.outputs is not None else (
+        (first.outputs, True) if first.outputs_are_float else (None, False))
     return LayerResult({**first.weights, **then.weights}, {**first.losses, **then.losses}, stats,
-                       {**first.plan, **then.plan}, first.outputs if first.outputs_are_float else None,
-                       first.outputs_are_float, first.written | then.written)
+                       {**first.plan, **then.plan}, outputs, are_float, first.written | then.written)
 
 
 class LayerMethod(Protocol):
     name: str
+    needs_calibration: bool
+    # an MoE layer's experts may be loaded one at a time, on their turn in quantize_experts (quantkit.quant.moe_experts);
+    # False: the method needs every expert in the layer at once
+    streams_experts: bool
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult: ...
 

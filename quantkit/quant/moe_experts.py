@@ -5,11 +5,18 @@
   -> for each expert in turn: the tokens routed to it -> the method quantizes its gate/up, then
      its down on act(gate(x)) * up(x) with gate/up already quantized -> its Hessians are dropped.
 
-Memory: the layer's weights (as for a dense layer), the block's input [T, hidden] fp32, the prior's
-[H, H] Hessian (shared by every expert's gate/up), and one expert's statistics at a time (GPTQ: one
-[H, H] and one [I, I] Hessian), never every expert's. Nor every expert's integer weights: the method
-hands each expert's on when it is done with it (`MoEContext.expert_done`) to the pipeline's sink, which
-packs and writes them then (as uint8 codes, a layer's took 0.6 GB on Qwen3-30B-A3B's shape, packed 0.3 GB).
+Memory: the layer's dense weights, the block's input [T, hidden] fp32, the prior's [H, H] Hessian (shared
+by every expert's gate/up), and one expert at a time: its statistics (GPTQ: one [H, H] and one [I, I]
+Hessian) and, for a method that streams experts (RTN, GPTQ: `streams_experts`), its weights too. The
+pipeline then leaves the experts out of the layer it loads (`streamed_expert_linears`) and hands a
+loader: each expert's linears are read on its turn, and let go once the method is done with them, after
+their share of the block's output on the calibration tokens (routing weight x the expert's output with
+its weights quantized) is added to `MoEContext.output`; the layer's re-run that feeds the next layer takes
+the block's output from there (`replay_layer`). A method that needs every expert at once (AWQ's joint
+scale of every expert's gate/up) gets them loaded with the layer. Nor does a layer's integer weights wait
+all together: the method hands each expert's on when it is done with it (`MoEContext.expert_done`) to the
+pipeline's sink, which packs and writes them then (as uint8 codes, a layer's took 0.6 GB on
+Qwen3-30B-A3B's shape, packed 0.3 GB).
 
 Each expert's statistics come from the tokens routed to it, with a prior: GPTQ's Hessian of a
 linear of input width K is (n H_routed + K H_prior) / (n + K), H_prior that of an evenly strided
@@ -26,18 +33,20 @@ blends its statistics (mean |x|, Gram matrix, clip samples) with the same weight
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from quantkit.format.arch import get_submodule
+from quantkit.format.arch import ExpertsSpec, get_submodule
 from quantkit.format.primitives import QuantizedWeight
-from quantkit.model.moe import SparseMoeBlock, expert_batches
+from quantkit.model.moe import ExpertBatch, SparseMoeBlock, expert_batches
 from quantkit.quant.gptq import accumulate_hessian, empty_hessian
 from quantkit.quant.methods import LayerContext, LayerResult
 
 # receives an expert's final integer weights (names relative to the layer); the pipeline packs and writes them
 ExpertSink = Callable[[dict[str, QuantizedWeight]], None]
+# reads these linears' weights (names relative to the layer) from the checkpoint into the layer, in fp32
+ExpertLoader = Callable[[tuple[str, ...]], None]
 
 PRIOR_TOKENS = 2048  # the block's tokens (evenly strided) whose statistics are every expert's prior
 CHUNK_TOKENS = 4096  # tokens per pass when a statistic is accumulated over many tokens
@@ -54,6 +63,29 @@ class RoutedTokens:
     x: torch.Tensor  # [T, hidden] fp32
     weights: torch.Tensor  # [T, top_k] fp32
     experts: torch.Tensor  # [T, top_k] int64
+    runs: tuple[int, ...] = ()  # tokens of each run of the layer, in order (they sum to T); () for one run
+
+
+def run_sizes(ctx: LayerContext) -> tuple[int, ...]:
+    """Tokens of each of the layer's calibration runs (ctx.inputs), in order."""
+    return tuple(x.shape[0] * x.shape[1] for x in ctx.inputs)
+
+
+def run_bounds(runs: tuple[int, ...], total: int) -> list[tuple[int, int]]:
+    """(start, end) token rows of each run; one run of `total` rows for ()."""
+    if not runs:
+        return [(0, total)]
+    ends = torch.tensor(runs).cumsum(0).tolist()
+    return list(zip([0] + ends[:-1], ends))
+
+
+def streamed_expert_linears(spec: ExpertsSpec, num_experts: int, quantized: frozenset[str]) -> frozenset[str]:
+    """The expert linears a layer loads only on their expert's turn: every expert's, when every expert's linears are
+    all quantized (an expert left float, even in part, must be in the layer for its re-run: then none)."""
+    names = [spec.linears_of(e) for e in range(num_experts)]
+    if not names or not all(n in quantized for linears in names for n in linears):
+        return frozenset()
+    return frozenset(n for linears in names for n in linears)
 
 
 def prior_weight(routed: int, width: int) -> float:
@@ -150,6 +182,9 @@ class MoEContext:
     tokens: RoutedTokens | None = None
     prior_tokens: int = PRIOR_TOKENS
     sink: ExpertSink | None = None  # without one, every expert's weights stay in the method's result
+    loader: ExpertLoader | None = None  # with one, each expert is loaded on its turn and let go after it
+    output: torch.Tensor | None = None  # [T, hidden]: the block's output on tokens.x, summed as experts are let go
+    _by_expert: dict[int, ExpertBatch] | None = field(default=None, init=False, repr=False)
 
     def expert_done(self, result: LayerResult, names: tuple[str, ...]) -> None:
         """The method is done with these linears (one expert's): their integer weights leave `result` for the
@@ -161,17 +196,46 @@ class MoEContext:
         result.written.update(names)
 
     def expert_linears(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
-        """(expert, (gate, up, down)) of each expert whose linears are all quantized, in order."""
+        """(expert, (gate, up, down)) of each expert whose linears are all quantized, in order. With a loader, each
+        expert's weights are read before it is yielded and let go when the caller asks for the next one (or ends
+        the loop), its share of the block's output first added to `output` when that is kept."""
         spec = self.layer.spec.experts
         for e in range(self.block.shape.num_experts):
             names = spec.linears_of(e)
             if all(n in self.quantized for n in names):
+                if self.loader is not None:
+                    self.loader(names)
                 yield e, names
+                if self.loader is not None:
+                    self._let_go(e)
+
+    def _let_go(self, e: int) -> None:
+        """Expert e's share of the block's output added to `output` (with the weights the method left it), then its
+        weights dropped (to the meta device)."""
+        expert = self.block.expert_list[e]
+        batch = self._batches().get(e) if self.output is not None else None
+        if batch is not None:  # run by run, as the block computes it in the layer's runs (the same bits)
+            for start, end in run_bounds(self.tokens.runs, self.output.shape[0]):
+                lo, hi = torch.searchsorted(batch.rows, torch.tensor([start, end])).tolist()
+                if lo == hi:
+                    continue
+                rows = batch.rows[lo:hi]
+                with torch.no_grad(), self.layer.autocast():
+                    y = expert(self.tokens.x[rows]) * batch.weights[lo:hi, None]
+                self.output.index_add_(0, rows, y.to(self.output.dtype))
+        expert.to("meta")
+
+    def _batches(self) -> dict[int, ExpertBatch]:
+        """The calibration tokens routed to each expert that got any (made once)."""
+        if self._by_expert is None:
+            t = self.tokens
+            self._by_expert = {b.expert: b for b in expert_batches(t.weights, t.experts, self.block.shape.num_experts)}
+        return self._by_expert
 
     def experts(self) -> Iterator[ExpertWork]:
         """Each quantized expert with its calibration tokens, one at a time (each x made only on its turn)."""
         tokens = self.tokens
-        batches = {b.expert: b for b in expert_batches(tokens.weights, tokens.experts, self.block.shape.num_experts)}
+        batches = self._batches()
         prior = _strided(tokens.x, self.prior_tokens)
         cached: list[torch.Tensor] = []
 
@@ -214,26 +278,66 @@ def capture_block_input(ctx: LayerContext, block_path: str) -> torch.Tensor:
 
 
 def route_tokens(ctx: LayerContext, block: SparseMoeBlock, x: torch.Tensor) -> RoutedTokens:
-    """The float router's top-k choices for x [T, hidden], in chunks, as the layer computes them."""
+    """The float router's top-k choices for x [T, hidden], as the layer computes them: run by run where x is the block's
+    input on ctx.inputs (capture_block_input; the same arithmetic as the layer's own runs), else in chunks."""
+    runs = run_sizes(ctx)
+    if sum(runs) != x.shape[0]:
+        runs = ()
+    bounds = run_bounds(runs, x.shape[0]) if runs else [(s, min(s + CHUNK_TOKENS, x.shape[0]))
+                                                        for s in range(0, x.shape[0], CHUNK_TOKENS)]
     weights, experts = [], []
     with torch.no_grad(), ctx.autocast():
-        for start in range(0, x.shape[0], CHUNK_TOKENS):
-            w, e = block.route(x[start:start + CHUNK_TOKENS])
+        for start, end in bounds:
+            w, e = block.route(x[start:end])
             weights.append(w.float())
             experts.append(e)
-    return RoutedTokens(x, torch.cat(weights), torch.cat(experts))
+    return RoutedTokens(x, torch.cat(weights), torch.cat(experts), runs)
 
 
-def quantize_experts(ctx: LayerContext, method, calibrated: bool, sink: ExpertSink | None = None) -> LayerResult:
+def replay_layer(ctx: LayerContext, block_path: str, block_output: torch.Tensor) -> list[torch.Tensor]:
+    """The layer's outputs on ctx.inputs (as ctx.run_layer) with its MoE block's output taken from `block_output`
+    [T, hidden] (the block's output on every calibration token, runs in order) instead of computed: its experts
+    need not be in the layer."""
+    block = get_submodule(ctx.layer, block_path)
+    taken = 0
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        nonlocal taken
+        n = hidden.numel() // hidden.shape[-1]
+        if taken + n > block_output.shape[0]:
+            raise RuntimeError(f"the MoE block's replay ran past its {block_output.shape[0]} tokens")
+        out = block_output[taken:taken + n].view_as(hidden).to(hidden.dtype)
+        taken += n
+        return out
+
+    block.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
+    try:
+        outputs = ctx.run_layer()
+    finally:
+        del block.forward
+    if taken != block_output.shape[0]:
+        raise RuntimeError(f"the MoE block's replay used {taken} of its {block_output.shape[0]} tokens")
+    return outputs
+
+
+def quantize_experts(ctx: LayerContext, method, calibrated: bool, sink: ExpertSink | None = None,
+                     loader: ExpertLoader | None = None, propagate: bool = False) -> LayerResult:
     """The layer's experts (ctx.experts) through `method.quantize_experts` (calibrated methods: with routed
-    tokens); each expert's integer weights to `sink` as soon as they are final (without: in the result)."""
+    tokens); each expert's integer weights to `sink` as soon as they are final (without: in the result).
+    `loader`: the experts are not in the layer, each is read on its turn and let go after (see the module
+    docstring); then with `propagate` the result's outputs are the layer's on ctx.inputs, for the next layer."""
     spec = ctx.spec.experts
     block = get_submodule(ctx.layer, spec.block)
-    moe = MoEContext(ctx, block, spec.block, ctx.experts, sink=sink)
+    moe = MoEContext(ctx, block, spec.block, ctx.experts, sink=sink, loader=loader)
     if calibrated:
         moe.tokens = route_tokens(ctx, block, capture_block_input(ctx, spec.block))
+        if loader is not None and propagate:
+            moe.output = torch.zeros_like(moe.tokens.x)
     result = method.quantize_experts(moe)
     if calibrated:  # tokens routed to each expert: the prior's share of its statistics is K / (n + K)
         counts = torch.bincount(moe.tokens.experts.reshape(-1), minlength=block.shape.num_experts)
         result.stats["expert_tokens"] = counts.tolist()
+    if moe.output is not None:
+        moe.tokens = None  # the block's input, no longer needed: not beside the layer's outputs
+        result.outputs, result.outputs_are_float = replay_layer(ctx, spec.block, moe.output), False
     return result

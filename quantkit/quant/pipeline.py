@@ -41,7 +41,7 @@ from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.calib_amount import CalibrationAmount
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
 from quantkit.quant.methods import LayerContext, LayerMethod, merge_results
-from quantkit.quant.moe_experts import quantize_experts
+from quantkit.quant.moe_experts import quantize_experts, streamed_expert_linears
 from quantkit.format.packing import packable
 from quantkit.format.primitives import QuantizedWeight
 from quantkit.quant.shard_writer import ShardWriter
@@ -316,10 +316,18 @@ def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan, show_progr
     return calib
 
 
-def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device) -> None:
-    tensors = {k: reader.get(k).float().to(device) for k in keys}
-    check_finite(tensors, "model")
+def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device, prefix: str = "") -> None:
+    """The checkpoint's tensors `keys` into `model` in fp32 (names relative to `model` once `prefix.` is cut)."""
+    cut = len(prefix) + 1 if prefix else 0
+    tensors = {k[cut:]: reader.get(k).float().to(device) for k in keys}
+    check_finite(tensors, prefix or "model")
     model.load_state_dict(tensors, strict=False, assign=True)
+
+
+def _layer_keys(reader: ShardReader, prefix: str) -> list[str]:
+    """The checkpoint's tensor names under `prefix.`, relative to it."""
+    p = prefix + "."
+    return [k[len(p):] for k in reader.keys() if k.startswith(p)]
 
 
 def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
@@ -329,15 +337,24 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     t0 = time.perf_counter()
     spec = plan.spec
     prefix = f"{spec.layers}.{i}"
-    source = reader.with_prefix(prefix)
-    check_finite(source, prefix)
-    dtypes = {k: v.dtype for k, v in source.items()}
     layer = layers[i]
-    layer.load_state_dict({k: source.pop(k).float().to(device) for k in list(source)}, strict=True, assign=True)
     linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
     moe = moe_shape(spec, hf_cfg)
     experts = frozenset(n for n in spec.expert_linears(moe.num_experts if moe else 0)
                         if f"{prefix}.{n}" in plan.quantized_set)
+    # a method that streams experts gets them one at a time, read on their turn (quantkit.quant.moe_experts)
+    streamed = streamed_expert_linears(spec.experts, moe.num_experts, experts) if moe and method.streams_experts \
+        else frozenset()
+    later = {f"{n}.weight" for n in streamed}
+    source = {k: reader.get(f"{prefix}.{k}") for k in _layer_keys(reader, prefix) if k not in later}
+    check_finite(source, prefix)
+    dtypes = {k: v.dtype for k, v in source.items()}
+    loaded = layer.load_state_dict({k: source.pop(k).float().to(device) for k in list(source)}, strict=False,
+                                   assign=True)
+    absent, extra = sorted(set(loaded.missing_keys) - later), sorted(loaded.unexpected_keys)
+    if absent or extra:
+        raise QuantkitError(f"{prefix}: the checkpoint lacks {absent[:3]} or has unknown tensors {extra[:3]} "
+                            f"for the model its config describes")
     ctx = LayerContext(
         index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
         scheme=cfg.scheme, config=cfg, linears=linears,
@@ -351,7 +368,12 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
         def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
             writer.add(_packed(weights, cfg.layout, prefix))
 
-        result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert))
+        def load_expert(names: tuple[str, ...]) -> None:
+            _load_tensors(layer, reader, [f"{prefix}.{n}.weight" for n in names], device, prefix)
+
+        propagate = bool(inputs) and i < plan.num_layers - 1
+        result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert,
+                                                        load_expert if streamed else None, propagate))
     missing = set(linears) - result.quantized
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")

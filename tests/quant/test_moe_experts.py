@@ -197,3 +197,51 @@ def test_each_layer_gets_its_own_rope_and_mask_in_the_capture(tiny_family):
         hidden = model.model.layers[0](inputs[0], **kwargs[0])
         torch.testing.assert_close(hidden, seen[0])
         torch.testing.assert_close(model.model.layers[1](hidden, **kwargs[1]), seen[1])
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_streamed_experts_are_loaded_one_at_a_time_and_replayed_into_the_layers_outputs(tiny_family, tmp_path,
+                                                                                      method):
+    """With a loader, the layer holds no expert's weights but the one on its turn, and the outputs for the next
+    layer (the block's output summed as experts are let go, replayed into the layer's re-run) equal those of the
+    layer re-run with every expert's dequantized weights in it, to the bit (run by run, as the layer computes)."""
+    from quantkit.quant.pipeline import make_method
+
+    ctx = layer_context(tiny_family("qwen3_moe"), tmp_path, method=method)
+    ctx.inputs = list(ctx.inputs[0].split([3, 1]))  # two runs of the layer, of 192 and 64 tokens
+    block = get_submodule(ctx.layer, ctx.spec.experts.block)
+    weights = {n: get_submodule(ctx.layer, n).weight.detach().clone() for n in ctx.experts}
+    block.expert_list.to("meta")
+    loads, held = [], []
+
+    def loader(names):
+        loads.append(names)
+        for n in names:
+            get_submodule(ctx.layer, n).weight = torch.nn.Parameter(weights[n].clone(), requires_grad=False)
+        held.append(sum(not p.is_meta for p in block.expert_list.parameters()))
+
+    result = moe_experts.quantize_experts(ctx, make_method(ctx.config), calibrated=True, loader=loader,
+                                          propagate=True)
+    assert loads == [ctx.spec.experts.linears_of(e) for e in range(8)] and held == [3] * 8
+    assert all(p.is_meta for p in block.expert_list.parameters())  # each let go after its turn
+    for n in ctx.experts:  # the layer as the method left it, every expert in: re-run through its experts
+        get_submodule(ctx.layer, n).weight = torch.nn.Parameter(result.weights[n].dequantize(), requires_grad=False)
+    expected = ctx.run_layer()
+    assert len(result.outputs) == len(expected) and not result.outputs_are_float
+    assert all(torch.equal(got, want) for got, want in zip(result.outputs, expected))
+
+
+def test_a_replay_with_the_wrong_number_of_tokens_is_refused_and_the_block_left_as_it_was(tiny_family, tmp_path):
+    ctx = layer_context(tiny_family("qwen3_moe"), tmp_path)
+    path = ctx.spec.experts.block
+    block = get_submodule(ctx.layer, path)
+    tokens = sum(x.shape[0] * x.shape[1] for x in ctx.inputs)
+    hidden = ctx.inputs[0].shape[-1]
+    with pytest.raises(RuntimeError, match=f"used {tokens} of its {tokens + 1} tokens"):
+        moe_experts.replay_layer(ctx, path, torch.zeros(tokens + 1, hidden))
+    with pytest.raises(RuntimeError, match=f"ran past its {tokens - 1} tokens"):
+        moe_experts.replay_layer(ctx, path, torch.zeros(tokens - 1, hidden))
+    assert "forward" not in vars(block)  # the block computes its own output again
+    with torch.no_grad():  # the block's own output replayed: the layer's outputs, to the bit
+        replayed = moe_experts.replay_layer(ctx, path, block(capture_block_input(ctx, path)))
+    assert all(torch.equal(a, b) for a, b in zip(replayed, ctx.run_layer(), strict=True))

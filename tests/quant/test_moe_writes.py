@@ -91,16 +91,19 @@ def test_each_expert_is_written_when_quantized_with_one_experts_codes_alive(tiny
                                            ("gptq", "compressed-tensors")])
 def test_experts_written_early_make_the_checkpoint_of_the_layer_at_a_time_path(tiny_family, calib, tmp_path,
                                                                               monkeypatch, method, layout):
-    """Bit for bit, tensor by tensor (their order in the shards differs), against the pipeline with no sink (every
-    expert packed at the end of its layer), in small shards so that the index spans several."""
+    """Bit for bit, tensor by tensor (their order in the shards differs), against the pipeline with every expert
+    loaded with its layer (none read on its turn, the layer re-run through its experts rather than replayed) and no
+    sink (every expert packed at the end of its layer), in small shards so that the index spans several."""
     model = tiny_family("qwen3_moe")
     early = checkpoint_tensors(quantize(model, tmp_path / "early", method, layout, calib, 200_000))
     streamed = pipeline.quantize_experts
 
-    def at_layer_end(ctx, method_, calibrated, sink=None):
+    def at_layer_end(ctx, method_, calibrated, sink=None, loader=None, propagate=False):
+        assert loader is None
         return streamed(ctx, method_, calibrated)
 
     monkeypatch.setattr(pipeline, "quantize_experts", at_layer_end)
+    monkeypatch.setattr(pipeline, "streamed_expert_linears", lambda *args: frozenset())
     late = checkpoint_tensors(quantize(model, tmp_path / "late", method, layout, calib, 200_000))
     assert len(list((tmp_path / "early").glob("model-*.safetensors"))) > 1
     assert set(early) == set(late) and any(EXPERT.match(k) for k in early)

@@ -190,3 +190,13 @@ def test_too_little_calibration_text_is_warned_loudly_and_refused_under_strict(t
     code, output = quantize(tiny_llama, enough, "--calib", synthetic_calib(tmp_path / "calib.txt"), "--strict")
     assert code == 0 and "warning:" not in output, output
     assert json.loads((enough / "quantkit_meta.json").read_text())["warnings"] == []
+
+
+def test_a_layer_tensor_missing_from_the_checkpoint(model_copy, tmp_path):
+    f = model_copy / "model.safetensors"
+    tensors = load_file(str(f))
+    del tensors["model.layers.1.post_attention_layernorm.weight"]
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    out = tmp_path / "q"
+    code, output = quantize(model_copy, out, "--method", "rtn")
+    assert_clean_failure(code, output, out, "model.layers.1: the checkpoint lacks ['post_attention_layernorm.weight']")
