@@ -50,11 +50,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from quantkit.bench.runs import quantize_in_child
+
+if TYPE_CHECKING:
+    from quantkit.eval.fidelity import FloatReference
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -191,7 +194,7 @@ def ppl_ratio_ours(path: Path, float_ppl: float | None) -> tuple[float, float]:
     return ppl, ppl / float_ppl if float_ppl else 1.0
 
 
-def float_reference(path: Path):
+def float_reference(path: Path) -> FloatReference:
     """The float model's log-probs on the perplexity windows (quantkit.eval.fidelity), for every tool's scoring."""
     from quantkit.eval.fidelity import FloatReference
 
@@ -199,7 +202,7 @@ def float_reference(path: Path):
     return FloatReference(model, ids, PPL_SEQLEN)
 
 
-def score_checkpoint(path: Path, ref) -> dict:
+def score_checkpoint(path: Path, ref: FloatReference | None) -> dict:
     """A checkpoint (any tool's) scored by quantkit against the float reference: perplexity, its ratio to the
     float model's, mean KL(float || quant) per token and top-1 agreement, on the same windows; without a reference
     (a real shape's random weights), nothing is scored."""
@@ -211,7 +214,7 @@ def score_checkpoint(path: Path, ref) -> dict:
     return {"ppl": fid.ppl, "ratio": fid.ppl / ref.ppl, "kl": fid.kl, "top1": fid.top1}
 
 
-def run_ours(model: Path, out: Path, method: str, group: int, threads: int, ref, seed: int = 0,
+def run_ours(model: Path, out: Path, method: str, group: int, threads: int, ref: FloatReference | None, seed: int = 0,
              windows: Windows = Windows()) -> dict:
     """`quantkit quantize` in a child; its checkpoint scored against `ref` (unless None)."""
     args = METHODS[method].ours + ["--group-size", str(group), *windows.args(), "--seed", str(seed),
@@ -263,7 +266,7 @@ def check_peer(python: Path, tool: str) -> str:
 
 
 def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-             skip_float: bool, ref, seed: int = 0, windows: Windows = Windows()) -> dict:
+             skip_float: bool, ref: FloatReference | None, seed: int = 0, windows: Windows = Windows()) -> dict:
     """llm-compressor quantizes and scores its perplexity in its venv (the float model's too, unless `skip_float`);
     its checkpoint (compressed-tensors) is also scored here against `ref`, for the fidelity figures (and `ppl_qk`,
     quantkit's perplexity of it, a cross-check). Without `ref` (a real shape's random weights) nothing is scored."""
@@ -279,7 +282,7 @@ def run_peer(python: Path, model: Path, out: Path, method: str, group: int, targ
 
 
 def run_gptqmodel(python: Path, model: Path, out: Path, method: str, group: int, targets: str, threads: int,
-                  ref, seed: int = 0) -> dict:
+                  ref: FloatReference | None, seed: int = 0) -> dict:
     """GPTQModel quantizes in its venv; its checkpoint (GPTQ v1) is scored here by quantkit's perplexity code."""
     r = run_worker(python, "gptqmodel", worker_args("gptqmodel", method, model, out, group, targets, threads, seed),
                    threads, out.parent)

@@ -106,8 +106,8 @@ def merge_results(first: LayerResult, then: LayerResult) -> LayerResult:
 class LayerMethod(Protocol):
     name: str
     needs_calibration: bool
-    # an MoE layer's experts may be loaded one at a time, on their turn in quantize_experts (quantkit.quant.moe_experts);
-    # False: the method needs every expert in the layer at once
+    # True: an MoE layer's experts may be loaded one at a time, each on its turn in quantize_experts
+    # (quantkit.quant.moe_experts); False: the method needs every expert in the layer at once
     streams_experts: bool
 
     def quantize_layer(self, ctx: LayerContext) -> LayerResult: ...
