@@ -1,7 +1,7 @@
 """GPTQ's two largest math steps at an 8B model's shapes, each against its previous form, one process, alternating
 rounds (ours and the previous in turn, printing the median per-round ratio, previous / ours: above 1 is faster).
 
-  python benchmarks/gptq_steps.py [--steps factor,hessian] [--k 4096,14336] [--rounds 3] [--threads 2]
+  python benchmarks/gptq_steps.py [--steps factor,factor-fp32,hessian] [--k 4096,14336] [--rounds 3] [--threads 2]
                                   [--tokens 8192] [--thread-check]
 
 factor: the float64 factor of the inverse Hessian (upper U, U^T U = (H + damp)^-1), quantkit's one Cholesky of the
@@ -11,6 +11,10 @@ H = 2 X^T X / T from --tokens random tokens with a shared low-rank part and unev
 singular, as an 8B model's down_proj is with 16 x 512 windows: the 1% damping makes it definite). Also prints how far
 U is from the chain's; with --thread-check, ours runs again at 1 thread and at --threads, and says whether the two
 fp32 factors are equal bit for bit.
+
+factor-fp32: the same factor worked in fp32 (GPTQOptions.factor_dtype, as llm-compressor and GPTQModel factor)
+against float64: time, how far the fp32 U are apart, and with --thread-check whether the fp32 one depends on the
+thread count.
 
 hessian: the Hessian accumulation (accumulate_hessian: the lower triangle in 8 column blocks, mirrored block by
 block) against the previous one (4 column blocks, mirrored through three K x K temporaries), folding two bf16
@@ -96,13 +100,38 @@ def bench_factor(k: int, tokens: int, rounds: int, thread_check: bool, threads: 
     print(f"{report('factor', k, times, 'chain', rounds)}; fp32 entries equal to the chain's {same:.6f}, "
           f"largest difference {diff:.1e} of max|U|")
     if thread_check:
-        factors = []
-        for n in (1, threads):
-            torch.set_num_threads(n)
-            factors.append(inverse_hessian_cholesky(h, 0.01, 0)[0])
-        torch.set_num_threads(threads)
-        differ = int((factors[0] != factors[1]).sum())
-        print(f"factor K={k}: ours at 1 and {threads} threads: {differ} of {k * k} fp32 entries differ")
+        print(f"factor K={k}: ours at 1 and {threads} threads: {threads_differ(h, threads)} of {k * k} fp32 "
+              f"entries differ")
+
+
+def threads_differ(h: torch.Tensor, threads: int, dtype: torch.dtype = torch.float64) -> int:
+    """How many entries of the fp32 factor of H (worked in `dtype`) differ between 1 and `threads` threads."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    factors = []
+    for n in (1, threads):
+        torch.set_num_threads(n)
+        factors.append(inverse_hessian_cholesky(h, 0.01, 0, dtype=dtype)[0])
+    torch.set_num_threads(threads)
+    return int((factors[0] != factors[1]).sum())
+
+
+def bench_factor_fp32(k: int, tokens: int, rounds: int, thread_check: bool, threads: int) -> None:
+    """The factor worked in fp32 (GPTQOptions.factor_dtype) against the float64 one: time, and how far apart."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    h = hessian(k, tokens)
+    got: dict[str, torch.Tensor] = {}
+    forms = {"float64": torch.float64, "ours": torch.float32}
+    times = alternate({name: (lambda d=d, name=name: timed(lambda: inverse_hessian_cholesky(h, 0.01, 0, dtype=d)[0],
+                                                             got, name)) for name, d in forms.items()}, rounds)
+    same = float((got["ours"] == got["float64"]).double().mean())
+    rel = (got["ours"] - got["float64"]).abs() / got["float64"].abs().max()
+    print(f"{report('factor fp32', k, times, 'float64', rounds)}; fp32 entries equal to the float64 factor's "
+          f"{same:.6f}, largest difference {float(rel.max()):.1e} of max|U|, median {float(rel.median()):.1e}")
+    if thread_check:
+        print(f"factor fp32 K={k}: at 1 and {threads} threads: {threads_differ(h, threads, torch.float32)} of "
+              f"{k * k} fp32 entries differ")
 
 
 def bench_hessian(k: int, tokens: int, rounds: int) -> None:
@@ -116,9 +145,12 @@ def bench_hessian(k: int, tokens: int, rounds: int) -> None:
     print(f"{report('hessian', k, times, 'previous', rounds)}; bit-identical: {torch.equal(got['previous'], got['ours'])}")
 
 
+FACTOR_STEPS = {"factor": bench_factor, "factor-fp32": bench_factor_fp32}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", default="factor,hessian", help="comma-separated: factor, hessian")
+    ap.add_argument("--steps", default="factor,hessian", help="comma-separated: factor, factor-fp32, hessian")
     ap.add_argument("--k", default="4096,14336", help="comma-separated K (H is K x K)")
     ap.add_argument("--tokens", type=int, default=8192)
     add_round_options(ap, rounds=3, threads=2)
@@ -127,8 +159,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for step in args.steps.split(","):
         for k in (int(v) for v in args.k.split(",")):
-            if step == "factor":
-                bench_factor(k, args.tokens, args.rounds, args.thread_check, args.threads)
+            if step in FACTOR_STEPS:
+                FACTOR_STEPS[step](k, args.tokens, args.rounds, args.thread_check, args.threads)
             else:
                 bench_hessian(k, args.tokens, args.rounds)
 

@@ -52,7 +52,8 @@ def write_random_models(bf16: Path, q4: Path, layers: int, vocab: int, seed: int
     from quantkit.config import QuantizeConfig
     from quantkit.format.arch import config_dims, spec_for
     from quantkit.format.primitives import rtn_quantize
-    from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
+    from quantkit.quant.shard_writer import ShardWriter
+    from quantkit.quant.writer import packed_tensors, quantization_config, write_metadata
 
     config = Qwen3MoeConfig(num_hidden_layers=layers, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
                             pad_token_id=0, **QWEN3_30B_A3B)

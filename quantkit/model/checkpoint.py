@@ -92,6 +92,10 @@ class TensorEntry:
     start: int
     end: int
 
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
 
 def read_safetensors_header(file: Path) -> dict[str, TensorEntry]:
     """Parse and validate a safetensors header; one line on a corrupt or truncated file.
@@ -189,6 +193,11 @@ class ShardReader:
         data = torch.from_numpy(np.frombuffer(mm, dtype=np.uint8, count=n, offset=e.start).copy())
         _release(mm, e.start, e.end)
         return data.view(e.dtype).reshape(e.shape)
+
+    def entry(self, key: str) -> TensorEntry:
+        """Where the tensor's bytes lie (in the file self.path / entry.file), for a copy that reads no data into
+        memory (ShardWriter.add_stored)."""
+        return self._entry(key)
 
     def rows(self, key: str, index: torch.Tensor) -> torch.Tensor:
         """Rows `index` [n] (int64, along dim 0) of a tensor, read from the file one row at a time (pread, not the

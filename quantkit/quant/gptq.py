@@ -5,7 +5,9 @@ batch by batch in fp32. Its Cholesky factorizations run in float64 and are round
 LAPACK's blocked fp32 Cholesky gives different last bits at different thread counts, and GPTQ's
 rounding decisions amplify them (the same windows gave different perplexities at 1 and 2 threads). Quantization walks the columns of W (optionally in act-order, largest
 diag(H) first), quantizes one column, and spreads its error over the columns not yet quantized
-through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time.
+through the Cholesky factor of H^-1; updates are applied lazily, `block_size` columns at a time. With static groups
+the same updates are spread as residuals through H's own Cholesky factor (hessian_factor: Babai's nearest-plane form,
+no inverse: half the work of a Cholesky and a triangular inverse).
 With group-aware act-order (quantkit.quant.column_order) whole groups are walked by importance instead, and
 each group's scale and zero are stored under its original index: g_idx stays monotonic.
 """
@@ -72,6 +74,8 @@ class GPTQOptions:
     # each group's scale and zero: min-max, or searched (quantkit.quant.scale_search) on the weight error (mse) or
     # on the error weighted by diag(H), the inputs' mean square per channel (imatrix)
     scale_search: str = "minmax"
+    # the working precision of the inverse Hessian's factor (the result is fp32 either way)
+    factor_dtype: torch.dtype = torch.float64
 
     def __post_init__(self):
         if self.act_order and self.act_group_aware:
@@ -105,35 +109,62 @@ TRI_INV_LEAF = 128  # a lower-triangular block this small is inverted by one sol
 TRI_INV_STRIP = 2048  # rows / columns per triangular solve on an off-diagonal block: a strip-sized temporary
 
 
-def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out: torch.Tensor | None = None
-                             ) -> tuple[torch.Tensor, float]:
-    """Upper U with U^T U = (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors. `out` [K, K] of H's
-    dtype receives U; it may be h itself, which is read only until the factor succeeds (a caller done with H then
-    holds one K x K fp32 matrix through the factor, not two: 0.77 GiB at K = 14336).
+def hessian_factor(h: torch.Tensor, damp: float, max_retries: int, out: torch.Tensor | None = None,
+                   dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, float]:
+    """What GPTQ's column loop needs of H, from one Cholesky and no inverse: P [K, K] upper, in H's dtype, with
+    P_ii = 1 / R_ii and P_ji = -R_ji / R_ii (j < i), where H + damp*mean(diag H)*I = R R^T, R upper; damp raised
+    x10 until it factors. With U = R^-1 (the upper factor of H^-1 that GPTQ is written with, U^T U = H^-1), the
+    loop's errors E = (W - Q) R, so column i's updated value is w_i + sum_{j<i} (w_j - q_j) R_ji / R_ii: the same
+    numbers (but for float rounding) as w_i - sum_{j<i} E_j U_ji, without forming U (Babai's nearest-plane form of
+    GPTQ). P_ii = U_ii, so the objective E_i = (x_i - q_i) / P_ii is GPTQ's.
+
+    With J the reversal permutation, J H J = L L^T (one potrf, K^3/3 flops) gives R = J L J. `out` [K, K] of H's
+    dtype receives P; it may be h itself, read only until the factor succeeds. In float64 by default, returned in H's
+    dtype (see inverse_hessian_cholesky on thread counts); the work lives in one K x K buffer of `dtype`."""
+    a, damp = _reversed_cholesky(h, damp, max_retries, dtype)  # L, lower, column-major
+    d = a.diagonal().clone()
+    a.div_(d.neg())  # column b of L over -L_bb
+    a.diagonal().copy_(d.reciprocal())
+    p = torch.empty_like(h) if out is None else out
+    _reverse_into(p, a)  # P = J (scaled L) J, upper (h is no longer read)
+    return p, damp
+
+
+def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out: torch.Tensor | None = None,
+                             dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, float]:
+    """Upper U with U^T U = (H + damp*mean(diag H)*I)^-1, raising damp x10 until it factors: the factor GPTQ is
+    written with (the textbook loop the tests hold the column loop to; gptq_quantize needs only hessian_factor).
+    `out` [K, K] of H's dtype receives U; it may be h itself, which is read only until the factor succeeds.
 
     With J the reversal permutation, J H J = L L^T (one potrf) gives H = R R^T with R = J L J upper, so
     U = R^-1 = J L^-1 J: one Cholesky and one triangular inverse, about 2/3 K^3 flops, where the chain
-    cholesky, cholesky_inverse, cholesky (upper) takes 4/3 K^3 (at K = 14336, an 8B model's down_proj, 76 s a
-    layer at 2 threads). In float64, returned in H's dtype: MKL's potrf differs in its last float64 bits between
-    thread counts, as the chain does, and rounding hides nearly all of it (K = 4096: 4 of 16.7M fp32 entries differ
-    between 1 and 2 threads, the chain's 5; no GPTQ code changes). The work lives in one float64 K x K buffer
-    (1.5 GiB at K = 14336) and strip-sized temporaries."""
-    out_dtype = h.dtype
+    cholesky, cholesky_inverse, cholesky (upper) takes 4/3 K^3. In float64, returned in H's dtype: MKL's potrf
+    differs in its last float64 bits between thread counts, as the chain does, and rounding hides nearly all of it
+    (K = 4096: 4 of 16.7M fp32 entries differ between 1 and 2 threads, the chain's 5; no GPTQ code changes); in
+    fp32 about half of them differ. The work lives in one K x K buffer of `dtype` and strip-sized temporaries."""
+    a, damp = _reversed_cholesky(h, damp, max_retries, dtype)
+    invert_lower_in_place(a)  # a = L^-1
+    u = torch.empty_like(h) if out is None else out
+    _reverse_into(u, a)  # U = J L^-1 J, upper (h is no longer read)
+    return u, damp
+
+
+def _reversed_cholesky(h: torch.Tensor, damp: float, max_retries: int, dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, float]:
+    """L [K, K] lower (a column-major view, upper triangle zero) with J (H + damp*mean(diag H)*I) J = L L^T, in
+    `dtype`, raising damp x10 until it factors; and the damp used. h is only read."""
     k = h.shape[0]
     diag = h.diagonal().to(torch.float64).flip(0)
     mean_diag = torch.mean(diag)
     info = torch.empty((), dtype=torch.int32, device=h.device)
-    buf = torch.empty(k, k, dtype=torch.float64, device=h.device)
+    buf = torch.empty(k, k, dtype=dtype, device=h.device)
     for attempt in range(max_retries + 1):
         _reverse_into(buf, h)  # J H J, symmetric
         a = buf.mT  # column-major, the layout LAPACK works on, so no call copies it
         a.diagonal().copy_(diag + damp * mean_diag)
         torch.linalg.cholesky_ex(a, out=(a, info))  # a = L, lower (upper triangle zeroed)
         if info == 0:
-            invert_lower_in_place(a)  # a = L^-1
-            u = torch.empty(k, k, dtype=out_dtype, device=h.device) if out is None else out
-            _reverse_into(u, a)  # U = J L^-1 J, upper (h is no longer read)
-            return u, damp
+            return a, damp
         log.warning("GPTQ: Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
         damp *= 10
     raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")
@@ -186,10 +217,12 @@ def group_params_fn(scheme: QuantScheme, search: str, diag: torch.Tensor):
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: GPTQOptions,
-                  consume_h: bool = False) -> GPTQResult:
+                  consume_h: bool = False, consume_w: bool = False) -> GPTQResult:
     """Quantize W [N, K] against Hessian H [K, K]. Returns codes in the original column order. `consume_h`: the
-    caller is done with H, whose storage then receives the inverse Hessian's factor (else H stays as it is)."""
-    w = w.detach().float().clone()
+    caller is done with H, whose storage then receives the inverse Hessian's factor (else H stays as it is).
+    `consume_w`: the caller is done with W, which is then worked on in place, not copied (an fp32 W [N, K]: 0.47 GB
+    at an 8B model's gate|up), and may be changed."""
+    w = _own_fp32(w, consume_w)
     given = h
     h = h.detach().float()  # not copied unless a dead column must be patched or H is not fp32
     n, k = w.shape
@@ -220,46 +253,65 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, scheme: QuantScheme, opts: G
     params = group_params_fn(scheme, opts.scale_search, torch.diag(h).clone())  # permuted order, undamped
     own = consume_h or h.data_ptr() != given.data_ptr()  # H handed over, or a copy made here
     del given
-    u, damp = inverse_hessian_cholesky(h, opts.damp, opts.max_damp_retries, out=h if own else None)
+    # Babai's form (no inverse) unless a group's scale is taken from columns the loop has updated: its intermediate
+    # updates are not the textbook's, only each column's final value is
+    residual_form = static is not None or gsize >= k
+    factor = hessian_factor if residual_form else inverse_hessian_cholesky
+    p, damp = factor(h, opts.damp, opts.max_damp_retries, out=h if own else None, dtype=opts.factor_dtype)
     del h
 
     # The loop runs on W^T [K, N]: a column of W is then a contiguous row, which on CPU makes the
     # per-column quantize and the rank-1 updates several times faster than strided columns.
     wt = w.T.contiguous()
     del w
-    codes, row_losses = _quantize_columns(wt, u, scheme, opts.block_size, static, perm, scales, zeros, params)
+    codes, row_losses = _quantize_columns(wt, p, scheme, opts.block_size, static, perm, scales, zeros, params,
+                                          residual_form)
     by_original_group = static is not None
     if opts.act_group_aware and not by_original_group:  # group j of the walk is original group walk_groups[j]
         order = walk_groups(perm, gsize)
         scales[order], zeros[order] = scales.clone(), zeros.clone()
         by_original_group = True
-    return GPTQResult(_to_quantized_weight(codes.T, scales, zeros, perm, scheme, by_original_group), row_losses, damp)
+    return GPTQResult(_to_quantized_weight(codes, scales, zeros, perm, scheme, by_original_group), row_losses, damp)
 
 
-def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, block_size: int,
+def _own_fp32(t: torch.Tensor, consume: bool) -> torch.Tensor:
+    """t in fp32 for this function to change: t itself if the caller handed it over (`consume`), else a copy."""
+    f = t.detach().float()
+    return f if consume or f.data_ptr() != t.data_ptr() else f.clone()
+
+
+def _quantize_columns(wt: torch.Tensor, p: torch.Tensor, scheme: QuantScheme, block_size: int,
                       static: list | None, perm: torch.Tensor, scales: torch.Tensor,
-                      zeros: torch.Tensor, params) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ's lazy-batch loop over W^T [K, N] (updated in place), permuted column order; U [K, K]
-    is the upper Cholesky factor of H^-1. Fills `scales`/`zeros` [groups, N] for groups found on
-    the way (static groups come filled). Returns the codes [K, N] and the objective per row [N].
+                      zeros: torch.Tensor, params, residual_form: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ's lazy-batch loop over W^T [K, N] (updated in place), permuted column order. Fills `scales`/`zeros`
+    [groups, N] for groups found on the way (static groups come filled). Returns the codes [K, N] and the objective
+    per row [N]. Column i (a row of W^T) is quantized at x_i, one of two forms of the same value:
 
-    The updates are lazy at two levels, so no per-column step touches more than a few rows:
-    a row of W^T gets the errors of the earlier columns of its sub-block (`SUB_BLOCK` columns)
-    as one vector-matrix product just before it is quantized; each finished sub-block updates
-    the rest of its block, and each finished block the rest of W^T, as one GEMM. `params(w_cols, start)` gives a
-    group's scale and zero when the loop reaches it (group_params_fn)."""
+    - the textbook's, P = U [K, K] (inverse_hessian_cholesky): x_i = w_i - sum_{j<i} E_j U_ji, E_j GPTQ's scaled
+      error (x_j - deq(q_j)) / U_jj;
+    - with `residual_form`, P = hessian_factor's: x_i = w_i - sum_{j<i} d_j P_ji, d_j = w_j - deq(q_j) against the
+      original w_j (a copy of W^T is kept for them). Midway (j < s < i) the sums differ from the textbook's, so a
+      group's scale must not be taken from the updated columns (static groups, or one group).
+
+    The updates are lazy at two levels, so no per-column step touches more than a few rows: a row of W^T gets the
+    updates of the earlier columns of its sub-block (`SUB_BLOCK` columns) as one vector-matrix product just before
+    it is quantized; each finished sub-block updates the rest of its block, and each finished block the rest of
+    W^T, as one GEMM. `params(w_cols, start)` gives a group's scale and zero when the loop reaches it
+    (group_params_fn)."""
     k, n = wt.shape
     gsize = scheme.group_len(k)
     sub = math.gcd(SUB_BLOCK, gsize)  # group starts fall on sub-block starts, with every earlier error applied
+    original = wt.clone() if residual_form else None  # [K, N]: the residuals d are taken against these
     codes = torch.empty_like(wt)
     losses = torch.zeros(n, dtype=torch.float32, device=wt.device)
-    diag = u.diagonal().tolist()  # Python floats: no 0-d tensor per column
+    diag = p.diagonal().tolist()  # Python floats: no 0-d tensor per column
     scale = zero = None
     for i1 in range(0, k, block_size):
         i2 = min(i1 + block_size, k)
         w1 = wt[i1:i2].clone()  # [B, N]
-        err1 = torch.empty_like(w1)
-        u1 = u[i1:i2, i1:i2]
+        err1 = torch.empty_like(w1)  # GPTQ's scaled errors E
+        upd1 = torch.empty_like(w1) if residual_form else err1  # what the updates spread: d, or E
+        p1 = p[i1:i2, i1:i2]
         for s1 in range(0, i2 - i1, sub):
             s2 = min(s1 + sub, i2 - i1)
             for i in range(s1, s2):
@@ -269,14 +321,16 @@ def _quantize_columns(wt: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, bl
                 elif col % gsize == 0:
                     scale, zero = params(_group_rows(wt, w1, i1, i, gsize).T, col)
                     scales[col // gsize], zeros[col // gsize] = scale, zero
-                x = w1[i] if i == s1 else torch.addmv(w1[i], err1[s1:i].T, u1[s1:i, i], alpha=-1)  # [N]
+                x = w1[i] if i == s1 else torch.addmv(w1[i], upd1[s1:i].T, p1[s1:i, i], alpha=-1)  # [N]
                 _quantize_row(x, scale, zero, scheme.maxq, diag[col], codes[col], err1[i])
+                if residual_form:
+                    _residual(x, original[col], err1[i], diag[col], upd1[i])
             if s2 < i2 - i1:
-                w1[s2:].addmm_(u1[s1:s2, s2:].T, err1[s1:s2], alpha=-1)  # [B - s2, S] @ [S, N], in place
+                w1[s2:].addmm_(p1[s1:s2, s2:].T, upd1[s1:s2], alpha=-1)  # [B - s2, S] @ [S, N], in place
         losses += err1.square().sum(0) / 2
         # [K - i2, B] @ [B, N] in place: the same bits as `-= ... @ ...` without a [K - i2, N] temporary (235 MB
         # at an 8B down_proj's first block), 2-3x faster
-        wt[i2:].addmm_(u[i1:i2, i2:].T, err1, alpha=-1)
+        wt[i2:].addmm_(p[i1:i2, i2:].T, upd1, alpha=-1)
     return codes, losses
 
 
@@ -300,17 +354,24 @@ def _quantize_row(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq
     torch.sub(x, err_out, out=err_out).div_(d)
 
 
+def _residual(x: torch.Tensor, w: torch.Tensor, err: torch.Tensor, d: float, res_out: torch.Tensor) -> None:
+    """The residual w - dequant [N] of a row quantized at x (originally w), from its scaled error (x - dequant) / d."""
+    torch.mul(err, d, out=res_out).sub_(x).add_(w)
+
+
 def _to_quantized_weight(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor,
                          scheme: QuantScheme, static: bool) -> QuantizedWeight:
-    """Undo the permutation of the codes [N, K] and give each input column its group (g_idx).
+    """The codes [N, K] uint8 in the original column order, from the loop's codes [K, N] fp32 in the permuted order,
+    and each input column's group (g_idx). The codes are made bytes first (exact: they lie in [0, maxq]), so the
+    permutation and the transpose move a quarter of the bytes.
 
     Without static groups, group j is the j-th run of `group_size` permuted columns (act-order
     makes g_idx non-monotonic); with static groups it is the original column group.
     """
-    k = codes.shape[1]
+    k = codes.shape[0]
     gsize = scheme.group_len(k)
     invperm = torch.argsort(perm)
     pos = torch.arange(k, device=codes.device)
     group_of_pos = pos // gsize if not static else perm // gsize  # group of each permuted position
     g_idx = group_of_pos[invperm].to(torch.int32)
-    return QuantizedWeight(codes[:, invperm].to(torch.uint8), scales, zeros, g_idx, scheme)  # codes in [0, maxq]
+    return QuantizedWeight(codes.to(torch.uint8)[invperm].T.contiguous(), scales, zeros, g_idx, scheme)

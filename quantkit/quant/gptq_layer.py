@@ -66,13 +66,13 @@ class GPTQMethod:
         in one pass (rows are independent given H), so the column loop and the Cholesky run once.
 
         H and the weights are handed over: gptq_quantize holds the only references (H's storage receives its factor, the
-        weights are held until it has its own fp32 copy), and the linears hold no weight until theirs is dequantized back
+        weights are worked on in place), and the linears hold no weight until theirs is dequantized back
         (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again)."""
         linears = [get_submodule(ctx.layer, n) for n in names]
         start = time.perf_counter()
         sizes = [lin.weight.shape[0] for lin in linears]
         try:
-            r = gptq_quantize(_hand_over(linears), h, ctx.scheme, self.opts, consume_h=True)
+            r = gptq_quantize(_hand_over(linears), h, ctx.scheme, self.opts, consume_h=True, consume_w=True)
         except ArithmeticError as exc:
             raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
         del h

@@ -44,7 +44,8 @@ from quantkit.quant.methods import LayerContext, LayerMethod, merge_results
 from quantkit.quant.moe_experts import quantize_experts, streamed_expert_linears
 from quantkit.format.packing import packable
 from quantkit.format.primitives import QuantizedWeight
-from quantkit.quant.writer import ShardWriter, packed_tensors, quantization_config, write_metadata
+from quantkit.quant.shard_writer import ShardWriter
+from quantkit.quant.writer import packed_tensors, quantization_config, write_metadata
 
 # method name (quantkit.config.METHODS) -> the module and class that implement it; a module is imported only when its
 # method is asked for, so AWQ's search and GPTQ's solver stay unloaded for the runs that do not use them
@@ -214,9 +215,9 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         plan.notes.append(f"calibration forward passes in {str(dtype).removeprefix('torch.')}: {why}")
         inputs, layer_kwargs = _first_layer_inputs(model, reader, spec, calib.input_ids, device)
 
-    writer = ShardWriter(out_dir, cfg.max_shard_size)
     reports, plan_tensors = [], {}
-    with progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
+    with ShardWriter(out_dir, cfg.max_shard_size) as writer, \
+            progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
             report, layer_plan, inputs = _quantize_one_layer(
                 cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, writer, dtype)
@@ -225,8 +226,8 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
             if cfg.low_memory:
                 release_freed_memory()
             advance()
-    _copy_outside_layers(cfg, reader, writer, spec.layers)
-    writer.finish()
+        _copy_outside_layers(cfg, reader, writer, spec.layers)
+        writer.finish()
     reader.close()
     if plan_tensors:
         save_plan(plan_tensors, out_dir / PLAN_FILE)
@@ -282,12 +283,12 @@ def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> 
 
 def _copy_outside_layers(cfg: QuantizeConfig, reader: ShardReader, writer: ShardWriter, layers_prefix: str) -> None:
     """Every tensor outside the decoder layers as it is (embeddings, final norm, lm_head), one at a time
-    (they are the largest); lm_head packed with --quantize-lm-head."""
+    (they are the largest), their bytes copied file to file; lm_head packed with --quantize-lm-head."""
     for key in [k for k in reader.keys() if not k.startswith(layers_prefix + ".")]:
         if cfg.quantize_lm_head and key == f"{LM_HEAD}.weight":
             writer.add(quantize_lm_head(reader.get(key), cfg.scheme, cfg.layout).tensors)
             continue
-        writer.add({key: reader.get(key)})
+        writer.add_stored(key, reader.entry(key), reader.path)
 
 
 def import_model_code(source: ModelSource) -> float:

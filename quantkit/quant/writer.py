@@ -1,8 +1,7 @@
 """Writing a quantized checkpoint: safetensors shards (+ index), config.json with the
 quantization_config that vLLM and transformers read, quantize_config.json, tokenizer files.
 
-Tensors arrive layer by layer and are streamed to disk as they come (see ShardWriter), so the
-writer holds one tensor at a time, not a shard.
+The shards themselves are streamed to disk as tensors come, layer by layer (quantkit.quant.shard_writer).
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import struct
 from pathlib import Path
 
 import torch
@@ -19,96 +17,11 @@ from quantkit.config import QuantizeConfig
 from quantkit.format import compressed_tensors
 from quantkit.format.packing import pack
 from quantkit.format.primitives import QuantizedWeight
-from quantkit.model.checkpoint import SAFETENSORS_DTYPES
-
-SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 
 COPY_FILES = (
     "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
     "generation_config.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
 )
-
-
-class ShardWriter:
-    """Streams tensors into safetensors shards without holding a shard in memory.
-
-    Each tensor's bytes go straight to the open shard's data file; its header entry is kept.
-    When the next tensor would pass `max_shard_bytes`, the shard is closed: header, then the data
-    copied after it in 1 MiB chunks. Memory use is one tensor at a time, whatever the shard size.
-    """
-
-    def __init__(self, out_dir: Path, max_shard_bytes: int):
-        self.out_dir = Path(out_dir)
-        self.max_shard_bytes = max_shard_bytes
-        self._parts: list[tuple[Path, list[str]]] = []
-        self._open: _OpenShard | None = None
-        self.total_bytes = 0
-
-    def add(self, tensors: dict[str, torch.Tensor]) -> None:
-        # widest dtypes first, as safetensors orders them, so that offsets stay aligned
-        for name, t in sorted(tensors.items(), key=lambda kv: -kv[1].element_size()):
-            size = t.numel() * t.element_size()
-            if self._open is not None and self._open.nbytes and self._open.nbytes + size > self.max_shard_bytes:
-                self._close()
-            if self._open is None:
-                self._open = _OpenShard(self.out_dir / f"part-{len(self._parts):05d}.data.tmp")
-            self._open.write(name, t)
-            self.total_bytes += size
-
-    def _close(self) -> None:
-        part = self.out_dir / f"part-{len(self._parts):05d}.safetensors.tmp"
-        keys = self._open.finish(part)
-        self._parts.append((part, keys))
-        self._open = None
-
-    def finish(self) -> list[str]:
-        """Name the shards model.safetensors or model-0000i-of-0000N.safetensors, and always write
-        the index: loaders that glob *.safetensors (vLLM) then read only the files it names, not
-        other safetensors files kept beside the weights (awq_plan.safetensors)."""
-        if self._open is None and not self._parts:  # nothing was added: still one (empty) shard
-            self._open = _OpenShard(self.out_dir / "part-00000.data.tmp")
-        if self._open is not None:
-            self._close()
-        n = len(self._parts)
-        weight_map, names = {}, []
-        for i, (part, keys) in enumerate(self._parts, 1):
-            name = "model.safetensors" if n == 1 else f"model-{i:05d}-of-{n:05d}.safetensors"
-            part.rename(self.out_dir / name)
-            names.append(name)
-            weight_map.update({k: name for k in keys})
-        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-        (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        return names
-
-
-class _OpenShard:
-    """One shard being written: its data file and the header entries of what is in it."""
-
-    def __init__(self, data_path: Path):
-        self.data_path = data_path
-        self._fh = open(data_path, "wb")
-        self.header: dict[str, dict] = {}
-        self.nbytes = 0
-
-    def write(self, name: str, t: torch.Tensor) -> None:
-        t = t.detach().cpu().contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
-        self._fh.write(memoryview(raw))
-        end = self.nbytes + t.numel() * t.element_size()
-        self.header[name] = {"dtype": SAFETENSORS_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [self.nbytes, end]}
-        self.nbytes = end
-
-    def finish(self, part: Path) -> list[str]:
-        """Write `part`: u64 header length, the JSON header padded to 8 bytes, then the data."""
-        self._fh.close()
-        header = json.dumps({"__metadata__": {"format": "pt"}, **self.header}, separators=(",", ":")).encode()
-        header += b" " * (-len(header) % 8)
-        with open(part, "wb") as out, open(self.data_path, "rb") as data:
-            out.write(struct.pack("<Q", len(header)))
-            out.write(header)
-            shutil.copyfileobj(data, out, 1 << 20)
-        self.data_path.unlink()
-        return list(self.header)
 
 
 def gptq_quantization_config(cfg: QuantizeConfig, skipped: list[str], fused: list[str] = ()) -> dict:

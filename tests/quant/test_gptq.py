@@ -182,26 +182,50 @@ def test_damping_is_raised_when_cholesky_fails(caplog):
     assert "Cholesky failed" in caplog.text
 
 
-@pytest.mark.parametrize("act_order", [False, True])
-def test_a_consumed_hessian_receives_the_factor_and_nothing_else_changes(act_order):
-    """consume_h (the layer loop's hand-over): H's storage holds the factor afterwards, so a solve holds one K x K
-    fp32 matrix beside the float64 buffer, not two; the result is the same bit for bit. Without it H is untouched."""
-    from quantkit.quant.gptq import inverse_hessian_cholesky
-
-    x = correlated_inputs(96, 512)
-    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(2))
-    scheme, opts = QuantScheme(4, 32, True), GPTQOptions(act_order=act_order)
-    h = hessian(x)
-    kept, handed = h.clone(), h.clone()
-    a = gptq_quantize(w, kept, scheme, opts)
-    b = gptq_quantize(w, handed, scheme, opts, consume_h=True)
-    assert torch.equal(kept, h)
+def kept_and_handed(w: torch.Tensor, h: torch.Tensor, opts: GPTQOptions, consume: str):
+    """gptq_quantize on copies of W and H, keeping them, then handing `consume` ("w" or "h") over: asserts the two
+    results equal bit for bit and returns the kept and the handed-over copy."""
+    kept = (w if consume == "w" else h).clone()
+    handed = kept.clone()
+    inputs = (lambda t: (t, h)) if consume == "w" else (lambda t: (w, t))
+    a = gptq_quantize(*inputs(kept), QuantScheme(4, 32, True), opts)
+    b = gptq_quantize(*inputs(handed), QuantScheme(4, 32, True), opts, **{f"consume_{consume}": True})
     assert torch.equal(a.weight.qweight, b.weight.qweight) and torch.equal(a.weight.scales, b.weight.scales)
     assert torch.equal(a.row_losses, b.row_losses)
+    return kept, handed
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_a_consumed_hessian_receives_the_factor_and_nothing_else_changes(act_order, static):
+    """consume_h (the layer loop's hand-over): H's storage holds the factor afterwards, so a solve holds one K x K
+    fp32 matrix beside the float64 buffer, not two; the result is the same bit for bit. Without it H is untouched."""
+    from quantkit.quant.gptq import hessian_factor, inverse_hessian_cholesky
+
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(2))
+    opts = GPTQOptions(act_order=act_order, static_groups=static)
+    h = hessian(correlated_inputs(96, 512))
+    kept, handed = kept_and_handed(w, h, opts, "h")
+    assert torch.equal(kept, h)
     if not act_order:  # (act-order factors a permuted copy: the caller's H is left as it was)
-        assert torch.equal(handed, inverse_hessian_cholesky(h, opts.damp, 0)[0])
+        factor = hessian_factor if static else inverse_hessian_cholesky  # (static groups: Babai's form)
+        assert torch.equal(handed, factor(h, opts.damp, 0)[0])
     else:
         assert torch.equal(handed, h)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_consumed_weight_gives_the_same_result_and_a_kept_one_is_untouched(dtype, static):
+    """consume_w (the layer loop's hand-over) skips the copy of W; without it the caller's W is left as it was, dead
+    input columns (zeroed in the copy) included."""
+    x = correlated_inputs(96, 512)
+    x[:, 7] = 0  # a dead input: its column of W is zeroed on the way
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(3)).to(dtype)
+    kept, handed = kept_and_handed(w, hessian(x), GPTQOptions(static_groups=static), "w")
+    assert torch.equal(kept, w)
+    if dtype == torch.float32:  # worked on in place: the handed-over W has its dead column zeroed
+        assert torch.all(handed[:, 7] == 0) and not torch.all(kept[:, 7] == 0)
 
 
 @pytest.mark.parametrize("act_order", [False, True])
@@ -221,16 +245,19 @@ def test_stacked_rows_quantize_as_each_linear_alone(act_order):
         torch.testing.assert_close(float(losses.sum()), alone.loss, rtol=1e-3, atol=0)
 
 
-def _columns_one_by_one(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor]:
+def _columns_one_by_one(w: torch.Tensor, u: torch.Tensor, scheme: QuantScheme, static: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """The textbook GPTQ loop (no lazy batches, no act-order): quantize column j of W [N, K],
-    spread its scaled error over every later column at once. Returns codes [N, K], scales [groups, N]."""
+    spread its scaled error over every later column at once. Returns codes [N, K], scales [groups, N].
+    Group scales from the updated columns, or with `static` from the original ones."""
     from quantkit.format.primitives import minmax_params, quantize_codes
 
-    w = w.clone()
+    original, w = w, w.clone()
     codes, scales = torch.zeros_like(w), []
     for j in range(w.shape[1]):
         if j % scheme.group_len(w.shape[1]) == 0:
-            scale, zero = minmax_params(w[:, j : j + scheme.group_len(w.shape[1])], scheme.bits, scheme.sym)
+            source = original if static else w
+            scale, zero = minmax_params(source[:, j : j + scheme.group_len(w.shape[1])], scheme.bits, scheme.sym)
             scales.append(scale)
         codes[:, j] = quantize_codes(w[:, j : j + 1], scale, zero, scheme.maxq)[:, 0]
         err = (w[:, j] - scale * (codes[:, j] - zero)) / u[j, j]
@@ -254,6 +281,45 @@ def test_lazy_batches_match_the_column_by_column_loop(group, block, sym):
     codes, scales = _columns_one_by_one(w, inverse_hessian_cholesky(h, 0.01, 0)[0], scheme)
     assert (r.weight.qweight == codes).float().mean() > 0.999
     torch.testing.assert_close(r.weight.scales, scales, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("group,block", [(32, 128), (128, 128), (48, 96)])
+@pytest.mark.parametrize("sym", [True, False])
+def test_static_groups_in_babais_form_match_the_textbook_loop(group, block, sym):
+    """With static groups the loop spreads residuals through hessian_factor (one Cholesky, no inverse): the
+    textbook's codes (U = the inverse's factor) but for float ties, and the same objective."""
+    from quantkit.quant.gptq import inverse_hessian_cholesky
+
+    k = 192
+    x = correlated_inputs(k, 2048)
+    w = torch.randn(96, k, generator=torch.Generator().manual_seed(2))
+    scheme = QuantScheme(4, group, sym)
+    h = hessian(x)
+    r = gptq_quantize(w, h, scheme, GPTQOptions(block_size=block, static_groups=True))
+    u = inverse_hessian_cholesky(h, 0.01, 0)[0]
+    codes, scales = _columns_one_by_one(w, u, scheme, static=True)
+    assert (r.weight.qweight == codes).float().mean() > 0.999
+    torch.testing.assert_close(r.weight.scales, scales, rtol=0, atol=0)
+    errors = (w - r.weight.dequantize()).double() @ torch.linalg.inv(u.double())  # GPTQ's E = (W - Q) U^-1
+    torch.testing.assert_close(r.loss, float(errors.square().sum()) / 2, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 129, 300])
+def test_the_hessian_factor_rebuilds_h(k):
+    """hessian_factor's P gives back R (R_ii = 1 / P_ii, R_ji = -P_ji R_ii) with R R^T = H + damp, R upper; P_ii is
+    U_ii, the inverse's factor's diagonal."""
+    from quantkit.quant.gptq import hessian_factor, inverse_hessian_cholesky
+
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(k + 8, k, generator=g, dtype=torch.float64)
+    h = (x.T @ x / (k + 8)).float()
+    p, used = hessian_factor(h, 0.01, 0)
+    assert used == 0.01 and p.dtype == torch.float32 and torch.equal(p, p.triu())
+    r_diag = 1 / p.double().diagonal()
+    r = -p.double() * r_diag  # column i scaled by R_ii
+    r.diagonal().copy_(r_diag)
+    torch.testing.assert_close(r @ r.T, _damped(h, 0.01), rtol=1e-5, atol=1e-5 * float(h.abs().max()))
+    torch.testing.assert_close(p.diagonal(), inverse_hessian_cholesky(h, 0.01, 0)[0].diagonal(), rtol=1e-6, atol=0)
 
 
 def test_the_inverse_hessian_factor_holds_about_one_float64_copy_of_h(tmp_path):

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from quantkit.config import CalibConfig, QuantizeConfig
 from quantkit.format.primitives import QuantizedWeight
 from quantkit.quant import pipeline
-from quantkit.quant.writer import ShardWriter
+from quantkit.quant.shard_writer import ShardWriter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
