@@ -316,18 +316,16 @@ def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan, show_progr
     return calib
 
 
-def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device, prefix: str = "") -> None:
-    """The checkpoint's tensors `keys` into `model` in fp32 (names relative to `model` once `prefix.` is cut)."""
+def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device, prefix: str = ""):
+    """The checkpoint's tensors `keys` into `model` in fp32, one converted at a time (names relative to `model` once
+    `prefix.` is cut). Returns their source dtypes and load_state_dict's (missing, unexpected) keys."""
     cut = len(prefix) + 1 if prefix else 0
-    tensors = {k[cut:]: reader.get(k).float().to(device) for k in keys}
+    tensors = {k[cut:]: reader.get(k) for k in keys}
     check_finite(tensors, prefix or "model")
-    model.load_state_dict(tensors, strict=False, assign=True)
-
-
-def _layer_keys(reader: ShardReader, prefix: str) -> list[str]:
-    """The checkpoint's tensor names under `prefix.`, relative to it."""
-    p = prefix + "."
-    return [k[len(p):] for k in reader.keys() if k.startswith(p)]
+    dtypes = {k: t.dtype for k, t in tensors.items()}
+    loaded = model.load_state_dict({k: tensors.pop(k).float().to(device) for k in list(tensors)}, strict=False,
+                                   assign=True)
+    return dtypes, loaded
 
 
 def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
@@ -346,11 +344,8 @@ def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_c
     streamed = streamed_expert_linears(spec.experts, moe.num_experts, experts) if moe and method.streams_experts \
         else frozenset()
     later = {f"{n}.weight" for n in streamed}
-    source = {k: reader.get(f"{prefix}.{k}") for k in _layer_keys(reader, prefix) if k not in later}
-    check_finite(source, prefix)
-    dtypes = {k: v.dtype for k, v in source.items()}
-    loaded = layer.load_state_dict({k: source.pop(k).float().to(device) for k in list(source)}, strict=False,
-                                   assign=True)
+    keys = [k for k in reader.keys() if k.startswith(prefix + ".") and k[len(prefix) + 1:] not in later]
+    dtypes, loaded = _load_tensors(layer, reader, keys, device, prefix)
     absent, extra = sorted(set(loaded.missing_keys) - later), sorted(loaded.unexpected_keys)
     if absent or extra:
         raise QuantkitError(f"{prefix}: the checkpoint lacks {absent[:3]} or has unknown tensors {extra[:3]} "
