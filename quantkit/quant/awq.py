@@ -53,10 +53,11 @@ class AWQMethod:
 
     name = "awq"
     needs_calibration = True
-    streams_experts = False  # the MLP norm's scale is searched over every expert's gate/up at once
-
     def __init__(self, config: QuantizeConfig):
         self.config = config
+        # an MoE layer's experts read one at a time (quantkit.quant.awq_experts), except where the next layer takes
+        # the float layer's outputs (--awq-next-inputs float): those need every float expert in the layer
+        self.streams_experts = config.awq_next_inputs != "float"
         self._plan_file: PlanFile | None = None
         self._layer_plan: dict[str, torch.Tensor] | None = None  # the loaded plan of the layer being quantized
 
@@ -68,10 +69,12 @@ class AWQMethod:
         search_inputs = strided_samples(ctx.inputs, self.config.awq_search_tokens)
         # one float run gives each group's input (scale statistics, clip samples) and, unless the
         # search runs on a subset, the inspected modules' calls
-        cap = capture(ctx, _input_groups(ctx, quantized), inspect=loaded is None and search_inputs is ctx.inputs)
+        run = _compared_run(ctx)
+        cap = capture(ctx, _input_groups(ctx, quantized), inspect=loaded is None and search_inputs is ctx.inputs,
+                      run=run)
         if loaded is None and search_inputs is not ctx.inputs:  # the candidates are judged on a subset
-            cap.calls = capture(ctx, groups, inspect=True, keep=lambda x: None, inputs=search_inputs).calls
-        loss_rtn = self._rtn_block_loss(ctx, quantized, cap.outputs)
+            cap.calls = capture(ctx, groups, inspect=True, keep=lambda x: None, inputs=search_inputs, run=run).calls
+        loss_rtn = self._rtn_block_loss(ctx, quantized, cap.outputs, run)
         stats: dict = {"skipped_groups": skipped_groups, "groups": {}}
         plan: dict[str, torch.Tensor] = {}
         for g in groups:
@@ -87,8 +90,11 @@ class AWQMethod:
         weights, losses, clip_stats = self._clip_and_quantize(ctx, quantized, loaded, plan, cap)
         stats["clip"] = clip_stats
         stats["loss_rtn"] = loss_rtn
-        outputs = ctx.run_layer()
+        outputs = run()
         stats["loss_awq"] = _mse(outputs, cap.outputs)
+        if ctx.experts_streamed:  # the losses are the MoE block's input's; the experts' step makes the outputs
+            stats["loss_at"] = f"{ctx.spec.experts.block} input"
+            return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan)
         floats = self.config.awq_next_inputs == "float"
         return LayerResult(weights=weights, losses=losses, stats=stats, plan=plan,
                            outputs=cap.outputs if floats else outputs, outputs_are_float=floats)
@@ -199,14 +205,14 @@ class AWQMethod:
                             weights, losses, clip_stats)
         return weights, losses, clip_stats
 
-    def _rtn_block_loss(self, ctx: LayerContext, quantized: list[str], refs: list[torch.Tensor]) -> float:
-        """Block output MSE with plain RTN on the same linears (the 'before AWQ' figure)."""
+    def _rtn_block_loss(self, ctx: LayerContext, quantized: list[str], refs: list[torch.Tensor], run) -> float:
+        """Block output MSE with plain RTN on the same linears (the 'before AWQ' figure); `run`: _compared_run's."""
         linears = [get_submodule(ctx.layer, n) for n in quantized]
         originals = [lin.weight.data for lin in linears]
         try:
             for lin, w in zip(linears, originals):
                 lin.weight.data = fake_quantize(w, ctx.scheme).to(w.dtype)
-            return _mse(ctx.run_layer(), refs)
+            return _mse(run(), refs)
         finally:
             for lin, w in zip(linears, originals):
                 lin.weight.data = w
@@ -232,6 +238,15 @@ def quantize_linear(ctx: LayerContext, name: str, x: torch.Tensor, clip: bool, l
     lin.weight.data = w_hat.to(lin.weight.dtype)
     weights[name] = qw
     losses[name] = float((x @ w_hat.T - x @ w.T).pow(2).mean())
+
+
+def _compared_run(ctx: LayerContext):
+    """run(inputs=None): what AWQ compares a layer's runs on, the layer's outputs; with an MoE layer's experts
+    streamed (not in the layer until their step), the MoE block's input, where every run then stops (the experts'
+    step judges the block's output itself)."""
+    if ctx.experts_streamed:
+        return lambda inputs=None: ctx.run_until(ctx.spec.experts.block, inputs)
+    return ctx.run_layer
 
 
 def _clipped(ctx: LayerContext, quantized: list[str]) -> list[str]:

@@ -55,8 +55,16 @@ def fold_scale(layer: nn.Module, group: LinearGroup, s: torch.Tensor, model_conf
         rows = slice(feeder.weight.shape[0] - f.numel(), None) if group.feeder_tail else slice(None)
         _scale_rows(feeder, "weight", (1 / f).unsqueeze(1), rows)  # feeding linear: rows [K_f, K_prev]
         _scale_rows(feeder, "bias", 1 / f, rows)
-    for name in (*group.linears, *also_scaled):
-        _scale_param(get_submodule(layer, name), "weight", s.unsqueeze(0))  # [N, K] columns
+    scale_columns(layer, (*group.linears, *also_scaled), s)
+
+
+@torch.no_grad()
+def scale_columns(layer: nn.Module, names: tuple[str, ...], s: torch.Tensor) -> None:
+    """W[:, k] *= s[k] for each linear `names` (the group's side of a fold: fold_scale, or on its own for linears
+    read later than their feeder is folded, an MoE layer's streamed experts)."""
+    for name in names:
+        linear = get_submodule(layer, name)
+        _scale_param(linear, "weight", s.to(linear.weight.device).unsqueeze(0))  # [N, K] columns
 
 
 def _scale_param(module: nn.Module, attr: str, factor: torch.Tensor) -> None:

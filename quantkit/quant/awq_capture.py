@@ -28,11 +28,12 @@ class Capture:
 
 
 def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool, keep=None,
-            inputs: list[torch.Tensor] | None = None) -> Capture:
+            inputs: list[torch.Tensor] | None = None, run=None) -> Capture:
     """Run the layer once with pre-hooks on each group's first linear (and inspected modules).
 
     `keep` maps each captured group input before it is stored (the clip search keeps a strided
-    sample of tokens, so the whole activation set is never held for every group at once)."""
+    sample of tokens, so the whole activation set is never held for every group at once). `run(inputs)`: how the
+    layer runs and what becomes `outputs` (default ctx.run_layer)."""
     cap = Capture(outputs=[])
     hooks = []
     keep = keep or (lambda x: x)
@@ -46,7 +47,7 @@ def capture(ctx: LayerContext, groups: list[LinearGroup], inspect: bool, keep=No
             hooks.append(get_submodule(ctx.layer, g.inspect).register_forward_pre_hook(
                 lambda _m, args, kwargs, calls=calls: calls.append(_fp32_call(args, kwargs)), with_kwargs=True))
     try:
-        cap.outputs = ctx.run_layer(inputs)
+        cap.outputs = (run or ctx.run_layer)(inputs)
     finally:
         for h in hooks:
             h.remove()

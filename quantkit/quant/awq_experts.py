@@ -11,20 +11,32 @@
      tokens with the block's prior as GPTQ's Hessians do (quantkit.quant.moe_experts).
 Plan keys (format/awq_plan.py), relative to the layer: `<block>.experts.gate_up.scale`,
 `<block>.experts.<e>.down.scale`, and each linear's `.clip`.
+
+With the experts streamed (ctx.experts_streamed: not in the layer, each read on its turn), step 1 reads every expert
+once per chunk of candidates, each candidate's output error summed into its own [tokens, hidden] buffer, and the
+scale is folded into the norm and the router at once, into each expert's gate/up when it is read for step 2. The
+choices are the same, bit for bit, as with every expert in the layer (the same operations on each tensor).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from quantkit.format.arch import get_submodule
 from quantkit.format.awq_plan import clip_key, scale_key
 from quantkit.model.moe import expert_batches
-from quantkit.quant.awq_apply import fold_scale
+from quantkit.quant.awq_apply import fold_scale, scale_columns
 from quantkit.quant.awq_search import (
-    CLIP_TOKENS, act_mean, linear_output_mse, scale_candidates, scaled_fake_weight, search_scale, weight_mean,
+    CLIP_TOKENS, act_mean, choose_scale, linear_output_mse, scale_candidates, scaled_fake_weight, search_scale,
+    weight_mean,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
+
+# the joint scale's candidates judged at once: one [search tokens, hidden] fp32 error buffer each (2048 x 2048:
+# 16 MiB); more candidates than fit are judged in further passes over the experts (each expert read again)
+JOINT_BUFFER_BYTES = 128 * 2**20
 
 
 def expected_expert_plan(ctx: LayerContext) -> dict[str, tuple[int, ...]]:
@@ -54,12 +66,16 @@ def quantize_experts_awq(moe, config, loaded: dict | None, quantize_linear) -> L
         s, result.stats["groups"][joint.name] = _search_joint_scale(moe, config)
     else:
         s = loaded[key]
-    result.plan[key] = s.detach().float().cpu()
-    fold_scale(ctx.layer, joint, result.plan[key], ctx.model_config, ctx.spec.norms.offset,
-               also_scaled=(ctx.spec.experts.router_path,))
-    s = result.plan[key]
+    result.plan[key] = s = s.detach().float().cpu()
+    streamed = ctx.experts_streamed  # then each expert's gate/up take the scale when read, below
+    fold_scale(ctx.layer, replace(joint, linears=()) if streamed else joint, s, ctx.model_config,
+               ctx.spec.norms.offset, also_scaled=(ctx.spec.experts.router_path,))
     moe.tokens.x = moe.tokens.x / s.to(moe.tokens.x.device)  # the tokens as the folded norm feeds them
+    if moe.output is not None:  # the next layer's inputs: on the block's input as the folded layer computes it
+        moe.recapture()
     for ex in moe.experts():
+        if streamed:
+            scale_columns(ctx.layer, (ex.gate, ex.up), s)
         down = downs[ex.index]
         dkey = scale_key(down.name)
         if loaded is None:
@@ -79,35 +95,49 @@ def quantize_experts_awq(moe, config, loaded: dict | None, quantize_linear) -> L
 
 
 def _search_joint_scale(moe, config) -> tuple[torch.Tensor, dict]:
-    """The MLP norm's scale [hidden] over every expert's gate/up, judged on the block's output (step 1)."""
+    """The MLP norm's scale [hidden] over every expert's gate/up, judged on the block's output (step 1): each
+    candidate's error delta [tokens, hidden] summed expert by expert, the experts visited once per chunk of
+    candidates (JOINT_BUFFER_BYTES of deltas at once), each with its float output made on its visit."""
     ctx, block, tokens = moe.layer, moe.block, moe.tokens
     rows = _strided_rows(tokens.x.shape[0], config.awq_search_tokens)
     x, weights, experts = tokens.x[rows], tokens.weights[rows], tokens.experts[rows]
-    batches = [b for b in expert_batches(weights, experts, block.shape.num_experts)
-               if all(n in moe.quantized for n in ctx.spec.experts.linears_of(b.expert))]
-    with torch.no_grad():
-        refs = [block.expert_list[b.expert](x[b.rows]) for b in batches]  # float outputs, [n_e, H] each
-
-    def loss_of(s: torch.Tensor) -> float:
-        delta = torch.zeros_like(x)
-        with torch.no_grad():
-            for b, ref in zip(batches, refs):
-                ex = block.expert_list[b.expert]
-                gate, up, down = (getattr(ex, n) for n in ex.names)
-                xe = x[b.rows]
-                g = xe @ scaled_fake_weight(gate.weight, s, ctx.scheme).T
-                u = xe @ scaled_fake_weight(up.weight, s, ctx.scheme).T
-                delta.index_add_(0, b.rows, (down(ex.act(g) * u) - ref) * b.weights[:, None])
-        return float(delta.pow(2).mean())
-
+    batches = {b.expert: b for b in expert_batches(weights, experts, block.shape.num_experts)}
     x_mean = act_mean([tokens.x])
-    w_mean = None
-    if config.awq_weight_statistic:  # the experts' mean, each expert's [gate; up] normalized as one group would be
-        means = [weight_mean([get_submodule(ctx.layer, n).weight for n in ctx.spec.experts.linears_of(e)[:2]],
-                             ctx.scheme) for e, _ in moe.expert_linears()]
-        w_mean = torch.stack(means).mean(dim=0)
-    choice = search_scale(scale_candidates(x_mean, w_mean, config.awq_grid, config.awq_duo_scaling), loss_of)
+    w_mean = _experts_weight_mean(moe) if config.awq_weight_statistic else None
+    candidates = scale_candidates(x_mean, w_mean, config.awq_grid, config.awq_duo_scaling)
+    per_chunk = max(1, JOINT_BUFFER_BYTES // (x.numel() * x.element_size()))
+    losses: list[float] = []
+    for first in range(0, len(candidates), per_chunk):
+        chunk = candidates[first:first + per_chunk]
+        deltas = [torch.zeros_like(x) for _ in chunk]  # [tokens, hidden] each
+        for e, _ in moe.visit_experts():
+            if (b := batches.get(e)) is not None:
+                _add_expert_errors(block.expert_list[e], x[b.rows], b, [c.scale for c in chunk], deltas, ctx.scheme)
+        losses += [float(d.pow(2).mean()) for d in deltas]
+    choice = choose_scale(candidates, losses)
     return choice.best.scale, choice.stats()
+
+
+@torch.no_grad()
+def _add_expert_errors(ex, xe: torch.Tensor, b, scales: list[torch.Tensor], deltas: list[torch.Tensor],
+                       scheme) -> None:
+    """Into each delta [tokens, hidden]: the routing weight x (the expert's output with its gate/up at Q(W s) / s
+    minus its float output) on its routed rows xe [n, hidden], for each candidate s of `scales`."""
+    gate, up, down = (getattr(ex, n) for n in ex.names)
+    ref = ex(xe)  # [n, hidden]: its float output
+    for s, delta in zip(scales, deltas):
+        g = xe @ scaled_fake_weight(gate.weight, s, scheme).T
+        u = xe @ scaled_fake_weight(up.weight, s, scheme).T
+        delta.index_add_(0, b.rows, (down(ex.act(g) * u) - ref) * b.weights[:, None])
+
+
+def _experts_weight_mean(moe) -> torch.Tensor:
+    """Duo scaling's weight statistic over the experts: the mean of each expert's [gate; up] normalized as one group
+    would be (weight_mean), each expert read on its visit."""
+    ctx = moe.layer
+    means = [weight_mean([get_submodule(ctx.layer, n).weight for n in names[:2]], ctx.scheme)
+             for _, names in moe.visit_experts()]
+    return torch.stack(means).mean(dim=0)
 
 
 def _search_down_scale(ctx: LayerContext, ex, config) -> tuple[torch.Tensor, dict]:

@@ -164,12 +164,15 @@ def scale_candidates(x_mean: torch.Tensor, w_mean: torch.Tensor | None, n_grid: 
 
 def search_scale(candidates: list[ScaleCandidate], loss_of: Callable[[torch.Tensor], float]) -> ScaleChoice:
     """The candidate with the lowest `loss_of(s)`: the output error of the inspected module with the group's
-    weights set to Q(W * s) / s. Non-finite losses are never chosen; ties keep the earlier candidate."""
+    weights set to Q(W * s) / s (choose_scale)."""
+    return choose_scale(candidates, [loss_of(cand.scale) for cand in candidates])
+
+
+def choose_scale(candidates: list[ScaleCandidate], losses: list[float]) -> ScaleChoice:
+    """The candidate of the lowest loss (losses[i]: candidates[i]'s). Non-finite losses are never chosen; ties keep
+    the earlier candidate."""
     best, best_loss = None, float("inf")
-    losses = []
-    for cand in candidates:
-        loss = loss_of(cand.scale)
-        losses.append(loss)
+    for cand, loss in zip(candidates, losses, strict=True):
         if loss < best_loss:
             best, best_loss = cand, loss
     if best is None:

@@ -25,8 +25,12 @@ import torch
 from torch import nn
 
 from quantkit.config import QuantizeConfig
-from quantkit.format.arch import ArchSpec
+from quantkit.format.arch import ArchSpec, get_submodule
 from quantkit.format.primitives import QuantizedWeight, QuantScheme
+
+
+class _Reached(Exception):
+    """Raised by run_until's pre-hook: the module it waited for has its input."""
 
 
 @dataclass
@@ -45,6 +49,9 @@ class LayerContext:
     # dtype of the layer's forward passes (bf16: under autocast, the weights and the residual stream stay fp32)
     compute_dtype: torch.dtype = torch.float32
     experts: frozenset[str] = frozenset()  # an MoE layer's expert linears to quantize after these (quantize_experts)
+    # the experts' weights are not in the layer: each is read on its turn in quantize_experts (the method's
+    # streams_experts), so a run of the whole layer is impossible before then (run_until stops at the block)
+    experts_streamed: bool = False
 
     def autocast(self):
         """The context every forward pass of the layer runs in: autocast to compute_dtype (off for fp32), without
@@ -62,6 +69,27 @@ class LayerContext:
                     self.layer(x, **self.layer_kwargs)
                 except stop:
                     pass
+
+    def run_until(self, path: str, inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The input of the layer's submodule `path` for each input (default: the calibration inputs), fp32 and
+        shaped as that input ([batch, seq, K]): each run stops there, the rest of the layer is not run."""
+        seen: list[torch.Tensor] = []
+
+        def hook(_module, args):
+            seen.append(args[0].float())
+            raise _Reached
+
+        handle = get_submodule(self.layer, path).register_forward_pre_hook(hook)
+        try:
+            with torch.no_grad(), self.autocast():
+                for x in self.inputs if inputs is None else inputs:
+                    try:
+                        self.layer(x, **self.layer_kwargs)
+                    except _Reached:
+                        pass
+        finally:
+            handle.remove()
+        return seen
 
     def run_layer(self, inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Outputs of the layer, as it is now, for each input (default: the calibration inputs), fp32."""

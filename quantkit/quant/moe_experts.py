@@ -12,8 +12,9 @@ pipeline then leaves the experts out of the layer it loads (`streamed_expert_lin
 loader: each expert's linears are read on its turn, and let go once the method is done with them, after
 their share of the block's output on the calibration tokens (routing weight x the expert's output with
 its weights quantized) is added to `MoEContext.output`; the layer's re-run that feeds the next layer takes
-the block's output from there (`replay_layer`). A method that needs every expert at once (AWQ's joint
-scale of every expert's gate/up) gets them loaded with the layer. Nor does a layer's integer weights wait
+the block's output from there (`replay_layer`). AWQ streams them too: its joint scale of every expert's gate/up is
+judged over passes that read each expert on a visit (`visit_experts`); only with --awq-next-inputs float (the float
+layer's outputs feed the next layer) are the experts loaded with the layer. Nor does a layer's integer weights wait
 all together: the method hands each expert's on when it is done with it (`MoEContext.expert_done`) to the
 pipeline's sink, which packs and writes them then (as uint8 codes, a layer's took 0.6 GB on
 Qwen3-30B-A3B's shape, packed 0.3 GB).
@@ -184,7 +185,11 @@ class MoEContext:
     sink: ExpertSink | None = None  # without one, every expert's weights stay in the method's result
     loader: ExpertLoader | None = None  # with one, each expert is loaded on its turn and let go after it
     output: torch.Tensor | None = None  # [T, hidden]: the block's output on tokens.x, summed as experts are let go
+    # what `output` is computed on, where a method changed how the layer feeds the block (AWQ's fold): the block's
+    # input and routing as the layer computes them now (recapture); None: `tokens`
+    output_tokens: RoutedTokens | None = None
     _by_expert: dict[int, ExpertBatch] | None = field(default=None, init=False, repr=False)
+    _output_batches: dict[int, ExpertBatch] | None = field(default=None, init=False, repr=False)
 
     def expert_done(self, result: LayerResult, names: tuple[str, ...]) -> None:
         """The method is done with these linears (one expert's): their integer weights leave `result` for the
@@ -199,38 +204,65 @@ class MoEContext:
         """(expert, (gate, up, down)) of each expert whose linears are all quantized, in order. With a loader, each
         expert's weights are read before it is yielded and let go when the caller asks for the next one (or ends
         the loop), its share of the block's output first added to `output` when that is kept."""
+        for e, names in self._quantized_experts():
+            if self.loader is not None:
+                self.loader(names)
+            yield e, names
+            if self.loader is not None:
+                self._let_go(e)
+
+    def visit_experts(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
+        """As expert_linears, for a pass that only reads the experts (a search before any is quantized): with a
+        loader each is read for its turn and dropped after, nothing added to `output`."""
+        for e, names in self._quantized_experts():
+            if self.loader is not None:
+                self.loader(names)
+            try:
+                yield e, names
+            finally:
+                if self.loader is not None:
+                    self.block.expert_list[e].to("meta")
+
+    def _quantized_experts(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
         spec = self.layer.spec.experts
         for e in range(self.block.shape.num_experts):
             names = spec.linears_of(e)
             if all(n in self.quantized for n in names):
-                if self.loader is not None:
-                    self.loader(names)
                 yield e, names
-                if self.loader is not None:
-                    self._let_go(e)
 
     def _let_go(self, e: int) -> None:
         """Expert e's share of the block's output added to `output` (with the weights the method left it), then its
         weights dropped (to the meta device)."""
         expert = self.block.expert_list[e]
-        batch = self._batches().get(e) if self.output is not None else None
+        tokens = self.output_tokens or self.tokens
+        if self.output is not None and self._output_batches is None:
+            self._output_batches = self._batches() if tokens is self.tokens else self._routed(tokens)
+        batch = self._output_batches.get(e) if self.output is not None else None
         if batch is not None:  # run by run, as the block computes it in the layer's runs (the same bits)
-            for start, end in run_bounds(self.tokens.runs, self.output.shape[0]):
+            for start, end in run_bounds(tokens.runs, self.output.shape[0]):
                 lo, hi = torch.searchsorted(batch.rows, torch.tensor([start, end])).tolist()
                 if lo == hi:
                     continue
                 rows = batch.rows[lo:hi]
                 with torch.no_grad(), self.layer.autocast():
-                    y = expert(self.tokens.x[rows]) * batch.weights[lo:hi, None]
+                    y = expert(tokens.x[rows]) * batch.weights[lo:hi, None]
                 self.output.index_add_(0, rows, y.to(self.output.dtype))
         expert.to("meta")
+
+    def recapture(self) -> None:
+        """`output_tokens` from the layer as it is now (its runs stop at the block): after a change to what feeds the
+        block (AWQ folds a scale into the norm and the router), the block's output for the next layer is computed on
+        what the changed layer feeds it, so it is the output of the layer that is written, to the bit."""
+        self.output_tokens = route_tokens(self.layer, self.block, capture_block_input(self.layer, self.block_path))
 
     def _batches(self) -> dict[int, ExpertBatch]:
         """The calibration tokens routed to each expert that got any (made once)."""
         if self._by_expert is None:
-            t = self.tokens
-            self._by_expert = {b.expert: b for b in expert_batches(t.weights, t.experts, self.block.shape.num_experts)}
+            self._by_expert = self._routed(self.tokens)
         return self._by_expert
+
+    def _routed(self, t: RoutedTokens) -> dict[int, ExpertBatch]:
+        return {b.expert: b for b in expert_batches(t.weights, t.experts, self.block.shape.num_experts)}
 
     def experts(self) -> Iterator[ExpertWork]:
         """Each quantized expert with its calibration tokens, one at a time (each x made only on its turn)."""
@@ -338,6 +370,6 @@ def quantize_experts(ctx: LayerContext, method, calibrated: bool, sink: ExpertSi
         counts = torch.bincount(moe.tokens.experts.reshape(-1), minlength=block.shape.num_experts)
         result.stats["expert_tokens"] = counts.tolist()
     if moe.output is not None:
-        moe.tokens = None  # the block's input, no longer needed: not beside the layer's outputs
+        moe.tokens = moe.output_tokens = None  # the block's input, no longer needed: not beside the layer's outputs
         result.outputs, result.outputs_are_float = replay_layer(ctx, spec.block, moe.output), False
     return result

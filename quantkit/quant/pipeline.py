@@ -1,7 +1,7 @@
 """The layer loop (the IST-DASLab/gptq flow), memory-bounded.
 
   resolve + validate -> plan which linears can be packed -> calibration windows
-  -> capture layer 0's inputs -> for each decoder layer:
+  -> capture layer 0's inputs -> for each decoder layer (quantkit.quant.layer_step):
         read its weights from the shards (memory-mapped) -> method.quantize_layer
            (an MoE layer's experts: each packed and handed to the shard writer as soon as it is quantized)
         -> re-run the layer with quantized weights -> its outputs feed the next layer
@@ -40,12 +40,11 @@ from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.calib_amount import CalibrationAmount
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
-from quantkit.quant.methods import LayerContext, LayerMethod, merge_results
-from quantkit.quant.moe_experts import quantize_experts, streamed_expert_linears
+from quantkit.quant.layer_step import LayerReport, check_finite, load_tensors, quantize_one_layer
+from quantkit.quant.methods import LayerMethod
 from quantkit.format.packing import packable
-from quantkit.format.primitives import QuantizedWeight
 from quantkit.quant.shard_writer import ShardWriter
-from quantkit.quant.writer import packed_tensors, quantization_config, write_metadata
+from quantkit.quant.writer import quantization_config, write_metadata
 
 # method name (quantkit.config.METHODS) -> the module and class that implement it; a module is imported only when its
 # method is asked for, so AWQ's search and GPTQ's solver stay unloaded for the runs that do not use them
@@ -71,14 +70,6 @@ VLLM_LIMITS = (
      "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
     (lambda c: c.bits == 8, "8-bit weights: vLLM 0.32's CPU kernel serves 4-bit only"),
 )
-
-
-@dataclass
-class LayerReport:
-    index: int
-    seconds: float
-    losses: dict[str, float]
-    stats: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -173,12 +164,6 @@ def float_modules(plan: QuantizePlan) -> list[str]:
     return [f"{plan.spec.layers}.{i}.{n}" for i in range(plan.num_layers) for n in plan.spec.float_linears()]
 
 
-def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
-    for name, t in tensors.items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise QuantkitError(f"{prefix}.{name}: weights contain NaN or inf")
-
-
 def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progress: bool = True,
                    warn: Callable[[str], None] = log.warning, source: ModelSource | None = None) -> QuantizeReport:
     """Quantize cfg.model into `out_dir` (an empty folder). With cfg.dry_run, only plan. `warn` says a warning
@@ -219,7 +204,7 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     with ShardWriter(out_dir, cfg.max_shard_size) as writer, \
             progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
-            report, layer_plan, inputs = _quantize_one_layer(
+            report, layer_plan, inputs = quantize_one_layer(
                 cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, writer, dtype)
             plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
@@ -264,7 +249,7 @@ def _first_layer_inputs(model, reader: ShardReader, spec, input_ids, device) -> 
     embed = get_submodule(model, spec.embed)
     weight_key = f"{spec.embed}.weight"
     tokens, renumbered = torch.unique(input_ids, return_inverse=True)  # tokens [distinct], renumbered [n, seq]
-    _load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".") and k != weight_key],
+    load_tensors(model, reader, [k for k in reader.keys() if k.startswith(spec.embed + ".") and k != weight_key],
                   device)
     rows = reader.rows(weight_key, tokens).float().to(device)  # [distinct, hidden]
     check_finite({"weight": rows}, spec.embed)
@@ -314,83 +299,6 @@ def _calibration(cfg: QuantizeConfig, path: Path, plan: QuantizePlan, show_progr
         calib = load_calibration(cfg.calib.source, tokenizer, cfg.calib.nsamples, plan.seqlen, cfg.calib.seed)
         advance(int(calib.input_ids.shape[0]))
     return calib
-
-
-def _load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device, prefix: str = ""):
-    """The checkpoint's tensors `keys` into `model` in fp32, one converted at a time (names relative to `model` once
-    `prefix.` is cut). Returns their source dtypes and load_state_dict's (missing, unexpected) keys."""
-    cut = len(prefix) + 1 if prefix else 0
-    tensors = {k[cut:]: reader.get(k) for k in keys}
-    check_finite(tensors, prefix or "model")
-    dtypes = {k: t.dtype for k, t in tensors.items()}
-    loaded = model.load_state_dict({k: tensors.pop(k).float().to(device) for k in list(tensors)}, strict=False,
-                                   assign=True)
-    return dtypes, loaded
-
-
-def _quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
-                        writer: ShardWriter, dtype: torch.dtype = torch.float32):
-    """Load layer i, quantize it, propagate the activations, and write its checkpoint tensors: an MoE layer's
-    experts each as soon as the method is done with it, the rest once the layer is done."""
-    t0 = time.perf_counter()
-    spec = plan.spec
-    prefix = f"{spec.layers}.{i}"
-    layer = layers[i]
-    linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
-    moe = moe_shape(spec, hf_cfg)
-    experts = frozenset(n for n in spec.expert_linears(moe.num_experts if moe else 0)
-                        if f"{prefix}.{n}" in plan.quantized_set)
-    # a method that streams experts gets them one at a time, read on their turn (quantkit.quant.moe_experts)
-    streamed = streamed_expert_linears(spec.experts, moe.num_experts, experts) if moe and method.streams_experts \
-        else frozenset()
-    later = {f"{n}.weight" for n in streamed}
-    keys = [k for k in reader.keys() if k.startswith(prefix + ".") and k[len(prefix) + 1:] not in later]
-    dtypes, loaded = _load_tensors(layer, reader, keys, device, prefix)
-    absent, extra = sorted(set(loaded.missing_keys) - later), sorted(loaded.unexpected_keys)
-    if absent or extra:
-        raise QuantkitError(f"{prefix}: the checkpoint lacks {absent[:3]} or has unknown tensors {extra[:3]} "
-                            f"for the model its config describes")
-    ctx = LayerContext(
-        index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
-        scheme=cfg.scheme, config=cfg, linears=linears,
-        skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
-        device=device, compute_dtype=dtype, experts=experts,
-    )
-    result = method.quantize_layer(ctx)
-    if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
-        linears += tuple(sorted(experts, key=spec.order_of))
-
-        def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
-            writer.add(_packed(weights, cfg.layout, prefix))
-
-        def load_expert(names: tuple[str, ...]) -> None:
-            _load_tensors(layer, reader, [f"{prefix}.{n}.weight" for n in names], device, prefix)
-
-        propagate = bool(inputs) and i < plan.num_layers - 1
-        result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert,
-                                                        load_expert if streamed else None, propagate))
-    missing = set(linears) - result.quantized
-    if missing:
-        raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
-    if not inputs or i == plan.num_layers - 1:  # RTN has no activations; the last layer's outputs feed nothing
-        outputs = []
-    else:
-        outputs = result.outputs if result.outputs is not None else ctx.run_layer()
-    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix) | _packed(result.weights, cfg.layout, prefix))
-    layers[i] = layer.to("meta")
-    report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
-    return report, result.plan, outputs
-
-
-def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str) -> dict[str, torch.Tensor]:
-    """The layer's tensors that stay float (all but the quantized linears' weights), in their source dtypes."""
-    return {f"{prefix}.{name}": t.to(dtypes[name]) for name, t in layer.state_dict().items()
-            if not (name.endswith(".weight") and name.rpartition(".")[0] in quantized)}
-
-
-def _packed(weights: dict[str, QuantizedWeight], layout: str, prefix: str) -> dict[str, torch.Tensor]:
-    """The checkpoint tensors of quantized linears (names relative to the layer at `prefix`), in `layout`."""
-    return {k: v for name, qw in weights.items() for k, v in packed_tensors(qw, layout, f"{prefix}.{name}").items()}
 
 
 def _meta(cfg: QuantizeConfig, report: QuantizeReport) -> dict:

@@ -14,7 +14,7 @@ from quantkit.config import QuantizeConfig
 from quantkit.format.arch import get_submodule, spec_for
 from quantkit.format.primitives import QuantScheme
 from quantkit.quant import moe_experts
-from quantkit.quant.methods import LayerContext
+from quantkit.quant.methods import LayerContext, merge_results
 from quantkit.quant.moe_experts import MoEContext, RoutedTokens, capture_block_input, gram, route_tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -199,16 +199,9 @@ def test_each_layer_gets_its_own_rope_and_mask_in_the_capture(tiny_family):
         torch.testing.assert_close(model.model.layers[1](hidden, **kwargs[1]), seen[1])
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq"])
-def test_streamed_experts_are_loaded_one_at_a_time_and_replayed_into_the_layers_outputs(tiny_family, tmp_path,
-                                                                                      method):
-    """With a loader, the layer holds no expert's weights but the one on its turn, and the outputs for the next
-    layer (the block's output summed as experts are let go, replayed into the layer's re-run) equal those of the
-    layer re-run with every expert's dequantized weights in it, to the bit (run by run, as the layer computes)."""
-    from quantkit.quant.pipeline import make_method
-
-    ctx = layer_context(tiny_family("qwen3_moe"), tmp_path, method=method)
-    ctx.inputs = list(ctx.inputs[0].split([3, 1]))  # two runs of the layer, of 192 and 64 tokens
+def streamed_loader(ctx: LayerContext):
+    """The layer's experts taken out (to the meta device) and a loader that puts one expert's weights back as the
+    pipeline's reads them; with the list of its loads and, at each, the expert parameters in the layer."""
     block = get_submodule(ctx.layer, ctx.spec.experts.block)
     weights = {n: get_submodule(ctx.layer, n).weight.detach().clone() for n in ctx.experts}
     block.expert_list.to("meta")
@@ -220,6 +213,22 @@ def test_streamed_experts_are_loaded_one_at_a_time_and_replayed_into_the_layers_
             get_submodule(ctx.layer, n).weight = torch.nn.Parameter(weights[n].clone(), requires_grad=False)
         held.append(sum(not p.is_meta for p in block.expert_list.parameters()))
 
+    return loader, loads, held
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_streamed_experts_are_loaded_one_at_a_time_and_replayed_into_the_layers_outputs(tiny_family, tmp_path,
+                                                                                      method):
+    """With a loader, the layer holds no expert's weights but the one on its turn, and the outputs for the next
+    layer (the block's output summed as experts are let go, replayed into the layer's re-run) equal those of the
+    layer re-run with every expert's dequantized weights in it, to the bit (run by run, as the layer computes)."""
+    from quantkit.quant.pipeline import make_method
+
+    ctx = layer_context(tiny_family("qwen3_moe"), tmp_path, method=method)
+    ctx.inputs = list(ctx.inputs[0].split([3, 1]))  # two runs of the layer, of 192 and 64 tokens
+    block = get_submodule(ctx.layer, ctx.spec.experts.block)
+    loader, loads, held = streamed_loader(ctx)
+
     result = moe_experts.quantize_experts(ctx, make_method(ctx.config), calibrated=True, loader=loader,
                                           propagate=True)
     assert loads == [ctx.spec.experts.linears_of(e) for e in range(8)] and held == [3] * 8
@@ -229,6 +238,43 @@ def test_streamed_experts_are_loaded_one_at_a_time_and_replayed_into_the_layers_
     expected = ctx.run_layer()
     assert len(result.outputs) == len(expected) and not result.outputs_are_float
     assert all(torch.equal(got, want) for got, want in zip(result.outputs, expected))
+
+
+def test_awq_streamed_reads_one_expert_at_a_time_and_chooses_what_the_whole_layer_does(tiny_family, tmp_path,
+                                                                                      monkeypatch):
+    """AWQ with the experts streamed (each read on its turn; the joint scale's candidates judged one per pass here, so
+    every expert is read once per candidate): only one expert is ever in the layer, the dense stage stops its runs
+    at the MoE block, and the plan, the integer weights and the outputs for the next layer equal, to the bit, those
+    of AWQ with every expert in the layer."""
+    from quantkit.quant import awq_experts
+    from quantkit.quant.awq_search import scale_candidates
+    from quantkit.quant.pipeline import make_method
+
+    monkeypatch.setattr(awq_experts, "JOINT_BUFFER_BYTES", 1)
+    path = tiny_family("qwen3_moe")
+    whole = layer_context(path, tmp_path, method="awq")
+    whole.inputs = list(whole.inputs[0].split([3, 1]))
+    method = make_method(whole.config)
+    want = merge_results(method.quantize_layer(whole), moe_experts.quantize_experts(whole, method, calibrated=True))
+
+    ctx = layer_context(path, tmp_path, method="awq")
+    ctx.inputs, ctx.experts_streamed = list(ctx.inputs[0].split([3, 1])), True
+    loader, loads, held = streamed_loader(ctx)
+
+    method = make_method(ctx.config)
+    got = merge_results(method.quantize_layer(ctx),
+                        moe_experts.quantize_experts(ctx, method, calibrated=True, loader=loader, propagate=True))
+    cfg = ctx.config
+    candidates = len(scale_candidates(torch.ones(2), torch.ones(2), cfg.awq_grid, cfg.awq_duo_scaling))
+    reads = candidates + cfg.awq_weight_statistic + 1  # one pass a candidate, one for the statistic, one to quantize
+    assert [loads.count(ctx.spec.experts.linears_of(e)) for e in range(8)] == [reads] * 8 and set(held) == {3}
+    assert got.stats["loss_at"] == "mlp input" and "loss_at" not in want.stats
+    assert got.plan.keys() == want.plan.keys() and all(torch.equal(got.plan[k], want.plan[k]) for k in want.plan)
+    assert got.weights.keys() == want.weights.keys()
+    for n, qw in want.weights.items():
+        assert all(torch.equal(getattr(got.weights[n], a), getattr(qw, a)) for a in ("qweight", "scales", "zeros")), n
+    expected = whole.run_layer()  # the whole layer as AWQ left it, every expert's dequantized weights in it
+    assert all(torch.equal(a, b) for a, b in zip(got.outputs, expected, strict=True))
 
 
 def test_a_replay_with_the_wrong_number_of_tokens_is_refused_and_the_block_left_as_it_was(tiny_family, tmp_path):

@@ -1,4 +1,4 @@
-"""An MoE layer's experts go to the shard writer as each is quantized (quantkit/quant/pipeline.py with
+"""An MoE layer's experts go to the shard writer as each is quantized (quantkit/quant/layer_step.py with
 moe_experts.MoEContext.expert_done), so a layer's integer weights never wait together; the checkpoint is the one
 the layer-at-a-time path writes, tensor for tensor."""
 
@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from quantkit.config import CalibConfig, QuantizeConfig
 from quantkit.format.primitives import QuantizedWeight
-from quantkit.quant import pipeline
+from quantkit.quant import layer_step, pipeline
 from quantkit.quant.shard_writer import ShardWriter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -96,14 +96,14 @@ def test_experts_written_early_make_the_checkpoint_of_the_layer_at_a_time_path(t
     sink (every expert packed at the end of its layer), in small shards so that the index spans several."""
     model = tiny_family("qwen3_moe")
     early = checkpoint_tensors(quantize(model, tmp_path / "early", method, layout, calib, 200_000))
-    streamed = pipeline.quantize_experts
+    streamed = layer_step.quantize_experts
 
     def at_layer_end(ctx, method_, calibrated, sink=None, loader=None, propagate=False):
         assert loader is None
         return streamed(ctx, method_, calibrated)
 
-    monkeypatch.setattr(pipeline, "quantize_experts", at_layer_end)
-    monkeypatch.setattr(pipeline, "streamed_expert_linears", lambda *args: frozenset())
+    monkeypatch.setattr(layer_step, "quantize_experts", at_layer_end)
+    monkeypatch.setattr(layer_step, "streamed_expert_linears", lambda *args: frozenset())
     late = checkpoint_tensors(quantize(model, tmp_path / "late", method, layout, calib, 200_000))
     assert len(list((tmp_path / "early").glob("model-*.safetensors"))) > 1
     assert set(early) == set(late) and any(EXPERT.match(k) for k in early)

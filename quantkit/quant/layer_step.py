@@ -1,0 +1,119 @@
+"""One decoder layer's turn in the layer loop (quantkit.quant.pipeline): read its weights from the checkpoint,
+quantize it, compute its outputs for the next layer, and hand its tensors to the shard writer.
+
+  read the layer's tensors in fp32 (an MoE layer's experts left out when the method streams them)
+  -> method.quantize_layer -> the experts (quantkit.quant.moe_experts: each read on its turn, packed and written
+     as soon as it is quantized) -> the outputs (the method's, or the layer re-run) -> the float tensors in their
+     source dtypes and the packed linears to the writer -> the layer to the meta device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.format.arch import moe_shape
+from quantkit.format.primitives import QuantizedWeight
+from quantkit.model.checkpoint import ShardReader
+from quantkit.quant.methods import LayerContext, merge_results
+from quantkit.quant.moe_experts import quantize_experts, streamed_expert_linears
+from quantkit.quant.shard_writer import ShardWriter
+from quantkit.quant.writer import packed_tensors
+
+if TYPE_CHECKING:
+    from quantkit.quant.pipeline import QuantizePlan
+
+
+@dataclass
+class LayerReport:
+    index: int
+    seconds: float
+    losses: dict[str, float]
+    stats: dict = field(default_factory=dict)
+
+
+def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
+    for name, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise QuantkitError(f"{prefix}.{name}: weights contain NaN or inf")
+
+
+def load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device, prefix: str = ""):
+    """The checkpoint's tensors `keys` into `model` in fp32, one converted at a time (names relative to `model` once
+    `prefix.` is cut). Returns their source dtypes and load_state_dict's (missing, unexpected) keys."""
+    cut = len(prefix) + 1 if prefix else 0
+    tensors = {k[cut:]: reader.get(k) for k in keys}
+    check_finite(tensors, prefix or "model")
+    dtypes = {k: t.dtype for k, t in tensors.items()}
+    loaded = model.load_state_dict({k: tensors.pop(k).float().to(device) for k in list(tensors)}, strict=False,
+                                   assign=True)
+    return dtypes, loaded
+
+
+def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
+                        writer: ShardWriter, dtype: torch.dtype = torch.float32):
+    """Load layer i, quantize it, propagate the activations, and write its checkpoint tensors: an MoE layer's
+    experts each as soon as the method is done with it, the rest once the layer is done."""
+    t0 = time.perf_counter()
+    spec = plan.spec
+    prefix = f"{spec.layers}.{i}"
+    layer = layers[i]
+    linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
+    moe = moe_shape(spec, hf_cfg)
+    experts = frozenset(n for n in spec.expert_linears(moe.num_experts if moe else 0)
+                        if f"{prefix}.{n}" in plan.quantized_set)
+    # a method that streams experts gets them one at a time, read on their turn (quantkit.quant.moe_experts)
+    streamed = streamed_expert_linears(spec.experts, moe.num_experts, experts) if moe and method.streams_experts \
+        else frozenset()
+    later = {f"{n}.weight" for n in streamed}
+    keys = [k for k in reader.keys() if k.startswith(prefix + ".") and k[len(prefix) + 1:] not in later]
+    dtypes, loaded = load_tensors(layer, reader, keys, device, prefix)
+    absent, extra = sorted(set(loaded.missing_keys) - later), sorted(loaded.unexpected_keys)
+    if absent or extra:
+        raise QuantkitError(f"{prefix}: the checkpoint lacks {absent[:3]} or has unknown tensors {extra[:3]} "
+                            f"for the model its config describes")
+    ctx = LayerContext(
+        index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
+        scheme=cfg.scheme, config=cfg, linears=linears,
+        skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
+        device=device, compute_dtype=dtype, experts=experts, experts_streamed=bool(streamed),
+    )
+    result = method.quantize_layer(ctx)
+    if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
+        linears += tuple(sorted(experts, key=spec.order_of))
+
+        def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
+            writer.add(_packed(weights, cfg.layout, prefix))
+
+        def load_expert(names: tuple[str, ...]) -> None:
+            load_tensors(layer, reader, [f"{prefix}.{n}.weight" for n in names], device, prefix)
+
+        propagate = bool(inputs) and i < plan.num_layers - 1
+        result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert,
+                                                        load_expert if streamed else None, propagate))
+    missing = set(linears) - result.quantized
+    if missing:
+        raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
+    if not inputs or i == plan.num_layers - 1:  # RTN has no activations; the last layer's outputs feed nothing
+        outputs = []
+    else:
+        outputs = result.outputs if result.outputs is not None else ctx.run_layer()
+    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix) | _packed(result.weights, cfg.layout, prefix))
+    layers[i] = layer.to("meta")
+    report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
+    return report, result.plan, outputs
+
+
+def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str) -> dict[str, torch.Tensor]:
+    """The layer's tensors that stay float (all but the quantized linears' weights), in their source dtypes."""
+    return {f"{prefix}.{name}": t.to(dtypes[name]) for name, t in layer.state_dict().items()
+            if not (name.endswith(".weight") and name.rpartition(".")[0] in quantized)}
+
+
+def _packed(weights: dict[str, QuantizedWeight], layout: str, prefix: str) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of quantized linears (names relative to the layer at `prefix`), in `layout`."""
+    return {k: v for name, qw in weights.items() for k, v in packed_tensors(qw, layout, f"{prefix}.{name}").items()}
