@@ -35,8 +35,9 @@ from quantkit.quant.awq_search import (
 from quantkit.quant.methods import LayerContext, LayerResult
 
 # the joint scale's candidates judged at once: one [search tokens, hidden] fp32 error buffer each (2048 x 2048:
-# 16 MiB); more candidates than fit are judged in further passes over the experts (each expert read again)
-JOINT_BUFFER_BYTES = 128 * 2**20
+# 16 MiB, so the default grid's 20 in one pass); more candidates than fit are judged in further passes over the
+# experts, each expert read again
+JOINT_BUFFER_BYTES = 320 * 2**20
 
 
 def expected_expert_plan(ctx: LayerContext) -> dict[str, tuple[int, ...]]:

@@ -7,17 +7,24 @@ import torch
 
 from quantkit.quant.awq_search import (
     act_mean, candidate_scale, duo_ratio_grid, input_gram, linear_output_mse, output_error, clip_sample, clip_weight, fake_quantize, ratio_grid, scaled_fake_weight,
-    scale_candidates, search_clip, search_scale, weight_mean,
+    group_error, scale_candidates, search_clip, search_scale, weight_mean,
 )
 from quantkit.format.primitives import QuantScheme, rtn_quantize
 
 
+@pytest.mark.parametrize("slice_rows", [2048, 5])  # the in-place slices: one for the whole weight, or many
 @pytest.mark.parametrize("group_size,sym", [(32, False), (64, True), (-1, False)])
-def test_fake_quantize_matches_rtn_bit_for_bit(group_size, sym):
+def test_fake_quantize_matches_rtn_bit_for_bit(group_size, sym, slice_rows, monkeypatch):
+    import quantkit.quant.awq_search as awq_search
+
+    monkeypatch.setattr(awq_search, "FAKE_QUANT_ROWS", slice_rows)
     torch.manual_seed(0)
     w = torch.randn(48, 128) * torch.rand(1, 128) * 3
+    kept = w.clone()
     scheme = QuantScheme(4, group_size, sym)
     assert torch.equal(fake_quantize(w, scheme), rtn_quantize(w, scheme).dequantize())
+    assert torch.equal(fake_quantize(w.T.contiguous().T, scheme), rtn_quantize(w, scheme).dequantize())
+    assert torch.equal(w, kept)  # in place on a copy only
 
 
 def test_ratio_grid_is_twenty_points_in_unit_interval():
@@ -167,6 +174,15 @@ def test_clip_search_never_worse_than_no_clip_and_cuts_outliers():
     clipped = fake_quantize(clip_weight(w, max_val), scheme)
     plain = fake_quantize(w, scheme)
     assert torch.all(_group_errors(w, clipped, x, 32) <= _group_errors(w, plain, x, 32) + 1e-9)
+
+
+@pytest.mark.parametrize("tokens", [96, 16])  # more tokens than the group's 32 columns: by the Gram matrix; fewer
+def test_a_groups_clip_error_by_the_gram_matrix_is_its_partial_outputs_error(tokens):
+    torch.manual_seed(4)
+    x, d = torch.randn(tokens, 2, 32), torch.randn(8, 2, 32) * 0.01
+    error, _ = group_error(x)
+    want = torch.einsum("tjc,njc->ntj", x, d).pow(2).mean(dim=1)  # [n, G]: each group's partial outputs
+    torch.testing.assert_close(error(d), want, rtol=1e-5, atol=0)
 
 
 def test_clip_search_batches_rows_without_changing_the_answer(monkeypatch):
