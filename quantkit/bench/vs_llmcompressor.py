@@ -35,7 +35,8 @@ Each peer's venv is checked first (its worker's --version): a missing or broken 
 Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order; GPTQModel with its
 default act_group_aware, GAR, on); awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both
 formulas searched per group; rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse:
-data-free; imatrix), gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-gar = GPTQ with group-aware
+data-free; imatrix), rtn-sym, rtn-mse-sym = symmetric RTN, min-max and searched (the CLI's defaults for RTN),
+gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-gar = GPTQ with group-aware
 act-order, GAR (quantkit only; GPTQModel's `gptq` has it on); gptq-nogar = GPTQModel's GPTQ
 with GAR off (GPTQModel only). The default --methods are those quantkit runs.
 """
@@ -96,6 +97,10 @@ METHODS = {
     "awq-both": Method(["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
     # quantkit's searched group scales (no llm-compressor counterpart run here: --tools peer skips them)
     "rtn-mse": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
+    # the data-free mode as `quantkit quantize --method rtn --scale-search mse` runs it by default (symmetric, GPTQ
+    # layout), and its min-max baseline
+    "rtn-sym": Method(["--method", "rtn"], None),
+    "rtn-mse-sym": Method(["--method", "rtn", "--scale-search", "mse"], None),
     "rtn-imatrix": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
     "gptq-imatrix": Method(["--method", "gptq", "--scale-search", "imatrix"], None),
     # quantkit's GPTQ with group-aware act-order (GAR), as GPTQModel's `gptq` runs by default
