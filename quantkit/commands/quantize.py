@@ -237,7 +237,9 @@ def _awq_rows(layers, duo_scaling: str) -> list[tuple[str, str]]:
     rtn = sum(s["loss_rtn"] for s in stats) / len(stats)
     awq = sum(s["loss_awq"] for s in stats) / len(stats)
     groups = [g for s in stats for g in s["groups"].values()]
-    rows = [("block loss RTN -> AWQ", f"{rtn:.4g} -> {awq:.4g} (mean over layers)")]
+    at = sorted({s["loss_at"] for s in stats if "loss_at" in s})  # MoE layers with streamed experts: their block's input
+    label = f"loss RTN -> AWQ at the {', '.join(at)}" if at else "block loss RTN -> AWQ"
+    rows = [(label, f"{rtn:.4g} -> {awq:.4g} (mean over layers)")]
     if groups:
         lo = min(g["scale_min"] for g in groups)
         hi = max(g["scale_max"] for g in groups)

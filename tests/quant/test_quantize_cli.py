@@ -204,6 +204,14 @@ def test_awq_closing_table_shows_block_loss_and_scales(tiny_llama, tmp_path):
     assert "quantkit quantize: awq -> awq" in output
 
 
+def test_awq_closing_table_says_where_an_moe_layers_loss_is_measured(tiny_family, tmp_path):
+    """With the experts streamed, AWQ's layer loss is the MoE block's input's (the experts are not in the layer for a
+    whole run): the table says so."""
+    output = quantize(tiny_family("qwen3_moe"), tmp_path / "q", "--method", "awq",
+                      calib=synthetic_calib(tmp_path / "c.txt"))
+    assert "loss RTN -> AWQ at the mlp input" in output and "block loss" not in output
+
+
 def test_awq_duo_scaling_both_is_recorded_with_each_groups_formula(tiny_llama, tmp_path):
     """--awq-duo-scaling both: the mode in quantkit_meta.json's config, and per smoothing group which formula won."""
     out = tmp_path / "q"
