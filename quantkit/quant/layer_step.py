@@ -38,8 +38,15 @@ class LayerReport:
 
 def check_finite(tensors: dict[str, torch.Tensor], prefix: str) -> None:
     for name, t in tensors.items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
+        if t.is_floating_point() and not all_finite(t):
             raise QuantkitError(f"{prefix}.{name}: weights contain NaN or inf")
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Every element of t finite. A finite fp32 sum proves it (an inf or NaN anywhere makes the sum inf or NaN); only
+    a sum that is not finite (those, or a sum past fp32's range) is checked element by element. A streamed MoE expert
+    is read once per visit: isfinite(t).all() took 7-8 ms on a 768 x 2048 bf16 weight, the sum 0.3 ms."""
+    return bool(torch.isfinite(t.sum(dtype=torch.float32))) or bool(torch.isfinite(t).all())
 
 
 def load_tensors(model, reader: ShardReader, keys: list[str], device: torch.device, prefix: str = ""):
