@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,11 +20,9 @@ from quantkit.format.primitives import QuantizedWeight
 from quantkit.model.checkpoint import ShardReader
 from quantkit.quant.methods import LayerContext, merge_results
 from quantkit.quant.moe_experts import quantize_experts, streamed_expert_linears
+from quantkit.quant.planning import QuantizePlan
 from quantkit.quant.shard_writer import ShardWriter
 from quantkit.quant.writer import packed_tensors
-
-if TYPE_CHECKING:
-    from quantkit.quant.pipeline import QuantizePlan
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The layer loop (the IST-DASLab/gptq flow), memory-bounded.
 
-  resolve + validate -> plan which linears can be packed -> calibration windows
+  resolve + validate -> plan which linears can be packed (quantkit.quant.planning) -> calibration windows
   -> capture layer 0's inputs -> for each decoder layer (quantkit.quant.layer_step):
         read its weights from the shards (memory-mapped) -> method.quantize_layer
            (an MoE layer's experts: each packed and handed to the shard writer as soon as it is quantized)
@@ -20,8 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,17 +31,17 @@ from quantkit.errors import QuantkitError
 from quantkit.memory import release_freed_memory
 from quantkit.model.checkpoint import ShardReader
 from quantkit.model.fingerprint import weights_fingerprint
-from quantkit.model.loader import build_skeleton, read_quant_info
+from quantkit.model.loader import build_skeleton
 from quantkit.model.source import ModelSource, open_model
 from quantkit.progress import progress_bar
-from quantkit.format.arch import ArchSpec, get_submodule, moe_shape
+from quantkit.format.arch import get_submodule
 from quantkit.format.awq_plan import PLAN_FILE, layer_prefix, save_plan
 from quantkit.quant.lm_head import LM_HEAD, quantize_lm_head, refuse_tied
 from quantkit.quant.calib_amount import CalibrationAmount
 from quantkit.quant.capture import batch_samples, capture_layer_inputs
 from quantkit.quant.layer_step import LayerReport, check_finite, load_tensors, quantize_one_layer
 from quantkit.quant.methods import LayerMethod
-from quantkit.format.packing import packable
+from quantkit.quant.planning import QuantizePlan, float_modules, plan_quantization, skipped_fused_names
 from quantkit.quant.shard_writer import ShardWriter
 from quantkit.quant.writer import quantization_config, write_metadata
 
@@ -62,35 +61,6 @@ def make_method(cfg: QuantizeConfig) -> LayerMethod:
 
 log = logging.getLogger("quantkit.quant")
 
-# What vLLM 0.32 refuses (read from its source; see docs/BENCHMARKS.md "Interop"), said up front.
-VLLM_LIMITS = (
-    (lambda c: c.layout == "gptq_v2",
-     "asymmetric GPTQ (gptq_v2): vLLM 0.32 refuses sym=false; use --format awq for asymmetric weights it serves"),
-    (lambda c: c.layout in ("gptq", "gptq_v2") and c.desc_act and c.group_size != -1,
-     "act-order with groups: vLLM 0.32 refuses desc_act with a group size (quantkit and GPTQModel load it)"),
-    (lambda c: c.bits == 8, "8-bit weights: vLLM 0.32's CPU kernel serves 4-bit only"),
-)
-
-
-@dataclass
-class QuantizePlan:
-    """What will be quantized, decided from shapes alone (this is what --dry-run shows)."""
-
-    model_path: Path
-    spec: ArchSpec
-    num_layers: int
-    quantized: list[str]  # full module names
-    skipped: dict[str, str]  # full module name -> reason
-    seqlen: int
-    notes: list[str]
-    source_bytes: int
-    warnings: list[str] = field(default_factory=list)  # said loudly as they arise, and kept in quantkit_meta.json
-
-    @cached_property
-    def quantized_set(self) -> frozenset[str]:
-        return frozenset(self.quantized)
-
-
 @dataclass
 class QuantizeReport:
     plan: QuantizePlan
@@ -104,64 +74,6 @@ class QuantizeReport:
     def mean_loss(self) -> float:
         losses = [v for layer in self.layers for v in layer.losses.values()]
         return sum(losses) / len(losses) if losses else 0.0
-
-
-def plan_quantization(cfg: QuantizeConfig, source: ModelSource) -> QuantizePlan:
-    spec, config_dict, reader = source.spec, source.config, source.reader  # an unsupported architecture fails here
-    if read_quant_info(config_dict) is not None:
-        raise QuantkitError(f"{cfg.model}: already quantized (config.json has a quantization_config)")
-    num_layers = int(config_dict["num_hidden_layers"])
-    quantized, skipped = [], {}
-    for i in range(num_layers):
-        for linears in packing_units(spec, config_dict):
-            names = [f"{spec.layers}.{i}.{n}" for n in linears]
-            reasons = {}
-            for full in names:
-                shape = reader.shape_of(f"{full}.weight")
-                reason = packable(shape[0], shape[1], cfg.scheme, cfg.layout)
-                if reason:
-                    reasons[full] = reason
-            if not reasons:
-                quantized.extend(names)
-                continue
-            # serving engines fuse the group into one linear: it is packed whole or not at all
-            for full in names:
-                skipped[full] = reasons.get(full) or f"fused with {next(iter(reasons)).rpartition('.')[2]}, which cannot be packed"
-    if not quantized:
-        reasons = sorted(set(skipped.values()))
-        raise QuantkitError(f"no linear layer can be packed at group size {cfg.group_size} ({'; '.join(reasons)}); "
-                            f"try a smaller --group-size")
-    notes = [note for when, note in VLLM_LIMITS if when(cfg)]
-    max_len = int(config_dict.get("max_position_embeddings") or cfg.calib.seqlen)
-    seqlen = cfg.calib.seqlen
-    if seqlen > max_len:
-        notes.append(f"--seqlen {seqlen} clipped to the model's context of {max_len} tokens")
-        seqlen = max_len
-    return QuantizePlan(source.path, spec, num_layers, quantized, skipped, seqlen, notes, reader.total_bytes())
-
-
-def packing_units(spec: ArchSpec, config) -> list[tuple[str, ...]]:
-    """Linears of a layer packed together or not at all: each spec group (serving engines fuse them), and each
-    expert's gate, up and down (vLLM's fused MoE holds every expert in one layout)."""
-    moe = moe_shape(spec, config)
-    experts = [spec.experts.linears_of(e) for e in range(moe.num_experts)] if moe else []
-    return [g.linears for g in spec.groups] + experts
-
-
-def skipped_fused_names(plan: QuantizePlan) -> list[str]:
-    """Fused module names (as vLLM sees them, e.g. model.layers.0.mlp.gate_up_proj) whose members are all float."""
-    out = []
-    for i in range(plan.num_layers):
-        for group in plan.spec.groups:
-            members = [f"{plan.spec.layers}.{i}.{n}" for n in group.linears]
-            if group.fused and all(m in plan.skipped for m in members):
-                out.append(f"{plan.spec.layers}.{i}.{group.fused}")
-    return out
-
-
-def float_modules(plan: QuantizePlan) -> list[str]:
-    """Full names of the linears kept float by design (MoE routers), which readers must not take for packed."""
-    return [f"{plan.spec.layers}.{i}.{n}" for i in range(plan.num_layers) for n in plan.spec.float_linears()]
 
 
 def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progress: bool = True,
