@@ -329,35 +329,27 @@ def route_tokens(ctx: LayerContext, block: SparseMoeBlock, x: torch.Tensor) -> R
 def replay_layer(ctx: LayerContext, block_path: str, block_output: torch.Tensor) -> list[torch.Tensor]:
     """The layer's outputs on ctx.inputs (as ctx.run_layer) with its MoE block's output taken from `block_output`
     [T, hidden] (the block's output on every calibration token, runs in order) instead of computed: its experts
-    need not be in the layer. The block is back in its place after, whatever happens."""
+    need not be in the layer."""
     block = get_submodule(ctx.layer, block_path)
-    stand_in = _ReplayedBlock(block_output)
-    ctx.layer.set_submodule(block_path, stand_in)
+    taken = 0
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        nonlocal taken
+        n = hidden.numel() // hidden.shape[-1]
+        if taken + n > block_output.shape[0]:
+            raise RuntimeError(f"the MoE block's replay ran past its {block_output.shape[0]} tokens")
+        out = block_output[taken:taken + n].view_as(hidden).to(hidden.dtype)
+        taken += n
+        return out
+
+    block.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
     try:
         outputs = ctx.run_layer()
     finally:
-        ctx.layer.set_submodule(block_path, block)
-    if stand_in.taken != block_output.shape[0]:
-        raise RuntimeError(f"the MoE block's replay used {stand_in.taken} of its {block_output.shape[0]} tokens")
+        del block.forward
+    if taken != block_output.shape[0]:
+        raise RuntimeError(f"the MoE block's replay used {taken} of its {block_output.shape[0]} tokens")
     return outputs
-
-
-class _ReplayedBlock(torch.nn.Module):
-    """Stands in for an MoE block through one re-run of its layer: each call returns the next rows of the block's
-    output computed beforehand ([T, hidden], the layer's runs in order), shaped as the call's input."""
-
-    def __init__(self, block_output: torch.Tensor):
-        super().__init__()
-        self.block_output = block_output
-        self.taken = 0
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        n = hidden.numel() // hidden.shape[-1]
-        if self.taken + n > self.block_output.shape[0]:
-            raise RuntimeError(f"the MoE block's replay ran past its {self.block_output.shape[0]} tokens")
-        out = self.block_output[self.taken:self.taken + n].view_as(hidden).to(hidden.dtype)
-        self.taken += n
-        return out
 
 
 def quantize_experts(ctx: LayerContext, method, calibrated: bool, sink: ExpertSink | None = None,

@@ -287,7 +287,7 @@ def test_a_replay_with_the_wrong_number_of_tokens_is_refused_and_the_block_left_
         moe_experts.replay_layer(ctx, path, torch.zeros(tokens + 1, hidden))
     with pytest.raises(RuntimeError, match=f"ran past its {tokens - 1} tokens"):
         moe_experts.replay_layer(ctx, path, torch.zeros(tokens - 1, hidden))
-    assert get_submodule(ctx.layer, path) is block  # the block is back: it computes its own output again
+    assert "forward" not in vars(block)  # the block computes its own output again
     with torch.no_grad():  # the block's own output replayed: the layer's outputs, to the bit
         replayed = moe_experts.replay_layer(ctx, path, block(capture_block_input(ctx, path)))
     assert all(torch.equal(a, b) for a, b in zip(replayed, ctx.run_layer(), strict=True))
