@@ -60,11 +60,11 @@ class LayerContext:
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32,
                               cache_enabled=False)
 
-    def run_for_hooks(self, stop: type[Exception]) -> None:
-        """Run the layer on every calibration input for its hooks' sake; a hook raising `stop` ends that run
-        (what comes after the hooked module is not needed)."""
+    def run_for_hooks(self, stop: type[Exception], inputs: list[torch.Tensor] | None = None) -> None:
+        """Run the layer on every calibration input (or `inputs`) for its hooks' sake; a hook raising `stop` ends
+        that run (what comes after the hooked module is not needed)."""
         with torch.no_grad(), self.autocast():
-            for x in self.inputs:
+            for x in self.inputs if inputs is None else inputs:
                 try:
                     self.layer(x, **self.layer_kwargs)
                 except stop:
@@ -81,12 +81,7 @@ class LayerContext:
 
         handle = get_submodule(self.layer, path).register_forward_pre_hook(hook)
         try:
-            with torch.no_grad(), self.autocast():
-                for x in self.inputs if inputs is None else inputs:
-                    try:
-                        self.layer(x, **self.layer_kwargs)
-                    except _Reached:
-                        pass
+            self.run_for_hooks(_Reached, inputs)
         finally:
             handle.remove()
         return seen

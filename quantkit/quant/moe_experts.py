@@ -186,7 +186,7 @@ class MoEContext:
     loader: ExpertLoader | None = None  # with one, each expert is loaded on its turn and let go after it
     output: torch.Tensor | None = None  # [T, hidden]: the block's output on tokens.x, summed as experts are let go
     # what `output` is computed on, where a method changed how the layer feeds the block (AWQ's fold): the block's
-    # input and routing as the layer computes them now (recapture); None: `tokens`
+    # input and routing as the layer computes them now, and its tokens by expert (recapture); None: `tokens`
     output_tokens: RoutedTokens | None = None
     _by_expert: dict[int, ExpertBatch] | None = field(default=None, init=False, repr=False)
     _output_batches: dict[int, ExpertBatch] | None = field(default=None, init=False, repr=False)
@@ -235,9 +235,9 @@ class MoEContext:
         weights dropped (to the meta device)."""
         expert = self.block.expert_list[e]
         tokens = self.output_tokens or self.tokens
-        if self.output is not None and self._output_batches is None:
-            self._output_batches = self._batches() if tokens is self.tokens else self._routed(tokens)
-        batch = self._output_batches.get(e) if self.output is not None else None
+        batch = None
+        if self.output is not None:
+            batch = (self._output_batches if self.output_tokens is not None else self._batches()).get(e)
         if batch is not None:  # run by run, as the block computes it in the layer's runs (the same bits)
             for start, end in run_bounds(tokens.runs, self.output.shape[0]):
                 lo, hi = torch.searchsorted(batch.rows, torch.tensor([start, end])).tolist()
@@ -254,6 +254,7 @@ class MoEContext:
         block (AWQ folds a scale into the norm and the router), the block's output for the next layer is computed on
         what the changed layer feeds it, so it is the output of the layer that is written, to the bit."""
         self.output_tokens = route_tokens(self.layer, self.block, capture_block_input(self.layer, self.block_path))
+        self._output_batches = self._routed(self.output_tokens)
 
     def _batches(self) -> dict[int, ExpertBatch]:
         """The calibration tokens routed to each expert that got any (made once)."""
