@@ -43,11 +43,12 @@ def gather_kv_range(cache: torch.Tensor, block_table: torch.Tensor, start: int, 
 
 def paged_masked_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                      block_table: torch.Tensor, seq_len: int, scale: float, window: int | None = None,
-                                     softcap: float | None = None) -> torch.Tensor:
-    """One sequence's chunk q [n, heads, head_dim] (positions seq_len - n .. seq_len - 1) under a sliding window
-    and/or logit soft-capping, as transformers computes them: the query at position p sees keys j with
-    p - window < j <= p (every j <= p without a window); with `softcap` c the scores s = q.k * scale become
-    c * tanh(s / c) before the softmax (fp32). Only the blocks the window reaches are read. -> [n, heads, D]."""
+                                     softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence's chunk q [n, heads, head_dim] (positions seq_len - n .. seq_len - 1) under a sliding window,
+    logit soft-capping and/or attention sinks, as transformers computes them: the query at position p sees keys j
+    with p - window < j <= p (every j <= p without a window); with `softcap` c the scores s = q.k * scale become
+    c * tanh(s / c) before the softmax (fp32); `sinks` [heads] (gpt-oss) adds one logit per head to each softmax's
+    denominator, a key that no value goes with. Only the blocks the window reaches are read. -> [n, heads, D]."""
     n, heads = q.shape[0], q.shape[1]
     first_query = seq_len - n
     start = 0 if window is None else max(0, first_query - window + 1)
@@ -59,13 +60,20 @@ def paged_masked_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, v
     if window is not None:
         visible &= cols > rows - window
     qt, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads | kv_heads, ., D]
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(qt, k, v, attn_mask=visible, scale=scale, enable_gqa=True).transpose(0, 1)
     rep = heads // k.shape[0]
     k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
-    scores = torch.tanh((qt @ k.transpose(1, 2)) * scale / softcap) * softcap  # [heads, n, L]
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
-    return (probs @ v).transpose(0, 1)
+    scores = (qt @ k.transpose(1, 2)) * scale  # [heads, n, L]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~visible, float("-inf")).float()
+    if sinks is not None:
+        sink = sinks.float()[:, None, None].expand(-1, n, 1)  # [heads, n, 1]
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return (probs.to(q.dtype) @ v).transpose(0, 1)
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

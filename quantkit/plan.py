@@ -53,6 +53,9 @@ class ModelShape:
     expert_intermediate: int = 0
     norms_per_layer: int = 2  # hidden-wide norms per layer (Gemma 3: four)
     qk_norm: bool = False  # per-head q and k norms [head_dim] each
+    o_bias: bool = False  # o_proj has a bias (config.attention_bias)
+    sinks: bool = False  # a logit per attention head (gpt-oss)
+    moe_biases: bool = False  # the router and every expert linear have biases (gpt-oss)
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelShape":
@@ -70,7 +73,9 @@ class ModelShape:
                        int(c.get("max_position_embeddings") or 4096),
                        moe.num_experts if moe else 0, moe.top_k if moe else 0, moe.intermediate if moe else 0,
                        sum(n is not None for n in (norms.attn_in, norms.mlp_in, norms.attn_out, norms.mlp_out)),
-                       bool(spec is not None and spec.qk_norm))
+                       bool(spec is not None and spec.qk_norm), bool(c.get("attention_bias", False)),
+                       bool(spec is not None and spec.attn_sinks),
+                       bool(moe and spec.experts.bias and spec.experts.router_bias))
         except (KeyError, TypeError, ValueError) as exc:
             raise QuantkitError(f"config.json lacks what a plan needs ({exc})") from exc
 
@@ -87,10 +92,16 @@ class ModelShape:
         """(out, in) of each quantizable linear of one decoder layer (every expert's, for an MoE)."""
         return self.attention_linears() + self.expert_linears() * max(1, self.experts)
 
+    def expert_bias_params(self) -> int:
+        """One expert's bias entries where its linears have them (gate, up, down outputs)."""
+        return sum(n for n, _ in self.expert_linears()) * self.moe_biases
+
     def other_params(self) -> int:
         """Parameters that stay in fp16 whatever the weights: embeddings, lm_head, norms, biases, MoE routers."""
         per_layer = self.norms_per_layer * self.hidden + 2 * self.head_dim * self.qk_norm \
-            + (self.heads + 2 * self.kv_heads) * self.head_dim * self.qkv_bias + self.experts * self.hidden
+            + (self.heads + 2 * self.kv_heads) * self.head_dim * self.qkv_bias + self.experts * self.hidden \
+            + self.hidden * self.o_bias + self.heads * self.sinks \
+            + self.experts * (1 + self.expert_bias_params()) * self.moe_biases
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
 
 
@@ -143,7 +154,7 @@ class MoEPlan:
     def of(cls, shape: ModelShape, bits: int, group_size: int) -> "MoEPlan | None":
         if not shape.experts:
             return None
-        one_expert = sum(n * k for n, k in shape.expert_linears())
+        one_expert = sum(n * k for n, k in shape.expert_linears()) + shape.expert_bias_params()
         total = shape.layers * sum(n * k for n, k in shape.linears()) + shape.other_params()
         idle = shape.layers * (shape.experts - shape.top_k) * one_expert
         every = shape.expert_linears() * shape.experts

@@ -60,6 +60,7 @@ def tiny_qwen3(tmp_path_factory) -> Path:
 
 
 NEW_FAMILIES = ("phi3", "gemma3", "mixtral", "qwen3_moe")  # issue 39: every CLI path is tested on each
+SERVED_FAMILIES = NEW_FAMILIES + ("gpt_oss",)  # the engine serves these (gpt-oss in float: not quantized yet)
 
 
 @pytest.fixture(scope="session")

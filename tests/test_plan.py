@@ -127,9 +127,10 @@ def test_a_length_past_the_models_positions_is_said_and_sequences_are_whole(stor
     assert "KV tokens" in result.stdout and "KV tokens" not in result.stderr
 
 
-@pytest.mark.parametrize("family", ["phi3", "gemma3", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["phi3", "gemma3", "mixtral", "qwen3_moe", "gpt_oss"])
 def test_fp16_weight_bytes_count_every_parameter_of_the_new_families(family, tiny_family):
-    """Phi-3's fused projections, Gemma's four norms and q/k norms (tied head), the MoE routers and experts."""
+    """Phi-3's fused projections, Gemma's four norms and q/k norms (tied head), the MoE routers and experts, gpt-oss's
+    biases and sinks."""
     path = tiny_family(family)
     reader = ShardReader(path)
     params = sum(torch.Size(reader.shape_of(k)).numel() for k in reader.keys())

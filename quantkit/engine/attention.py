@@ -161,13 +161,14 @@ def attend(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, 
 
 
 def attend_masked(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
-                  scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
-    """`attend` for layers with a sliding window or logit soft-capping (Gemma 3's sliding layers, Mistral, Phi-3),
-    which the C++ kernel does not compute: torch, one sequence at a time, reading only the blocks in the window
-    (paged_masked_attention_reference). q [T, heads, D] -> [T, heads, D]."""
+                  scale: float, window: int | None, softcap: float | None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """`attend` for layers with a sliding window, logit soft-capping or sinks (Gemma 3's sliding layers, Mistral,
+    Phi-3, gpt-oss), which the C++ kernel does not compute: torch, one sequence at a time, reading only the blocks
+    in the window (paged_masked_attention_reference). q [T, heads, D] -> [T, heads, D]."""
     out = torch.empty_like(q)
     for i, seq_len in enumerate(meta.seq_lens):
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         out[s:e] = paged_masked_attention_reference(q[s:e], key_cache, value_cache, meta.block_tables[i], seq_len,
-                                                    scale, window, softcap)
+                                                    scale, window, softcap, sinks)
     return out

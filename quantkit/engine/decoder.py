@@ -47,7 +47,8 @@ class Attention(nn.Module):
     def __init__(self, s: DecoderShape, layer: int = 0):
         super().__init__()
         self.s = s
-        self.scale = s.attn_scale or s.head_dim ** -0.5
+        # YaRN scales cos and sin by a factor: q and k both rotate with it, so the scores carry its square
+        self.scale = (s.attn_scale or s.head_dim ** -0.5) * s.rope_factor(layer) ** 2
         self.window, self.softcap = s.window(layer), s.attn_softcap
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         self.qkv_proj: nn.Module | None = None  # q, k, v in one linear: stored so (Phi-3), or set by fuse()
@@ -59,15 +60,16 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(s.hidden_size, kv, bias=s.qkv_bias)
             self.v_proj = nn.Linear(s.hidden_size, kv, bias=s.qkv_bias)
             self.fusable = ("q_proj", "k_proj", "v_proj")  # fused at load (weights.fuse_projections) in this order
-        self.o_proj = nn.Linear(q, s.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q, s.hidden_size, bias=s.o_bias)
+        self.sinks: nn.Parameter | None = nn.Parameter(torch.zeros(s.num_heads)) if s.attn_sinks else None
         if s.qk_norm:
             self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
     @property
     def plain(self) -> bool:
-        """Full causal attention without soft-capping: what the C++ kernel computes."""
-        return self.window is None and self.softcap is None
+        """Full causal attention without soft-capping or sinks: what the C++ kernel computes."""
+        return self.window is None and self.softcap is None and self.sinks is None
 
     def fuse(self, qkv: nn.Module) -> None:
         """Run q/k/v as `qkv` from now on (built at load from the loaded three: x -> [q | k | v])."""
@@ -104,7 +106,7 @@ class Attention(nn.Module):
             out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
         else:
             write_kv(kv[0], kv[1], k, v, meta.slot_mapping)
-            out = attend_masked(q, kv[0], kv[1], meta, self.scale, self.window, self.softcap)
+            out = attend_masked(q, kv[0], kv[1], meta, self.scale, self.window, self.softcap, self.sinks)
         return self.o_proj(out.reshape(t, s.num_heads * s.head_dim))
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quantkit.engine.rope import layer_rope_parameters
+from quantkit.engine.rope import attention_factor, layer_rope_parameters
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import ExpertsSpec, LayerNorms, MoEShape, moe_shape, spec_for
 
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLPs' gate activations the engine computes
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "swiglu_oai")  # the MLPs' gate activations the engine computes
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ class DecoderShape:
     fused_gate_up: bool = False  # and gate/up as one gate_up_proj
     experts: ExpertsSpec | None = None  # an MoE family's block names
     moe: MoEShape | None = None
+    o_bias: bool = False  # o_proj has a bias (config.attention_bias: Llama, gpt-oss)
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax (self_attn.sinks)
+    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
+    rope_factors: tuple[float, ...] = ()  # per RoPE setting (all_ropes): the factor YaRN scales cos/sin by
 
     def window(self, layer: int) -> int | None:
         return self.windows[layer] if self.windows else None
@@ -56,10 +60,16 @@ class DecoderShape:
     def all_ropes(self) -> tuple[dict, ...]:
         return self.ropes or (self.rope,)
 
+    def rope_factor(self, layer: int) -> float:
+        """The factor this layer's RoPE multiplies cos and sin by (YaRN; 1 otherwise)."""
+        return self.rope_factors[self.rope_index(layer)] if self.rope_factors else 1.0
+
     @classmethod
     def from_config(cls, config) -> DecoderShape:
         spec = spec_for(config)
         act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None) or "silu"
+        if spec.experts is not None and spec.experts.act is not None:
+            act = spec.experts.act
         if act not in ACTIVATIONS:
             raise QuantkitError(f"unsupported hidden_act {act!r} (the engine's MLPs compute {', '.join(ACTIVATIONS)})")
         heads = config.num_attention_heads
@@ -83,6 +93,10 @@ class DecoderShape:
             norms=spec.norms, embed_scale=config.hidden_size ** 0.5 if spec.embed_scale else None,
             fused_qkv="self_attn.qkv_proj" in spec.linears, fused_gate_up="mlp.gate_up_proj" in spec.linears,
             experts=spec.experts, moe=moe_shape(spec, config),
+            o_bias=bool(getattr(config, "attention_bias", False)), attn_sinks=spec.attn_sinks,
+            swiglu=(float(getattr(config, "swiglu_alpha", 1.702)), float(getattr(config, "swiglu_limit", 7.0))),
+            rope_factors=tuple(attention_factor(r) for r in ropes) if any(attention_factor(r) != 1 for r in ropes)
+            else (),
         )
 
 

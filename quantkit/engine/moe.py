@@ -27,8 +27,17 @@ def gelu_tanh_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return nn.functional.gelu(gate, approximate="tanh") * up
 
 
-def act_and_mul(ops, act: str):
+def swiglu_oai_and_mul(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: gate clamped above at `limit`, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate), in torch."""
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def act_and_mul(ops, act: str, swiglu: tuple[float, float] = (1.702, 7.0)):
     """The op computing act(gate) * up for the shape's activation: the fused C++ SiLU where `ops` has it."""
+    if act == "swiglu_oai":
+        return lambda gate, up: swiglu_oai_and_mul(gate, up, *swiglu)
     return ops.silu_and_mul if act == "silu" else gelu_tanh_and_mul
 
 
@@ -37,18 +46,18 @@ class GatedMLP(nn.Module):
     as `fused_name` (Phi-3's gate_up_proj) or be fused at load (`fuse`)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, names: tuple[str, str, str],
-                 fused_name: str | None = None):
+                 fused_name: str | None = None, bias: bool = False, swiglu: tuple[float, float] = (1.702, 7.0)):
         super().__init__()
-        self.act, self.down_name = act, names[2]
+        self.act, self.down_name, self.swiglu = act, names[2], swiglu
         self.gate_up_proj: nn.Module | None = None
         if fused_name is not None:  # stored fused: x -> [gate | up]
-            self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+            self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
             self.fusable: tuple[str, ...] = ()
         else:
             for name in names[:2]:
-                setattr(self, name, nn.Linear(hidden, intermediate, bias=False))
+                setattr(self, name, nn.Linear(hidden, intermediate, bias=bias))
             self.fusable = names[:2]  # fused at load (weights.fuse_projections) in this order
-        setattr(self, names[2], nn.Linear(intermediate, hidden, bias=False))
+        setattr(self, names[2], nn.Linear(intermediate, hidden, bias=bias))
 
     def fuse(self, gate_up: nn.Module) -> None:
         """Run gate/up as `gate_up` from now on (built at load from the loaded two: x -> [gate | up])."""
@@ -58,7 +67,7 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = gate_up
 
     def forward(self, x: torch.Tensor, ops=fused_ops_reference) -> torch.Tensor:
-        mul = act_and_mul(ops, self.act)
+        mul = act_and_mul(ops, self.act, self.swiglu)
         if self.gate_up_proj is None:
             gate, up = (getattr(self, n)(x) for n in self.fusable)
         else:
@@ -89,9 +98,11 @@ class MoEBlock(nn.Module):
         super().__init__()
         spec, moe = s.experts, s.moe
         self.spec, self.moe, self.act = spec, moe, s.act
-        setattr(self, spec.router, nn.Linear(s.hidden_size, moe.num_experts, bias=False))
+        setattr(self, spec.router, nn.Linear(s.hidden_size, moe.num_experts, bias=spec.router_bias))
         names = (spec.gate, spec.up, spec.down)
-        setattr(self, spec.experts, nn.ModuleList(GatedMLP(s.hidden_size, moe.intermediate, s.act, names)
+        # gpt-oss: gate and up arrive as one linear (its interleaved columns put in [gate | up] order at load)
+        setattr(self, spec.experts, nn.ModuleList(GatedMLP(s.hidden_size, moe.intermediate, s.act, names,
+                                                           spec.gate_up, spec.bias, s.swiglu)
                                                   for _ in range(moe.num_experts)))
         self.grouped: StackedExperts | None = None  # set by stack_experts: every expert in one kernel call
 

@@ -1,4 +1,4 @@
-"""Rotary position embeddings from an HF config: the default, linear and llama3 scaling types.
+"""Rotary position embeddings from an HF config: the default, linear, llama3 and yarn scaling types.
 
 Pure functions. Frequencies follow transformers' conventions exactly (fp32, the rotate-half
 layout), so greedy outputs match its models token for token.
@@ -13,7 +13,7 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.kernels.fused_ops_reference import apply_rope, rotate_half  # noqa: F401 (the rotation lives with its fused twin)
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_parameters(config, params: dict | None = None) -> dict:
@@ -54,7 +54,47 @@ def inv_frequencies(params: dict, head_dim: int, max_position_embeddings: int) -
         return inv_freq / params["factor"]
     if rope_type == "llama3":
         return _llama3_scaling(inv_freq, params, max_position_embeddings)
+    if rope_type == "yarn":
+        return _yarn_scaling(params, dim, base, max_position_embeddings)
     return inv_freq
+
+
+def attention_factor(params: dict) -> float:
+    """The factor YaRN multiplies cos and sin by (transformers' `attention_scaling`): 0.1 ln(factor) + 1, or
+    the ratio of two such terms where the config gives mscale and mscale_all_dim; 1 for every other rope type.
+    q and k both rotate with it, so the engine folds it into the attention scale as its square."""
+    if params["rope_type"] != "yarn":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor, mscale, mscale_all = params["factor"], params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and mscale_all:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_scaling(params: dict, dim: int, base: float, max_position_embeddings: int) -> torch.Tensor:
+    """YaRN (gpt-oss): frequencies that turn fewer than beta_slow times over the original context are divided by
+    `factor`, those turning more than beta_fast times are kept, with a linear ramp over the dimensions between."""
+    old_len = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_position_embeddings / old_len
+
+    def dim_of(rotations: float) -> float:  # the dimension whose frequency turns `rotations` times over old_len
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(params.get("beta_fast") or 32), dim_of(params.get("beta_slow") or 1)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    wavelengths = base ** (torch.arange(0, dim, 2).float() / dim)  # as transformers forms them: equal bits
+    return 1.0 / (factor * wavelengths) * ramp + 1.0 / wavelengths * (1 - ramp)
 
 
 def _llama3_scaling(inv_freq: torch.Tensor, params: dict, max_position_embeddings: int) -> torch.Tensor:

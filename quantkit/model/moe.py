@@ -59,6 +59,29 @@ def expert_batches(weights: torch.Tensor, experts: torch.Tensor, num_experts: in
     return out
 
 
+def unstack_experts(spec: ExpertsSpec, key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """A stacked experts tensor of the checkpoint (ExpertsSpec.stacked: `<layer>.<block>.<experts>.<name>` [E, in, out]
+    or `<name>_bias` [E, out]) as one linear's tensors per expert, `<layer>.<block>.<experts>.<e>.<name>.weight`
+    [out, in] and `.bias` [out]; the gate_up projection's interleaved output columns (g0, u0, g1, ...) put in
+    [gate | up] order, as a fused gate/up linear computes them. None for any other key."""
+    if not spec.stacked:
+        return None
+    head = f".{spec.block}.{spec.experts}."
+    prefix, found, leaf = key.rpartition(head)
+    name, bias = (leaf[:-len("_bias")], True) if leaf.endswith("_bias") else (leaf, False)
+    if not found or name not in (spec.gate_up, spec.down):
+        return None
+    if name == spec.gate_up:
+        width = tensor.shape[-1]
+        order = torch.cat([torch.arange(0, width, 2), torch.arange(1, width, 2)])
+        tensor = tensor.index_select(-1, order)
+    out = {}
+    for e in range(tensor.shape[0]):
+        part = tensor[e] if bias else tensor[e].t()
+        out[f"{prefix}{head}{e}.{name}.{'bias' if bias else 'weight'}"] = part.contiguous()
+    return out
+
+
 class Expert(nn.Module):
     """One expert: down(act(gate(x)) * up(x)), its linears named as the family's checkpoint names them."""
 
@@ -125,11 +148,13 @@ def install_block(layer: nn.Module, spec: ExpertsSpec, block: nn.Module) -> None
 
 def linearize_experts(model: nn.Module, spec: ArchSpec, config, dtype: torch.dtype) -> int:
     """Replace every decoder layer's transformers MoE block of `model` (a transformers CausalLM, its weights on
-    any device, typically meta) by a SparseMoeBlock on the same device, weights unset. Returns how many."""
+    any device, typically meta) by a SparseMoeBlock on the same device, weights unset. Returns how many: none for
+    a dense family, or one whose checkpoint stacks the experts as transformers does (gpt-oss: a float checkpoint
+    then loads into transformers' own block; quantize refuses it, ArchSpec.check_quantizable)."""
     from transformers.activations import ACT2FN
 
     moe = moe_shape(spec, config)
-    if moe is None:
+    if moe is None or spec.experts.stacked:  # stacked (gpt-oss): the checkpoint's tensors are transformers' own
         return 0
     layers = get_submodule(model, spec.layers)
     device = next(layers[0].parameters()).device

@@ -1,4 +1,4 @@
-"""The engine's decoder against transformers: RoPE frequencies (default, linear, llama3), and greedy
+"""The engine's decoder against transformers: RoPE frequencies (default, linear, llama3, yarn), and greedy
 parity on tiny models with scaled RoPE and on the Mistral family."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quantkit.engine import LLM, SamplingParams
-from quantkit.engine.rope import apply_rope, cos_sin, inv_frequencies, rope_parameters
+from quantkit.engine.rope import apply_rope, attention_factor, cos_sin, inv_frequencies, rope_parameters
 from quantkit.errors import QuantkitError
 
 pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
@@ -19,10 +19,15 @@ SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 10000.0},
+    # gpt-oss's (untruncated ramp), and one with a truncated ramp and mscale / mscale_all_dim
+    "yarn": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+             "original_max_position_embeddings": 4096, "rope_theta": 150000.0, "truncate": False},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 1.0,
+                    "mscale_all_dim": 0.5, "original_max_position_embeddings": 64, "rope_theta": 10000.0},
 }
 
 
-@pytest.mark.parametrize("name", ["default", "linear", "llama3"])
+@pytest.mark.parametrize("name", ["default", "linear", "llama3", "yarn", "yarn-mscale"])
 def test_inv_frequencies_match_transformers(name):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -30,16 +35,19 @@ def test_inv_frequencies_match_transformers(name):
     params = SCALINGS.get(name, {"rope_type": "default", "rope_theta": 10000.0})
     cfg = LlamaConfig(hidden_size=128, num_attention_heads=4, max_position_embeddings=512, rope_parameters=params)
     ours = inv_frequencies(rope_parameters(cfg), 32, 512)
+    factor = 1.0
     if name == "default":
         want = 1.0 / (10000.0 ** (torch.arange(0, 32, 2).float() / 32))
     else:
-        want, _ = ROPE_INIT_FUNCTIONS[name](cfg, "cpu")
+        want, factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu")
     torch.testing.assert_close(ours, want, rtol=0, atol=0)
+    assert attention_factor(rope_parameters(cfg)) == factor  # transformers' attention_scaling of cos and sin
+    assert (factor != 1.0) == name.startswith("yarn")
 
 
 def test_unknown_rope_type_is_refused():
-    with pytest.raises(QuantkitError, match="unsupported RoPE type 'yarn'"):
-        inv_frequencies({"rope_type": "yarn", "rope_theta": 1e4}, 32, 512)
+    with pytest.raises(QuantkitError, match="unsupported RoPE type 'longrope'"):
+        inv_frequencies({"rope_type": "longrope", "rope_theta": 1e4}, 32, 512)
 
 
 def test_apply_rope_matches_transformers_rotation():

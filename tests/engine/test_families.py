@@ -1,6 +1,7 @@
 """The families of issue 39 through the engine: Phi-3 (fused q/k/v and gate/up in the checkpoint), Gemma 3 (scaled
 embeddings, (1 + w) sandwich norms, q/k norms, a sliding-window layer with its own RoPE base, soft-capped logits),
-Mixtral and Qwen3-MoE (top-k routing over experts). Greedy tokens, token for token, against transformers' own fp32
+Mixtral and Qwen3-MoE (top-k routing over experts), gpt-oss (experts stacked in the checkpoint with gate/up
+interleaved, biases, clamped SwiGLU, attention sinks, YaRN; float only). Greedy tokens, token for token, against transformers' own fp32
 forward: on the float checkpoint, and on 4-bit GPTQ / AWQ / compressed-tensors checkpoints, where transformers runs
 the same weights dequantized (tests_support.dequantized) while the engine runs them on its int4 CPU kernel.
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import NEW_FAMILIES
+from conftest import SERVED_FAMILIES
 from engine.test_greedy_parity import engine_greedy, hf_greedy, make_prompts
 from quantkit.engine import LLM, SamplingParams
 from quantkit.model.quant_linear import QuantLinear
@@ -20,7 +21,7 @@ from tests_support.dequantized import dequantized_copy
 ENGINE = dict(max_num_seqs=32, max_model_len=256, max_num_batched_tokens=64)
 
 
-@pytest.mark.parametrize("family", NEW_FAMILIES)
+@pytest.mark.parametrize("family", SERVED_FAMILIES)
 def test_float_greedy_matches_transformers(family, tiny_family):
     path = tiny_family(family)
     prompts = make_prompts(512, seed=1)
@@ -74,6 +75,34 @@ def test_the_sliding_window_changes_gemmas_outputs(tiny_family, monkeypatch):
     monkeypatch.setattr(decoder_shape, "layer_windows", lambda config: (None,) * config.num_hidden_layers)
     got, _ = engine_greedy(path, prompts, **ENGINE)
     assert got != want
+
+
+@pytest.mark.parametrize("part", ["sinks", "yarn", "expert_bias", "act"])
+def test_each_part_of_gpt_oss_changes_its_outputs(part, tiny_family):
+    """The engine with one of gpt-oss's departures from Llama undone gives other tokens than transformers on these
+    prompts (so the parity above tests each of them)."""
+    path = tiny_family("gpt_oss")
+    prompts = make_prompts(512, n=8, seed=1)
+    llm = LLM(str(path), dtype="float32", **ENGINE)
+    for layer in llm.engine.model.model.layers:
+        attn = layer.self_attn
+        if part == "sinks":
+            attn.sinks = None
+        elif part == "yarn":
+            attn.scale = attn.s.head_dim ** -0.5
+        for expert in layer.mlp.experts:
+            if part == "expert_bias":
+                expert.down_proj.bias = None
+            elif part == "act":
+                expert.act = "silu"
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16))]
+    assert got != hf_greedy(path, prompts, max_tokens=16)
+
+
+def test_gpt_oss_decodes_in_bf16(tiny_family):
+    llm = LLM(str(tiny_family("gpt_oss")), dtype="bfloat16", max_model_len=128)
+    out = llm.generate([[1, 5, 9, 33], [1, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
 
 
 def test_bf16_moe_decodes(quantized_family):

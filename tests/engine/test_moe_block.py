@@ -21,6 +21,7 @@ class Shape:  # the DecoderShape fields MoEBlock reads
     act: str = "silu"
     experts: ExpertsSpec = SPEC
     moe: MoEShape = MoEShape(num_experts=8, top_k=3, intermediate=32, renormalize=True)
+    swiglu: tuple[float, float] = (1.702, 7.0)  # gpt-oss's activation only
 
 
 def reference(block: MoEBlock, x: torch.Tensor) -> torch.Tensor:

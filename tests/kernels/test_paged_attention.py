@@ -66,7 +66,7 @@ def test_prefill_reference_exact_causal_mask_for_chunks(seq_len, chunk):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def dense_masked_attention(q, k, v, scale, causal_offset, window, softcap):
+def dense_masked_attention(q, k, v, scale, causal_offset, window, softcap, sinks=None):
     """dense_attention with a sliding window (query at p sees p - window < j <= p) and scores capped to
     c * tanh(s / c): transformers' eager attention for Gemma, naive, fp64."""
     group = q.shape[1] // k.shape[1]
@@ -78,7 +78,11 @@ def dense_masked_attention(q, k, v, scale, causal_offset, window, softcap):
     pos = torch.arange(q.shape[0])[:, None] + causal_offset
     keys = torch.arange(k.shape[0])[None, :]
     mask = (keys <= pos) & ((keys > pos - window) if window is not None else True)
-    return torch.einsum("hnl,lhd->nhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v).float()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:  # gpt-oss: exp(sink) joins each head's denominator
+        denominator = scores.exp().sum(-1, keepdim=True) + sinks.double().exp()[:, None, None]
+        return torch.einsum("hnl,lhd->nhd", scores.exp() / denominator, v).float()
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v).float()
 
 
 @pytest.mark.parametrize("seq_len,chunk,window,softcap", [
@@ -94,6 +98,19 @@ def test_masked_reference_honours_the_window_and_the_cap(seq_len, chunk, window,
     if window is not None and seq_len - chunk >= window:  # it does differ from full causal attention
         full = dense_masked_attention(q, *dense[0], d ** -0.5, seq_len - chunk, None, softcap)
         assert not torch.allclose(out, full, atol=1e-3)
+
+
+@pytest.mark.parametrize("seq_len,chunk,window", [(40, 40, 8), (40, 5, None), (41, 1, 16), (9, 1, None)])
+def test_masked_reference_adds_each_heads_sink_to_the_softmax(seq_len, chunk, window):
+    heads, kv_heads, d, bs = 4, 2, 16, 8
+    kc, vc, tables, dense = random_paged([seq_len], heads, kv_heads, d, bs, num_blocks=16, seed=6)
+    q = torch.randn(chunk, heads, d, generator=torch.Generator().manual_seed(2)) * 2
+    sinks = torch.tensor([-1.0, 0.0, 1.5, 3.0])
+    out = paged_masked_attention_reference(q, kc, vc, tables[0], seq_len, d ** -0.5, window, None, sinks)
+    want = dense_masked_attention(q, *dense[0], d ** -0.5, seq_len - chunk, window, None, sinks)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    plain = dense_masked_attention(q, *dense[0], d ** -0.5, seq_len - chunk, window, None)
+    assert not torch.allclose(out, plain, atol=1e-2)  # the sinks take weight from every key
 
 
 @pytest.mark.parametrize("heads,kv_heads,d,block_size,dtype", [

@@ -57,3 +57,34 @@ def test_mixtrals_block_keeps_the_checkpoint_name_once(tiny_family):
     assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in keys
     assert not any(".mlp." in k for k in keys)
     assert model.model.layers[0].mlp is model.model.layers[0].block_sparse_moe
+
+
+def test_stacked_experts_become_one_linear_per_expert_with_gate_and_up_in_halves():
+    """gpt-oss's checkpoint stacks each projection of all experts ([E, in, out], gate/up columns interleaved): one
+    linear's tensors per expert, [out, in], gate's rows then up's, computing what the stack computes."""
+    from quantkit.format.arch import spec_for
+    from quantkit.model.moe import unstack_experts
+
+    spec = spec_for({"architectures": ["GptOssForCausalLM"]}).experts
+    g = torch.Generator().manual_seed(0)
+    gate_up, gate_up_bias = torch.randn(3, 8, 10, generator=g), torch.randn(3, 10, generator=g)
+    down = torch.randn(3, 5, 8, generator=g)
+    layer = "model.layers.4.mlp.experts."
+    weights = unstack_experts(spec, layer + "gate_up_proj", gate_up)
+    biases = unstack_experts(spec, layer + "gate_up_proj_bias", gate_up_bias)
+    downs = unstack_experts(spec, layer + "down_proj", down)
+    assert sorted(weights) == [f"{layer}{e}.gate_up_proj.weight" for e in range(3)]
+    assert sorted(downs) == [f"{layer}{e}.down_proj.weight" for e in range(3)]
+    x = torch.randn(4, 8, generator=g)
+    for e in range(3):
+        stacked = x @ gate_up[e] + gate_up_bias[e]  # [4, 10]: g0, u0, g1, u1, ...
+        fused = torch.nn.functional.linear(x, weights[f"{layer}{e}.gate_up_proj.weight"],
+                                           biases[f"{layer}{e}.gate_up_proj.bias"])
+        gate, up = fused.chunk(2, dim=-1)
+        torch.testing.assert_close(gate, stacked[:, 0::2])
+        torch.testing.assert_close(up, stacked[:, 1::2])
+        h = torch.randn(4, 5, generator=g)
+        torch.testing.assert_close(h @ downs[f"{layer}{e}.down_proj.weight"].t(), h @ down[e])
+    assert unstack_experts(spec, "model.layers.4.mlp.router.weight", torch.zeros(3, 8)) is None
+    assert unstack_experts(spec_for({"architectures": ["MixtralForCausalLM"]}).experts, layer + "gate_up_proj",
+                           gate_up) is None

@@ -26,7 +26,13 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
         "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
         "norm_topk_prob": True}),
+    # experts stacked in the checkpoint, gate/up interleaved, biases everywhere, attention sinks, YaRN, a sliding
+    # layer (window 24) then a full one
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+        "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 24,
+        "layer_types": ["sliding_attention", "full_attention"]}),
 }
+STACKED_EXPERTS = ("gpt_oss",)  # families whose experts are 3-D parameters, widened like the linears
 
 
 def make_tiny_model(out: Path, family: str = "llama", hidden: int = 128, intermediate: int = 256,
@@ -47,10 +53,12 @@ def make_tiny_model(out: Path, family: str = "llama", hidden: int = 128, interme
     # Random init gives near-uniform logits; widen the weights so outputs depend on the input.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() == 2 or (p.dim() == 3 and family in STACKED_EXPERTS):
                 p.normal_(0, 0.08)
             elif "bias" in name:
                 p.normal_(0, 0.02)
+            elif name.endswith("sinks"):  # a logit per head, of the scores' size, so that it matters
+                p.normal_(0, 1.0)
     model.save_pretrained(out)
     build_tokenizer(vocab_size=vocab).save_pretrained(out)
     return Path(out)
