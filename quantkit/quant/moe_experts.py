@@ -203,11 +203,17 @@ class MoEContext:
     def expert_linears(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
         """(expert, (gate, up, down)) of each expert whose linears are all quantized, in order. With a loader, each
         expert's weights are read before it is yielded and let go when the caller asks for the next one (or ends
-        the loop), its share of the block's output first added to `output` when that is kept."""
+        the loop), its share of the block's output first added to `output` when that is kept. A loop that ends early
+        (a break, an error) still lets the expert on its turn go, without adding its share."""
         for e, names in self._quantized_experts():
             if self.loader is not None:
                 self.loader(names)
-            yield e, names
+            try:
+                yield e, names
+            except BaseException:  # GeneratorExit on an early end, or the caller's error: free it, then go on out
+                if self.loader is not None:
+                    self.block.expert_list[e].to("meta")
+                raise
             if self.loader is not None:
                 self._let_go(e)
 

@@ -216,6 +216,23 @@ def streamed_loader(ctx: LayerContext):
     return loader, loads, held
 
 
+def test_a_loop_over_streamed_experts_that_ends_early_lets_the_loaded_expert_go(tiny_family, tmp_path):
+    ctx = layer_context(tiny_family("qwen3_moe"), tmp_path)
+    spec = ctx.spec.experts
+    block = get_submodule(ctx.layer, spec.block)
+    loader, loads, held = streamed_loader(ctx)
+    moe = MoEContext(ctx, block, spec.block, ctx.experts, loader=loader)
+    for e, _ in moe.expert_linears():
+        if e == 2:
+            break
+    assert len(loads) == 3 and held == [3, 3, 3]
+    assert all(p.is_meta for p in block.expert_list.parameters())
+    with pytest.raises(RuntimeError, match="stop"):
+        for _ in moe.expert_linears():
+            raise RuntimeError("stop")
+    assert all(p.is_meta for p in block.expert_list.parameters())
+
+
 @pytest.mark.parametrize("method", ["rtn", "gptq"])
 def test_streamed_experts_are_loaded_one_at_a_time_and_replayed_into_the_layers_outputs(tiny_family, tmp_path,
                                                                                       method):
