@@ -66,8 +66,10 @@ class QuantInfo:
 
 
 def read_quant_info(config: dict) -> QuantInfo | None:
+    """The packed linears' scheme of a checkpoint, or None where it packs none: a float checkpoint, or gpt-oss's MXFP4
+    experts, which quantkit reads dequantized (quantkit.model.mxfp4_reader) as float."""
     qc = config.get("quantization_config")
-    if not qc:
+    if not qc or qc.get("quant_method") == "mxfp4":
         return None
     method = qc.get("quant_method")
     if method == "gptq":

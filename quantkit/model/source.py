@@ -41,8 +41,11 @@ class ModelSource:
 
     @cached_property
     def reader(self) -> ShardReader:
-        """The shards' index (every header read, no data)."""
-        return ShardReader(self.path)
+        """The shards' index (every header read, no data); MXFP4 experts (gpt-oss) read dequantized."""
+        from quantkit.format.mxfp4 import is_mxfp4
+        from quantkit.model.mxfp4_reader import Mxfp4Reader
+
+        return Mxfp4Reader(self.path) if is_mxfp4(self.config) else ShardReader(self.path)
 
     @cached_property
     def hf_config(self):

@@ -99,6 +99,17 @@ def test_each_part_of_gpt_oss_changes_its_outputs(part, tiny_family):
     assert got != hf_greedy(path, prompts, max_tokens=16)
 
 
+def test_gpt_oss_with_mxfp4_experts_gives_its_float_twins_tokens(tiny_family, tmp_path):
+    """gpt-oss as OpenAI ships it (MXFP4 experts): the engine dequantizes the experts at load and gives transformers'
+    greedy tokens on the float twin (the same values stored in fp32)."""
+    from tests_support.mxfp4 import mxfp4_twin
+
+    mx, float_dir = mxfp4_twin(tiny_family("gpt_oss"), tmp_path)
+    prompts = make_prompts(512, n=16, seed=1)
+    got, _ = engine_greedy(mx, prompts, **ENGINE)
+    assert got == hf_greedy(float_dir, prompts)
+
+
 def test_gpt_oss_decodes_in_bf16(tiny_family):
     llm = LLM(str(tiny_family("gpt_oss")), dtype="bfloat16", max_model_len=128)
     out = llm.generate([[1, 5, 9, 33], [1, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))

@@ -55,3 +55,13 @@ def test_vllm_runs_float_gpt_oss_as_quantkit_does(tiny_family, vllm_py, capsys):
     assert vllm_check.main([str(tiny_family("gpt_oss")), "--max-new", "16", "--margin-tol", "0.1"]) == 0, \
         capsys.readouterr().out
     assert "UnquantizedFusedMoEMethod: 2 modules" in capsys.readouterr().out
+
+
+@pytest.mark.interop
+def test_vllm_runs_gpt_oss_with_mxfp4_experts_as_quantkit_does(tiny_family, vllm_py, capsys, tmp_path):
+    """gpt-oss as OpenAI ships it: vLLM's MXFP4 MoE method against quantkit's dequantized reading."""
+    from tests_support.mxfp4 import mxfp4_twin
+
+    mx, _ = mxfp4_twin(tiny_family("gpt_oss"), tmp_path)
+    assert vllm_check.main([str(mx), "--max-new", "16", "--margin-tol", "0.1"]) == 0, capsys.readouterr().out
+    assert "GptOssMxfp4MoEMethod: 2 modules" in capsys.readouterr().out
