@@ -1,7 +1,7 @@
 """Issue 39's families through every command a user runs: `quantkit quantize` (GPTQ), `check` against the float
 model, `eval` (perplexity and MMLU against the float model), `generate`, `serve` (/v1/completions through the openai
-client, against the offline engine's tokens) and `plan`, on tiny random models of Phi-3, Gemma 3, Mixtral and
-Qwen3-MoE."""
+client, against the offline engine's tokens) and `plan`, on tiny random models of Phi-3, Gemma 3, Mixtral,
+Qwen3-MoE and gpt-oss (and gpt-oss with MXFP4 experts, as OpenAI ships it)."""
 
 from __future__ import annotations
 
@@ -56,19 +56,21 @@ def test_generate_and_serve_give_the_engines_tokens(quantized):
     generate_and_serve_give_the_engines_tokens(qdir, tmp)
 
 
-def test_gpt_oss_is_served_and_evaluated_in_float_and_quantize_refuses_it(tiny_family, tmp_path):
-    """gpt-oss: generate, serve and eval run the float checkpoint; quantize does not read its stacked experts yet,
-    and says so in one line."""
-    model = tiny_family("gpt_oss")
-    generate_and_serve_give_the_engines_tokens(model, tmp_path)
-    report = tmp_path / "eval.json"
-    code, output = run_cli("eval", model, "--base", model, "--allow-unquantized", "--tasks", "ppl", "--ppl-text",
-                           synthetic_calib(tmp_path / "text.txt"), "--output", report)
+def test_gpt_oss_with_mxfp4_experts_is_served_and_quantized(tiny_family, tmp_path):
+    """gpt-oss as OpenAI ships it (MXFP4 experts): generate and serve run it, and quantize makes a GPTQ checkpoint of
+    it that check passes against it."""
+    from tests_support.mxfp4 import mxfp4_twin
+
+    mx, _ = mxfp4_twin(tiny_family("gpt_oss"), tmp_path / "twin")
+    generate_and_serve_give_the_engines_tokens(mx, tmp_path)
+    out = tmp_path / "q"
+    code, output = run_cli("quantize", mx, "--out", out, "--method", "gptq", "--group-size", 32, "--calib",
+                           synthetic_calib(tmp_path / "calib.txt"), "--nsamples", 8, "--seqlen", 64, "--threads", 1,
+                           "--no-check")
     assert code == 0, output
-    assert report.exists()
-    code, output = run_cli("quantize", model, "--out", tmp_path / "q", "--method", "rtn")
-    assert code != 0 and "gpt_oss: quantize does not read its stacked experts yet" in output
-    assert "Traceback" not in output and not (tmp_path / "q").exists()
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "gptq"
+    code, output = run_cli("check", out, "--original", mx, "--backend", "torch", "--output", tmp_path / "check.json")
+    assert code == 0, output
 
 
 def generate_and_serve_give_the_engines_tokens(qdir, tmp) -> None:

@@ -19,19 +19,12 @@ from torch import nn
 from quantkit.engine.decoder_shape import DecoderShape
 from quantkit.kernels import fused_ops_reference
 from quantkit.kernels.moe_int4 import StackedExperts
-from quantkit.model.moe import expert_batches, route
+from quantkit.model.moe import expert_batches, route, swiglu_oai_and_mul
 
 
 def gelu_tanh_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Gemma's gate activation (transformers' gelu_pytorch_tanh) times up, in torch."""
     return nn.functional.gelu(gate, approximate="tanh") * up
-
-
-def swiglu_oai_and_mul(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """gpt-oss's clamped SwiGLU: gate clamped above at `limit`, up to [-limit, limit], then
-    (up + 1) * gate * sigmoid(alpha * gate), in torch."""
-    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 def act_and_mul(ops, act: str, swiglu: tuple[float, float] = (1.702, 7.0)):
@@ -43,12 +36,14 @@ def act_and_mul(ops, act: str, swiglu: tuple[float, float] = (1.702, 7.0)):
 
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)) with its linears under `names` (gate, up, down); gate and up may arrive fused
-    as `fused_name` (Phi-3's gate_up_proj) or be fused at load (`fuse`)."""
+    as `fused_name` (Phi-3's gate_up_proj: [gate | up]; gpt-oss's experts: rows interleaved, `interleaved`) or be
+    fused at load (`fuse`)."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str, names: tuple[str, str, str],
-                 fused_name: str | None = None, bias: bool = False, swiglu: tuple[float, float] = (1.702, 7.0)):
+    def __init__(self, hidden: int, intermediate: int, act: str, names: tuple[str, ...],
+                 fused_name: str | None = None, bias: bool = False, swiglu: tuple[float, float] = (1.702, 7.0),
+                 interleaved: bool = False):
         super().__init__()
-        self.act, self.down_name, self.swiglu = act, names[2], swiglu
+        self.act, self.down_name, self.swiglu, self.interleaved = act, names[-1], swiglu, interleaved
         self.gate_up_proj: nn.Module | None = None
         if fused_name is not None:  # stored fused: x -> [gate | up]
             self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
@@ -57,7 +52,7 @@ class GatedMLP(nn.Module):
             for name in names[:2]:
                 setattr(self, name, nn.Linear(hidden, intermediate, bias=bias))
             self.fusable = names[:2]  # fused at load (weights.fuse_projections) in this order
-        setattr(self, names[2], nn.Linear(intermediate, hidden, bias=bias))
+        setattr(self, names[-1], nn.Linear(intermediate, hidden, bias=bias))
 
     def fuse(self, gate_up: nn.Module) -> None:
         """Run gate/up as `gate_up` from now on (built at load from the loaded two: x -> [gate | up])."""
@@ -70,6 +65,9 @@ class GatedMLP(nn.Module):
         mul = act_and_mul(ops, self.act, self.swiglu)
         if self.gate_up_proj is None:
             gate, up = (getattr(self, n)(x) for n in self.fusable)
+        elif self.interleaved:
+            both = self.gate_up_proj(x)
+            gate, up = both[..., 0::2], both[..., 1::2]
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # views of [T, 2I]: the op reads them strided
         return getattr(self, self.down_name)(mul(gate, up))
@@ -100,9 +98,10 @@ class MoEBlock(nn.Module):
         self.spec, self.moe, self.act = spec, moe, s.act
         setattr(self, spec.router, nn.Linear(s.hidden_size, moe.num_experts, bias=spec.router_bias))
         names = (spec.gate, spec.up, spec.down)
-        # gpt-oss: gate and up arrive as one linear (its interleaved columns put in [gate | up] order at load)
+        # gpt-oss: gate and up arrive as one linear, its output rows interleaved
         setattr(self, spec.experts, nn.ModuleList(GatedMLP(s.hidden_size, moe.intermediate, s.act, names,
-                                                           spec.gate_up, spec.bias, s.swiglu)
+                                                           spec.gate_up, spec.bias, s.swiglu,
+                                                           interleaved=spec.gate_up is not None)
                                                   for _ in range(moe.num_experts)))
         self.grouped: StackedExperts | None = None  # set by stack_experts: every expert in one kernel call
 

@@ -21,7 +21,6 @@ from quantkit.engine.decoder import Decoder, DecoderShape, RMSNorm, rope_buffer
 from quantkit.engine.rope import inv_frequencies
 from quantkit.errors import QuantkitError
 from quantkit.model.loader import QuantInfo, replace_packed_linears
-from quantkit.model.moe import unstack_experts
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.model.source import ModelSource
 from quantkit.format.arch import get_submodule
@@ -54,9 +53,8 @@ def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, 
         if key.rpartition(".")[0] in quantized or "rotary_emb" in key or (key == EMBED and map_embed):
             continue
         t = reader.get(key)
-        t = t.to(table_dtype(t.dtype, dtype) if key == EMBED and not tied else dtype) if t.is_floating_point() else t
-        per_expert = unstack_experts(spec.experts, key, t) if spec.experts is not None else None
-        state.update(per_expert or {key: t})
+        state[key] = t.to(table_dtype(t.dtype, dtype) if key == EMBED and not tied else dtype) \
+            if t.is_floating_point() else t
     if tied:  # with the table mapped, the head is about to be rounded to int8: read at the checkpoint's precision
         state["lm_head.weight"] = reader.get(EMBED) if map_embed else state.get(EMBED)
     missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if v is not None},

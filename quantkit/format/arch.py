@@ -77,10 +77,11 @@ class ExpertsSpec:
     experts: str = "experts"
     renormalize: bool | None = None  # top-k weights renormalized to sum 1; None: the config's norm_topk_prob
     # gpt-oss: the checkpoint holds each projection of all experts as one tensor `<block>.<experts>.<name>`
-    # [E, in, out] (and `<name>_bias` [E, out]); gate and up are one projection, `gate_up`, whose output columns
-    # interleave gate and up (g0, u0, g1, u1, ...); every expert linear and the router have a bias; the
-    # activation is `act` rather than the config's hidden_act
+    # [E, in, out] (and `<name>_bias` [E, out]), read as one linear per expert (quantkit.model.stacked_experts);
+    # gate and up are one projection, `gate_up`, whose output rows interleave gate and up (g0, u0, g1, u1, ...);
+    # every expert linear and the router have a bias; the activation is `act` rather than the config's hidden_act
     stacked: bool = False
+    returns_pair: bool = False  # transformers' layer unpacks (output, router scores) from the block (gpt-oss)
     gate_up: str | None = None
     bias: bool = False
     router_bias: bool = False
@@ -90,21 +91,40 @@ class ExpertsSpec:
     def router_path(self) -> str:
         return f"{self.block}.{self.router}"
 
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """An expert's linears that read the block's input: (gate, up), or the one gate_up."""
+        return (self.gate_up,) if self.gate_up else (self.gate, self.up)
+
+    @property
+    def projections(self) -> tuple[str, ...]:
+        """An expert's linears in the order it runs them (names relative to the expert)."""
+        return (*self.inputs, self.down)
+
+    @property
+    def down_scales_through_up(self) -> bool:
+        """AWQ may fold a scale of down's input into up's rows: down reads act(gate) * up, linear in up. Not so for
+        gpt-oss's (clamp(up) + 1) * glu(gate)."""
+        return self.gate_up is None
+
     def expert(self, e: int) -> str:
         return f"{self.block}.{self.experts}.{e}"
 
-    def linears_of(self, e: int) -> tuple[str, str, str]:
-        """(gate, up, down) of expert e, relative to the layer."""
+    def linears_of(self, e: int) -> tuple[str, ...]:
+        """Expert e's linears (gate, up, down; or gate_up, down), relative to the layer."""
         p = self.expert(e)
-        return f"{p}.{self.gate}", f"{p}.{self.up}", f"{p}.{self.down}"
+        return tuple(f"{p}.{leaf}" for leaf in self.projections)
 
     def parse(self, linear: str) -> tuple[int, str] | None:
-        """(expert, role) of an expert linear's name relative to the layer ('gate', 'up' or 'down'); None else."""
+        """(expert, role) of an expert linear's name relative to the layer ('gate', 'up', 'down' or 'gate_up');
+        None else."""
         head = f"{self.block}.{self.experts}."
         if not linear.startswith(head):
             return None
         index, _, leaf = linear[len(head):].partition(".")
-        role = {self.gate: "gate", self.up: "up", self.down: "down"}.get(leaf)
+        roles = {self.gate_up: "gate_up", self.down: "down"} if self.gate_up else \
+            {self.gate: "gate", self.up: "up", self.down: "down"}
+        role = roles.get(leaf)
         return (int(index), role) if index.isdigit() and role else None
 
 
@@ -127,7 +147,7 @@ LLAMA_DIMS: dict[str, tuple[str, str]] = {
     "mlp.down_proj": ("hidden", "intermediate"),
 }
 EXPERT_DIMS = {"gate": ("expert_intermediate", "hidden"), "up": ("expert_intermediate", "hidden"),
-               "down": ("hidden", "expert_intermediate")}
+               "down": ("hidden", "expert_intermediate"), "gate_up": ("2expert_intermediate", "hidden")}
 
 
 @dataclass(frozen=True)
@@ -158,7 +178,7 @@ class ArchSpec:
         return tuple(name for g in self.groups for name in g.linears)
 
     def expert_linears(self, num_experts: int) -> tuple[str, ...]:
-        """Every expert's (gate, up, down), expert by expert ([] for a dense family)."""
+        """Every expert's linears (ExpertsSpec.linears_of), expert by expert ([] for a dense family)."""
         if self.experts is None:
             return ()
         return tuple(n for e in range(num_experts) for n in self.experts.linears_of(e))
@@ -171,13 +191,17 @@ class ArchSpec:
     def expert_awq_groups(self, num_experts: int) -> tuple[LinearGroup, ...]:
         """AWQ's groups over the experts: the MLP norm's scale folded into every expert's gate and up at once
         (they all read the block's input; the float router's columns take it too), then each expert's down
-        scaled through its up. An empty tuple for a dense family."""
+        scaled through its up where the activation allows it (ExpertsSpec.down_scales_through_up). An empty tuple
+        for a dense family."""
         if self.experts is None:
             return ()
         x, block = self.experts, self.experts.block
-        gate_up = tuple(n for e in range(num_experts) for n in x.linears_of(e)[:2])
+        inputs = len(x.inputs)
+        gate_up = tuple(n for e in range(num_experts) for n in x.linears_of(e)[:inputs])
         joint = LinearGroup(f"{block}.{x.experts}.gate_up", gate_up, feeder=self.norms.mlp_in, feeder_is_norm=True,
                             inspect=block)
+        if not x.down_scales_through_up:
+            return (joint,)
         downs = tuple(LinearGroup(f"{x.expert(e)}.down", (x.linears_of(e)[2],), feeder=x.linears_of(e)[1],
                                   feeder_is_norm=False, inspect=x.linears_of(e)[2]) for e in range(num_experts))
         return (joint, *downs)
@@ -199,13 +223,6 @@ class ArchSpec:
         parsed = self.experts.parse(linear) if self.experts else None
         return EXPERT_DIMS[parsed[1]] if parsed else None
 
-    def check_quantizable(self) -> None:
-        """Quantize reads an MoE family's experts as one linear each; stacked experts (gpt-oss) are not read that
-        way yet: a one-line error (generate, serve and eval run such a model in float)."""
-        if self.experts is not None and self.experts.stacked:
-            raise QuantkitError(f"{self.family}: quantize does not read its stacked experts yet; "
-                                "quantkit generate, serve and eval run it in float")
-
     def order_of(self, linear: str) -> tuple[int, int]:
         """Sort key of a linear within its layer: the dense ones in spec order, then experts by index and role."""
         if linear in self.linears:
@@ -213,7 +230,9 @@ class ArchSpec:
         parsed = self.experts.parse(linear) if self.experts else None
         if parsed is None:
             return (len(self.linears) + 1, 0)
-        return (len(self.linears), 3 * parsed[0] + ("gate", "up", "down").index(parsed[1]))
+        leaf = linear.rpartition(".")[2]
+        per_expert = self.experts.projections
+        return (len(self.linears), len(per_expert) * parsed[0] + per_expert.index(leaf))
 
 
 def _llama_groups(mlp_in: str = "post_attention_layernorm", mlp: bool = True) -> tuple[LinearGroup, ...]:
@@ -271,7 +290,7 @@ SPECS: tuple[ArchSpec, ...] = (
     # gpt-oss: softmax over the top-k router logits, which is the full softmax's top k renormalized
     _family("gpt_oss", ("GptOssForCausalLM",), groups=_llama_groups(mlp=False), attn_sinks=True,
             experts=ExpertsSpec(block="mlp", hf_attr="mlp", gate="gate_up_proj", up="gate_up_proj",
-                                down="down_proj", router="router", renormalize=True, stacked=True,
+                                down="down_proj", router="router", renormalize=True, stacked=True, returns_pair=True,
                                 gate_up="gate_up_proj", bias=True, router_bias=True, act="swiglu_oai")),
 )
 
@@ -330,7 +349,7 @@ def config_dims(config) -> dict[str, int]:
     dims = {"hidden": hidden, "intermediate": inter, "2intermediate": 2 * inter, "q": heads * head_dim,
             "kv": kv_heads * head_dim, "qkv": (heads + 2 * kv_heads) * head_dim}
     expert_inter = _get(cfg, "moe_intermediate_size") or inter
-    dims["expert_intermediate"] = int(expert_inter)
+    dims["expert_intermediate"], dims["2expert_intermediate"] = int(expert_inter), 2 * int(expert_inter)
     return dims
 
 

@@ -6,7 +6,8 @@ For a stacked projection W [E, out, in] the checkpoint holds (transformers' and 
   <name>_scales  uint8 [E, out, in / 32]        each block's E8M0 exponent, biased by 127
   value = FP4_VALUES[code] * 2 ** (scale - 127)
 A float gpt-oss checkpoint stacks the same projection as `<name>` [E, in, out]; `mxfp4_pairs` names each pair by that
-tensor and `dequantize_stacked` gives it.
+tensor and `dequantize_stacked` gives it. `encode` writes the layout (for test and benchmark checkpoints; quantkit's
+own checkpoints are never MXFP4).
 """
 
 from __future__ import annotations
@@ -50,3 +51,23 @@ def mxfp4_pairs(keys) -> dict[str, tuple[str, str]]:
             if name + SCALES in keys:
                 pairs[name] = (key, name + SCALES)
     return pairs
+
+
+def encode(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., out, in] -> (blocks uint8 [..., out, in / 32, 16], scales uint8 [..., out, in / 32]): each block's
+    scale the smallest power of two under which its largest magnitude fits FP4's 6, each value the nearest code."""
+    x = w.float().contiguous().reshape(*w.shape[:-1], -1, BLOCK)  # [..., G, 32]
+    amax = x.abs().amax(dim=-1)
+    exp = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.full_like(amax, -SCALE_BIAS))
+    exp = exp.clamp(-SCALE_BIAS, 127)
+    scaled = x / torch.exp2(exp)[..., None]
+    magnitudes = torch.tensor(FP4_VALUES[:8])
+    midpoints = (magnitudes[1:] + magnitudes[:-1]) / 2
+    codes = torch.bucketize(scaled.abs(), midpoints).to(torch.uint8)  # the nearest magnitude's code, 0..7
+    codes |= (scaled < 0).to(torch.uint8) << 3  # the sign bit
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), (exp + SCALE_BIAS).to(torch.uint8)
+
+
+def encode_stacked(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float checkpoint's stacked projection [E, in, out] as MXFP4 blocks and scales (of [E, out, in])."""
+    return encode(w.transpose(-2, -1))

@@ -18,8 +18,11 @@ SAMPLE_BYTES = 4096
 
 
 def weights_fingerprint(reader: ShardReader) -> str:
+    """Over the tensors as stored: a reader that presents them otherwise (MXFP4 read dequantized, stacked experts
+    read one at a time) hashes the stored ones."""
     digest = hashlib.sha256()
-    for key in sorted(reader.keys()):
-        digest.update(f"{key}\0{reader.dtype_of(key)}\0{list(reader.shape_of(key))}\0".encode())
+    for key in sorted(reader.entries):
+        entry = reader.entries[key]
+        digest.update(f"{key}\0{entry.dtype}\0{list(entry.shape)}\0".encode())
         digest.update(reader.sample_bytes(key, SAMPLE_BYTES))
     return digest.hexdigest()[:16]

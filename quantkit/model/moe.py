@@ -59,61 +59,52 @@ def expert_batches(weights: torch.Tensor, experts: torch.Tensor, num_experts: in
     return out
 
 
-def unstack_experts(spec: ExpertsSpec, key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
-    """A stacked experts tensor of the checkpoint (ExpertsSpec.stacked: `<layer>.<block>.<experts>.<name>` [E, in, out]
-    or `<name>_bias` [E, out]) as one linear's tensors per expert, `<layer>.<block>.<experts>.<e>.<name>.weight`
-    [out, in] and `.bias` [out]; the gate_up projection's interleaved output columns (g0, u0, g1, ...) put in
-    [gate | up] order, as a fused gate/up linear computes them. None for any other key."""
-    if not spec.stacked:
-        return None
-    head = f".{spec.block}.{spec.experts}."
-    prefix, found, leaf = key.rpartition(head)
-    name, bias = (leaf[:-len("_bias")], True) if leaf.endswith("_bias") else (leaf, False)
-    if not found or name not in (spec.gate_up, spec.down):
-        return None
-    if name == spec.gate_up:
-        width = tensor.shape[-1]
-        order = torch.cat([torch.arange(0, width, 2), torch.arange(1, width, 2)])
-        tensor = tensor.index_select(-1, order)
-    out = {}
-    for e in range(tensor.shape[0]):
-        part = tensor[e] if bias else tensor[e].t()
-        out[f"{prefix}{head}{e}.{name}.{'bias' if bias else 'weight'}"] = part.contiguous()
-    return out
+def swiglu_oai_and_mul(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: gate clamped above at `limit`, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 class Expert(nn.Module):
-    """One expert: down(act(gate(x)) * up(x)), its linears named as the family's checkpoint names them."""
+    """One expert: down(act(gate(x)) * up(x)), its linears named as the family's checkpoint names them; for gpt-oss
+    (ExpertsSpec.gate_up) down(swiglu_oai(gate, up)) with gate and up the even and odd rows of one gate_up linear."""
 
-    def __init__(self, spec: ExpertsSpec, hidden: int, intermediate: int, act):
+    def __init__(self, spec: ExpertsSpec, hidden: int, intermediate: int, act, swiglu: tuple[float, float] = ()):
         super().__init__()
-        self.names = (spec.gate, spec.up, spec.down)
-        setattr(self, spec.gate, nn.Linear(hidden, intermediate, bias=False))
-        setattr(self, spec.up, nn.Linear(hidden, intermediate, bias=False))
-        setattr(self, spec.down, nn.Linear(intermediate, hidden, bias=False))
-        self.act = act
+        self.names, self.inputs, self.down_name = spec.projections, spec.inputs, spec.down
+        width = 2 * intermediate if spec.gate_up else intermediate
+        for name in self.inputs:
+            setattr(self, name, nn.Linear(hidden, width, bias=spec.bias))
+        setattr(self, spec.down, nn.Linear(intermediate, hidden, bias=spec.bias))
+        self.act, self.swiglu = act, swiglu
+
+    def combine(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """down's input [n, I] from the outputs of the input linears (in `inputs` order)."""
+        if len(outputs) == 1:  # gate_up: rows interleaved g0, u0, g1, u1, ...
+            return swiglu_oai_and_mul(outputs[0][..., 0::2], outputs[0][..., 1::2], *self.swiglu)
+        return self.act(outputs[0]) * outputs[1]
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """down_proj's input: act(gate(x)) * up(x), [n, I]."""
-        gate, up, _ = (getattr(self, n) for n in self.names)
-        return self.act(gate(x)) * up(x)
+        """down's input: act(gate(x)) * up(x), [n, I]."""
+        return self.combine([getattr(self, n)(x) for n in self.inputs])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return getattr(self, self.names[2])(self.hidden(x))
+        return getattr(self, self.down_name)(self.hidden(x))
 
 
 class SparseMoeBlock(nn.Module):
     """An MoE block with one Expert module per expert (see the module docstring). x [..., H] -> [..., H]."""
 
-    def __init__(self, spec: ExpertsSpec, shape: MoEShape, hidden: int, act):
+    def __init__(self, spec: ExpertsSpec, shape: MoEShape, hidden: int, act, swiglu: tuple[float, float] = ()):
         super().__init__()
         self.spec, self.shape = spec, shape
-        setattr(self, spec.router, nn.Linear(hidden, shape.num_experts, bias=False))
-        setattr(self, spec.experts, nn.ModuleList(Expert(spec, hidden, shape.intermediate, act)
+        setattr(self, spec.router, nn.Linear(hidden, shape.num_experts, bias=spec.router_bias))
+        setattr(self, spec.experts, nn.ModuleList(Expert(spec, hidden, shape.intermediate, act, swiglu)
                                                   for _ in range(shape.num_experts)))
 
     @property
-    def router(self) -> nn.Linear:
+    def router_linear(self) -> nn.Linear:  # not `router`: gpt-oss's router is stored under that very name
         return getattr(self, self.spec.router)
 
     @property
@@ -122,16 +113,22 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, k] fp32, experts [T, k])."""
-        return route(self.router(x), self.shape.top_k, self.shape.renormalize)
+        return route(self.router_linear(x), self.shape.top_k, self.shape.renormalize)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor):
         x = hidden.reshape(-1, hidden.shape[-1])
         weights, experts = self.route(x)
         out = torch.zeros_like(x)
         for b in expert_batches(weights, experts, self.shape.num_experts):
             y = self.expert_list[b.expert](x[b.rows]) * b.weights[:, None]
             out.index_add_(0, b.rows, y.to(out.dtype))
-        return out.view_as(hidden)
+        return as_block_output(self.spec, out.view_as(hidden))
+
+
+def as_block_output(spec: ExpertsSpec, out: torch.Tensor):
+    """What transformers' decoder layer takes from its MoE block: the output, or (output, router scores) where the
+    family's layer unpacks a pair (its scores unused there: None)."""
+    return (out, None) if spec.returns_pair else out
 
 
 def install_block(layer: nn.Module, spec: ExpertsSpec, block: nn.Module) -> None:
@@ -148,19 +145,19 @@ def install_block(layer: nn.Module, spec: ExpertsSpec, block: nn.Module) -> None
 
 def linearize_experts(model: nn.Module, spec: ArchSpec, config, dtype: torch.dtype) -> int:
     """Replace every decoder layer's transformers MoE block of `model` (a transformers CausalLM, its weights on
-    any device, typically meta) by a SparseMoeBlock on the same device, weights unset. Returns how many: none for
-    a dense family, or one whose checkpoint stacks the experts as transformers does (gpt-oss: a float checkpoint
-    then loads into transformers' own block; quantize refuses it, ArchSpec.check_quantizable)."""
+    any device, typically meta) by a SparseMoeBlock on the same device, weights unset. Returns how many. (gpt-oss's
+    checkpoints stack the experts: they are read one linear per expert, quantkit.model.stacked_experts.)"""
     from transformers.activations import ACT2FN
 
     moe = moe_shape(spec, config)
-    if moe is None or spec.experts.stacked:  # stacked (gpt-oss): the checkpoint's tensors are transformers' own
+    if moe is None:
         return 0
     layers = get_submodule(model, spec.layers)
     device = next(layers[0].parameters()).device
     act = ACT2FN[config.hidden_act]
+    swiglu = (float(getattr(config, "swiglu_alpha", 1.702)), float(getattr(config, "swiglu_limit", 7.0)))
     for layer in layers:
         with torch.device(device):
-            block = SparseMoeBlock(spec.experts, moe, config.hidden_size, act).to(dtype)
+            block = SparseMoeBlock(spec.experts, moe, config.hidden_size, act, swiglu).to(dtype)
         install_block(layer, spec.experts, block)
     return len(layers)

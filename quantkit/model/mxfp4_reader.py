@@ -46,6 +46,13 @@ class Mxfp4Reader(ShardReader):
         blocks, scales = self.pairs[key]
         return mxfp4.dequantize_stacked(super().get(blocks), super().get(scales))
 
+    def rows(self, key: str, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` along dim 0 (experts) of a tensor; of a dequantized one, only those experts' blocks are read."""
+        if key not in self.pairs:
+            return super().rows(key, index)
+        blocks, scales = self.pairs[key]
+        return mxfp4.dequantize_stacked(super().rows(blocks, index), super().rows(scales, index))
+
     def _entry(self, key: str) -> TensorEntry:
         if key in self.pairs:  # in-place reads (mapped, rows, a stored copy) see the bytes as stored
             raise QuantkitError(f"{self.path}: {key} is stored as MXFP4 and is read dequantized, not in place")

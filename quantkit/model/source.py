@@ -41,11 +41,20 @@ class ModelSource:
 
     @cached_property
     def reader(self) -> ShardReader:
-        """The shards' index (every header read, no data); MXFP4 experts (gpt-oss) read dequantized."""
+        """The shards' index (every header read, no data); MXFP4 experts read dequantized, and stacked experts
+        (gpt-oss) one linear per expert (quantkit.model.mxfp4_reader, quantkit.model.stacked_experts)."""
+        from quantkit.errors import QuantkitError
+        from quantkit.format.arch import spec_for
         from quantkit.format.mxfp4 import is_mxfp4
         from quantkit.model.mxfp4_reader import Mxfp4Reader
+        from quantkit.model.stacked_experts import PerExpertReader
 
-        return Mxfp4Reader(self.path) if is_mxfp4(self.config) else ShardReader(self.path)
+        reader = Mxfp4Reader(self.path) if is_mxfp4(self.config) else ShardReader(self.path)
+        try:
+            experts = spec_for(self.config).experts
+        except QuantkitError:  # an architecture quantkit does not know: its tensors as stored
+            return reader
+        return PerExpertReader(reader, experts) if experts is not None and experts.stacked else reader
 
     @cached_property
     def hf_config(self):

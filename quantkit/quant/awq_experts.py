@@ -46,7 +46,7 @@ def expected_expert_plan(ctx: LayerContext) -> dict[str, tuple[int, ...]]:
         return {}
     spec, block = ctx.spec, get_submodule(ctx.layer, ctx.spec.experts.block)
     joint, *downs = spec.expert_awq_groups(block.shape.num_experts)
-    shapes = {scale_key(joint.name): (block.router.weight.shape[1],)}
+    shapes = {scale_key(joint.name): (block.router_linear.weight.shape[1],)}
     for g in downs:
         if g.linears[0] in ctx.experts:
             shapes[scale_key(g.name)] = (get_submodule(ctx.layer, g.linears[0]).weight.shape[1],)
@@ -76,21 +76,22 @@ def quantize_experts_awq(moe, config, loaded: dict | None, quantize_linear) -> L
         moe.recapture()
     for ex in moe.experts():
         if streamed:
-            scale_columns(ctx.layer, (ex.gate, ex.up), s)
-        down = downs[ex.index]
-        dkey = scale_key(down.name)
-        if loaded is None:
-            s_down, result.stats["groups"][down.name] = _search_down_scale(ctx, ex, config)
-        else:
-            s_down = loaded[dkey]
-        result.plan[dkey] = s_down.detach().float().cpu()
-        fold_scale(ctx.layer, down, result.plan[dkey], ctx.model_config)
+            scale_columns(ctx.layer, ex.inputs, s)
+        if downs:  # down's scale folded through up (not where the activation forbids it: gpt-oss)
+            down = downs[ex.index]
+            dkey = scale_key(down.name)
+            if loaded is None:
+                s_down, result.stats["groups"][down.name] = _search_down_scale(ctx, ex, config)
+            else:
+                s_down = loaded[dkey]
+            result.plan[dkey] = s_down.detach().float().cpu()
+            fold_scale(ctx.layer, down, result.plan[dkey], ctx.model_config)
+            result.stats["groups"].setdefault(down.name, {})["tokens"] = ex.routed
         x = ex.sample(CLIP_TOKENS)
         hidden = ex.sample(CLIP_TOKENS, ex.module.hidden)  # down's input, as its folded up now feeds it
-        for name, xs in ((ex.gate, x), (ex.up, x), (ex.down, hidden)):
+        for name, xs in [(n, x) for n in ex.inputs] + [(ex.down, hidden)]:
             quantize_linear(ctx, name, xs, name not in ctx.spec.awq_no_clip, loaded, result.plan,
                             config.awq_grid, result.weights, result.losses, result.stats["clip"])
-        result.stats["groups"].setdefault(down.name, {})["tokens"] = ex.routed
         moe.expert_done(result, ex.linears)
     return result
 
@@ -124,19 +125,18 @@ def _add_expert_errors(ex, xe: torch.Tensor, b, scales: list[torch.Tensor], delt
                        scheme) -> None:
     """Into each delta [tokens, hidden]: the routing weight x (the expert's output with its gate/up at Q(W s) / s
     minus its float output) on its routed rows xe [n, hidden], for each candidate s of `scales`."""
-    gate, up, down = (getattr(ex, n) for n in ex.names)
+    inputs, down = [getattr(ex, n) for n in ex.inputs], getattr(ex, ex.down_name)
     ref = ex(xe)  # [n, hidden]: its float output
     for s, delta in zip(scales, deltas):
-        g = xe @ scaled_fake_weight(gate.weight, s, scheme).T
-        u = xe @ scaled_fake_weight(up.weight, s, scheme).T
-        delta.index_add_(0, b.rows, (down(ex.act(g) * u) - ref) * b.weights[:, None])
+        outs = [torch.nn.functional.linear(xe, scaled_fake_weight(m.weight, s, scheme), m.bias) for m in inputs]
+        delta.index_add_(0, b.rows, (down(ex.combine(outs)) - ref) * b.weights[:, None])
 
 
 def _experts_weight_mean(moe) -> torch.Tensor:
     """Duo scaling's weight statistic over the experts: the mean of each expert's [gate; up] normalized as one group
     would be (weight_mean), each expert read on its visit."""
     ctx = moe.layer
-    means = [weight_mean([get_submodule(ctx.layer, n).weight for n in names[:2]], ctx.scheme)
+    means = [weight_mean([get_submodule(ctx.layer, n).weight for n in names[:-1]], ctx.scheme)
              for _, names in moe.visit_experts()]
     return torch.stack(means).mean(dim=0)
 

@@ -55,7 +55,7 @@ class GPTQMethod:
         ctx = moe.layer
         result = LayerResult(weights={})
         for ex in moe.experts():
-            self._quantize_stack(ctx, [ex.gate, ex.up], ex.hessian(), result)
+            self._quantize_stack(ctx, list(ex.inputs), ex.hessian(), result)
             self._quantize_stack(ctx, [ex.down], ex.hessian(ex.module.hidden), result)
             moe.expert_done(result, ex.linears)
         return result

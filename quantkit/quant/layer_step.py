@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.format.arch import moe_shape
+from quantkit.format.arch import get_submodule, moe_shape
 from quantkit.format.primitives import QuantizedWeight
 from quantkit.model.checkpoint import ShardReader
 from quantkit.quant.methods import LayerContext, merge_results
@@ -73,7 +73,8 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
     # a method that streams experts gets them one at a time, read on their turn (quantkit.quant.moe_experts)
     streamed = streamed_expert_linears(spec.experts, moe.num_experts, experts) if moe and method.streams_experts \
         else frozenset()
-    later = {f"{n}.weight" for n in streamed}
+    # a streamed expert's tensors (weights, and biases where it has them) are read on its turn and written with it
+    later = {f"{n}.{p}" for n in streamed for p in ("weight", "bias") if f"{prefix}.{n}.{p}" in reader}
     keys = [k for k in reader.keys() if k.startswith(prefix + ".") and k[len(prefix) + 1:] not in later]
     dtypes, loaded = load_tensors(layer, reader, keys, device, prefix)
     absent, extra = sorted(set(loaded.missing_keys) - later), sorted(loaded.unexpected_keys)
@@ -91,10 +92,14 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
         linears += tuple(sorted(experts, key=spec.order_of))
 
         def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
-            writer.add(_packed(weights, cfg.layout, prefix))
+            biases = {} if not streamed else {
+                f"{prefix}.{n}.bias": get_submodule(layer, n).bias.detach().to(reader.dtype_of(f"{prefix}.{n}.bias"))
+                for n in weights if f"{n}.bias" in later}  # a streamed expert leaves the layer after this
+            writer.add(_packed(weights, cfg.layout, prefix) | biases)
 
         def load_expert(names: tuple[str, ...]) -> None:
-            load_tensors(layer, reader, [f"{prefix}.{n}.weight" for n in names], device, prefix)
+            load_tensors(layer, reader, [f"{prefix}.{n}.{p}" for n in names for p in ("weight", "bias")
+                                         if f"{n}.{p}" in later], device, prefix)
 
         propagate = bool(inputs) and i < plan.num_layers - 1
         result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert,
@@ -106,16 +111,19 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
         outputs = []
     else:
         outputs = result.outputs if result.outputs is not None else ctx.run_layer()
-    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix) | _packed(result.weights, cfg.layout, prefix))
+    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix, later)
+               | _packed(result.weights, cfg.layout, prefix))
     layers[i] = layer.to("meta")
     report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
     return report, result.plan, outputs
 
 
-def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str) -> dict[str, torch.Tensor]:
-    """The layer's tensors that stay float (all but the quantized linears' weights), in their source dtypes."""
+def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str,
+                   written: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """The layer's tensors that stay float (all but the quantized linears' weights, and those `written` already: a
+    streamed expert's biases), in their source dtypes."""
     return {f"{prefix}.{name}": t.to(dtypes[name]) for name, t in layer.state_dict().items()
-            if not (name.endswith(".weight") and name.rpartition(".")[0] in quantized)}
+            if not (name.endswith(".weight") and name.rpartition(".")[0] in quantized) and name not in written}
 
 
 def _packed(weights: dict[str, QuantizedWeight], layout: str, prefix: str) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ import torch
 
 from quantkit.format.arch import ExpertsSpec, get_submodule
 from quantkit.format.primitives import QuantizedWeight
-from quantkit.model.moe import ExpertBatch, SparseMoeBlock, expert_batches
+from quantkit.model.moe import ExpertBatch, SparseMoeBlock, as_block_output, expert_batches
 from quantkit.quant.gptq import accumulate_hessian, empty_hessian
 from quantkit.quant.methods import LayerContext, LayerResult
 
@@ -100,8 +100,7 @@ class ExpertWork:
     tokens, and its statistics blended from the two (see the module docstring)."""
 
     index: int
-    gate: str
-    up: str
+    inputs: tuple[str, ...]  # the linears reading the block's input: gate and up (gpt-oss: the one gate_up)
     down: str
     module: torch.nn.Module  # quantkit.model.moe.Expert
     x: torch.Tensor  # [n, hidden] fp32: the tokens routed to it
@@ -114,8 +113,8 @@ class ExpertWork:
         return self.x.shape[0]
 
     @property
-    def linears(self) -> tuple[str, str, str]:
-        return self.gate, self.up, self.down
+    def linears(self) -> tuple[str, ...]:
+        return (*self.inputs, self.down)
 
     def hessian(self, through: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """GPTQ's Hessian [K, K] of z = through(x) (x itself without): (n H_routed + K H_prior) / (n + K)."""
@@ -200,8 +199,8 @@ class MoEContext:
         self.sink({n: result.weights.pop(n) for n in names})
         result.written.update(names)
 
-    def expert_linears(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
-        """(expert, (gate, up, down)) of each expert whose linears are all quantized, in order. With a loader, each
+    def expert_linears(self) -> Iterator[tuple[int, tuple[str, ...]]]:
+        """(expert, its linears: gate, up, down or gate_up, down) of each expert whose linears are all quantized, in order. With a loader, each
         expert's weights are read before it is yielded and let go when the caller asks for the next one (or ends
         the loop), its share of the block's output first added to `output` when that is kept. A loop that ends early
         (a break, an error) still lets the expert on its turn go, without adding its share."""
@@ -217,7 +216,7 @@ class MoEContext:
             if self.loader is not None:
                 self._let_go(e)
 
-    def visit_experts(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
+    def visit_experts(self) -> Iterator[tuple[int, tuple[str, ...]]]:
         """As expert_linears, for a pass that only reads the experts (a search before any is quantized): with a
         loader each is read for its turn and dropped after, nothing added to `output`."""
         for e, names in self._quantized_experts():
@@ -229,7 +228,7 @@ class MoEContext:
                 if self.loader is not None:
                     self.block.expert_list[e].to("meta")
 
-    def _quantized_experts(self) -> Iterator[tuple[int, tuple[str, str, str]]]:
+    def _quantized_experts(self) -> Iterator[tuple[int, tuple[str, ...]]]:
         spec = self.layer.spec.experts
         for e in range(self.block.shape.num_experts):
             names = spec.linears_of(e)
@@ -283,10 +282,10 @@ class MoEContext:
                 cached.append(gram(self.layer, prior))
             return cached[0]
 
-        for e, (gate, up, down) in self.expert_linears():
+        for e, names in self.expert_linears():
             batch = batches.get(e)
             x = tokens.x[:0] if batch is None else tokens.x[batch.rows]
-            yield ExpertWork(e, gate, up, down, self.block.expert_list[e], x, prior, self.layer, input_prior)
+            yield ExpertWork(e, names[:-1], names[-1], self.block.expert_list[e], x, prior, self.layer, input_prior)
 
 
 def capture_block_input(ctx: LayerContext, block_path: str) -> torch.Tensor:
@@ -347,7 +346,7 @@ def replay_layer(ctx: LayerContext, block_path: str, block_output: torch.Tensor)
             raise RuntimeError(f"the MoE block's replay ran past its {block_output.shape[0]} tokens")
         out = block_output[taken:taken + n].view_as(hidden).to(hidden.dtype)
         taken += n
-        return out
+        return as_block_output(block.spec, out)
 
     block.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's forward
     try:

@@ -46,7 +46,6 @@ class QuantizePlan:
 
 def plan_quantization(cfg: QuantizeConfig, source: ModelSource) -> QuantizePlan:
     spec, config_dict, reader = source.spec, source.config, source.reader  # an unsupported architecture fails here
-    spec.check_quantizable()
     if read_quant_info(config_dict) is not None:
         raise QuantkitError(f"{cfg.model}: already quantized (config.json has a quantization_config)")
     num_layers = int(config_dict["num_hidden_layers"])

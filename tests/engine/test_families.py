@@ -1,7 +1,7 @@
 """The families of issue 39 through the engine: Phi-3 (fused q/k/v and gate/up in the checkpoint), Gemma 3 (scaled
 embeddings, (1 + w) sandwich norms, q/k norms, a sliding-window layer with its own RoPE base, soft-capped logits),
 Mixtral and Qwen3-MoE (top-k routing over experts), gpt-oss (experts stacked in the checkpoint with gate/up
-interleaved, biases, clamped SwiGLU, attention sinks, YaRN; float only). Greedy tokens, token for token, against transformers' own fp32
+interleaved, biases, clamped SwiGLU, attention sinks, YaRN; MXFP4 experts). Greedy tokens, token for token, against transformers' own fp32
 forward: on the float checkpoint, and on 4-bit GPTQ / AWQ / compressed-tensors checkpoints, where transformers runs
 the same weights dequantized (tests_support.dequantized) while the engine runs them on its int4 CPU kernel.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SERVED_FAMILIES
+from conftest import NEW_FAMILIES
 from engine.test_greedy_parity import engine_greedy, hf_greedy, make_prompts
 from quantkit.engine import LLM, SamplingParams
 from quantkit.model.quant_linear import QuantLinear
@@ -21,7 +21,7 @@ from tests_support.dequantized import dequantized_copy
 ENGINE = dict(max_num_seqs=32, max_model_len=256, max_num_batched_tokens=64)
 
 
-@pytest.mark.parametrize("family", SERVED_FAMILIES)
+@pytest.mark.parametrize("family", NEW_FAMILIES)
 def test_float_greedy_matches_transformers(family, tiny_family):
     path = tiny_family(family)
     prompts = make_prompts(512, seed=1)
@@ -33,7 +33,8 @@ def test_float_greedy_matches_transformers(family, tiny_family):
 QUANTIZED = [("phi3", "gptq", "gptq"), ("phi3", "awq", "awq"), ("gemma3", "gptq", "gptq"), ("gemma3", "awq", "awq"),
              ("mixtral", "gptq", "gptq"), ("mixtral", "awq", "awq"), ("qwen3_moe", "gptq", "gptq"),
              ("qwen3_moe", "awq", "awq"), ("qwen3_moe", "gptq", "compressed-tensors"),
-             ("mixtral", "awq", "compressed-tensors")]
+             ("mixtral", "awq", "compressed-tensors"), ("gpt_oss", "gptq", "gptq"), ("gpt_oss", "awq", "awq"),
+             ("gpt_oss", "gptq", "compressed-tensors")]
 
 
 @pytest.mark.parametrize("family, method, layout", QUANTIZED, ids=["-".join(c) for c in QUANTIZED])

