@@ -16,6 +16,7 @@ from torch import nn
 
 from quantkit.errors import QuantkitError
 from quantkit.model.checkpoint import ShardReader
+from quantkit.model import chunked_attention
 from quantkit.model.moe import linearize_experts
 from quantkit.model.quant_linear import QuantLinear
 from quantkit.model.source import ModelSource, open_model
@@ -31,9 +32,13 @@ def build_skeleton(config, dtype: torch.dtype) -> nn.Module:
     experts as one linear each, under the checkpoint's names (quantkit.model.moe)."""
     from transformers import AutoModelForCausalLM
 
+    spec = spec_for(config)
+    # attention transformers computes only eagerly (gpt-oss's sinks): a block of queries at a time, so a calibration
+    # run does not hold every score of every head at once (quantkit.model.chunked_attention)
+    attn = {"attn_implementation": chunked_attention.register()} if spec.attn_sinks else {}
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    linearize_experts(model, spec_for(config), config, dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **attn)
+    linearize_experts(model, spec, config, dtype)
     _rebuild_meta_buffers(model, config)
     return model
 
