@@ -5,11 +5,15 @@ transformers 5 holds an MoE layer's experts as stacked 3-D parameters (`experts.
 Quantization needs each expert's linears apart (hooks, per-expert Hessians, packed tensors under
 per-expert names, which vLLM and transformers read), so the pipeline, the checker and the
 evaluator replace that block with `SparseMoeBlock` (`linearize_experts`), which computes the same
-function as transformers' Mixtral and Qwen3-MoE blocks:
+function as transformers' Mixtral, Qwen3-MoE and gpt-oss blocks:
 
     probs = softmax(router(x))           [T, E] fp32
     w, e  = top_k(probs)                 [T, k]; renormalized to sum 1 where the family does
     y     = sum_j w_j * expert_{e_j}(x)  each expert down(act(gate(x)) * up(x)), experts in ascending order
+
+gpt-oss: the router and every expert linear have biases, its softmax over the top k logits is the renormalized top k
+of the full softmax, and each expert is down(swiglu_oai(gate, up)) over one gate_up linear whose rows interleave gate
+and up; its checkpoints stack the experts, read one linear per expert (quantkit.model.stacked_experts).
 
 `route` and `expert_batches` are the pure parts, shared with the engine's MoE forward.
 """
