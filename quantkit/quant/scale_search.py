@@ -10,7 +10,8 @@ with imp_j = 1 (`mse`: the weight error, data-free) or the mean square of the ca
 (`imatrix`: the expected output error of the group's partial dot products when the input channels are uncorrelated,
 llm-compressor's imatrix_mse observer and llama.cpp's imatrix idea; GPTQ's diag(H) is the same statistic). Two steps:
 
-  1. a grid over the range: [p * min, p * max] for p = 1, 1 - 1/steps, ... down to 1 - max_shrink (p = 1 is min-max);
+  1. a grid over the range: [p * min, p * max] for p = 1, 1 - 1/steps, ... down to 1 - max_shrink (p = 1 is min-max;
+     0.8 for the data-free search of asymmetric groups, else 0.5: SearchGrid.shrink);
   2. weighted least squares: with the best point's codes fixed, the scale (and for asymmetric groups the offset,
      rounded to an integral zero) that fit the weights best; kept only where the error falls.
 
@@ -42,19 +43,34 @@ CHUNK_ELEMENTS = 2**20
 REFINE_ELEMENTS = 2**19
 
 
+# How far the grid shrinks a group's range. The data-free search of an asymmetric group also moves its zero, so it
+# has another way to fit its codes: on the suite's models its best point never lay below 0.79 of min-max's, and a
+# grid cut at 0.8 (llm-compressor's MSE observer's maxshrink) chooses the same scales and zeros bit for bit
+# (benchmarks/scale_search.py's digests, docs/BENCHMARKS.md) in 5 coarse points instead of 11. A symmetric group's
+# codes are fixed around zero (its best points reach 0.69), and importance-weighted errors (imatrix) moved picks past
+# 0.8: those grids go on to 0.5.
+DATA_FREE_ASYM_MAX_SHRINK = 0.2
+MAX_SHRINK = 0.5
+
+
 @dataclass(frozen=True)
 class SearchGrid:
     """The grid over the range p = 1 - i / steps, i = 0 .. max_shrink * steps, walked coarse to fine: every
     `coarse`-th point first, then the points around each group's best coarse one."""
 
     steps: int = 100  # the grid's resolution
-    max_shrink: float = 0.5  # the smallest range tried is (1 - max_shrink) of min-max's
+    max_shrink: float | None = None  # the smallest range tried is (1 - max_shrink) of min-max's; None: see shrink
     coarse: int = 5  # the coarse pass's stride, in grid points
     refine: int = 2  # weighted least-squares rounds after the grid
 
-    @property
-    def coarse_shrinks(self) -> list[float]:
-        last = int(round(self.max_shrink * self.steps))
+    def shrink(self, sym: bool, weighted: bool) -> float:
+        """max_shrink where set, else by the search's kind (DATA_FREE_ASYM_MAX_SHRINK, MAX_SHRINK)."""
+        if self.max_shrink is not None:
+            return self.max_shrink
+        return MAX_SHRINK if sym or weighted else DATA_FREE_ASYM_MAX_SHRINK
+
+    def coarse_shrinks(self, sym: bool, weighted: bool) -> list[float]:
+        last = int(round(self.shrink(sym, weighted) * self.steps))
         return [1 - i / self.steps for i in range(0, last + 1, self.coarse)]
 
     def fine_offsets(self) -> list[float]:
@@ -111,13 +127,13 @@ def grid_params(w: torch.Tensor, imp: torch.Tensor | None, bits: int, sym: bool,
     one, all at once; the same choice as trying the points one by one (scale_search_reference). `rows`: the errors
     taken that many groups at a time (candidate_params), the rest over every group at once (few calls)."""
     xmin, xmax = w.amin(dim=-1), w.amax(dim=-1)
-    coarse = torch.tensor(grid.coarse_shrinks, dtype=w.dtype, device=w.device)  # [C], 1 first
+    coarse = torch.tensor(grid.coarse_shrinks(sym, imp is not None), dtype=w.dtype, device=w.device)  # [C], 1 first
     best_p, best_s, best_z, best_err = _pick(coarse, *candidate_params(w, imp, xmin, xmax, coarse, bits, sym, rows))
     if grid.coarse == 1:  # every grid point was coarse: nothing left to refine
         return best_s, best_z, best_err
     offsets = torch.tensor(grid.fine_offsets(), dtype=w.dtype, device=w.device)  # [F]
     fine = best_p.unsqueeze(-1) + offsets
-    fine = torch.where(offsets > 0, fine.clamp(max=1.0), fine).clamp(min=1 - grid.max_shrink)  # [..., F]
+    fine = torch.where(offsets > 0, fine.clamp(max=1.0), fine).clamp(min=1 - grid.shrink(sym, imp is not None))
     _, s, z, err = _pick(fine, *candidate_params(w, imp, xmin, xmax, fine, bits, sym, rows))
     better = err < best_err
     return torch.where(better, s, best_s), torch.where(better, z, best_z), torch.where(better, err, best_err)
@@ -252,7 +268,7 @@ def _search_rows(ws: list[torch.Tensor], imps: list[torch.Tensor] | None, g: int
     """search_weights_params for weights of one group length g."""
     weights = [_Weight(w.reshape(-1, g), None if imps is None else _floored(imps[i].float()).reshape(-1, g))
                for i, w in enumerate(ws)]
-    widest = max(len(grid.coarse_shrinks), len(grid.fine_offsets()))  # candidates tried at once
+    widest = max(len(grid.coarse_shrinks(scheme.sym, imps is not None)), len(grid.fine_offsets()))  # tried at once
     grid_rows = max(1, CHUNK_ELEMENTS // (g * widest))
     rows = max(grid_rows, REFINE_ELEMENTS // g)
     found = [_search(w, imp, scheme.bits, scheme.sym, grid, grid_rows=grid_rows) for w, imp in _chunks(weights, rows)]

@@ -40,12 +40,12 @@ def sequential_grid_params(w: torch.Tensor, imp: torch.Tensor | None, bits: int,
         better = (err := reference_error(w, imp, s, z, maxq)) < best[3]
         best[:] = [torch.where(better, new, old) for new, old in zip((p, s, z, err), best)]
 
-    for p in grid.coarse_shrinks[1:]:
+    for p in grid.coarse_shrinks(sym, imp is not None)[1:]:
         trial(torch.full_like(xmin, p))
     centre = best[0]
     for offset in grid.fine_offsets():
         p = centre + offset
-        trial(torch.clamp(torch.clamp(p, max=1.0) if offset > 0 else p, min=1 - grid.max_shrink))
+        trial(torch.clamp(torch.clamp(p, max=1.0) if offset > 0 else p, min=1 - grid.shrink(sym, imp is not None)))
     return best[1], best[2], best[3]
 
 

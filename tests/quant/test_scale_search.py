@@ -28,7 +28,7 @@ def reference_grid(w: torch.Tensor, imp: torch.Tensor, bits: int, sym: bool, gri
     out = []
     for row, weights in zip(w.tolist(), imp.expand_as(w).tolist()):
         best = None
-        for p in [1 - i / grid.steps for i in range(int(round(grid.max_shrink * grid.steps)) + 1)]:
+        for p in [1 - i / grid.steps for i in range(int(round(grid.shrink(sym, True) * grid.steps)) + 1)]:
             s, z = range_params(torch.tensor(min(row) * p), torch.tensor(max(row) * p), bits, sym)
             err = reference_error(row, weights, float(s), float(z), 2**bits - 1)
             if best is None or err < best[0]:
@@ -230,3 +230,12 @@ def test_real_weights_searched_as_a_layer_equal_the_reference_bit_for_bit(storie
         for w, (scales, zeros) in zip(ws, search_weights_params(ws, scheme)):
             ref_s, ref_z = reference_weight_params(w, scheme)
             assert torch.equal(scales, ref_s) and torch.equal(zeros, ref_z)
+
+
+def test_the_default_grid_goes_to_0_8_of_the_range_for_data_free_asymmetric_groups_else_to_0_5():
+    grid = SearchGrid()
+    assert grid.coarse_shrinks(False, False) == pytest.approx([1.0, 0.95, 0.9, 0.85, 0.8])
+    for sym, weighted in ((True, False), (False, True), (True, True)):
+        assert grid.coarse_shrinks(sym, weighted)[-1] == pytest.approx(0.5)
+        assert len(grid.coarse_shrinks(sym, weighted)) == 11
+    assert SearchGrid(max_shrink=0.3).shrink(False, False) == SearchGrid(max_shrink=0.3).shrink(True, True) == 0.3
