@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from quantkit.engine.rope import attention_factor, layer_rope_parameters
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import ExpertsSpec, LayerNorms, MoEShape, moe_shape, spec_for
+from quantkit.model.moe import SWIGLU, swiglu_params
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "swiglu_oai")  # the MLPs' gate activations the engine computes
 
@@ -47,7 +48,7 @@ class DecoderShape:
     moe: MoEShape | None = None
     o_bias: bool = False  # o_proj has a bias (config.attention_bias: Llama, gpt-oss)
     attn_sinks: bool = False  # gpt-oss: a learned logit per head joins each softmax (self_attn.sinks)
-    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
+    swiglu: tuple[float, float] = SWIGLU  # swiglu_oai's (alpha, limit)
     rope_factors: tuple[float, ...] = ()  # per RoPE setting (all_ropes): the factor YaRN scales cos/sin by
 
     def window(self, layer: int) -> int | None:
@@ -94,7 +95,7 @@ class DecoderShape:
             fused_qkv="self_attn.qkv_proj" in spec.linears, fused_gate_up="mlp.gate_up_proj" in spec.linears,
             experts=spec.experts, moe=moe_shape(spec, config),
             o_bias=bool(getattr(config, "attention_bias", False)), attn_sinks=spec.attn_sinks,
-            swiglu=(float(getattr(config, "swiglu_alpha", 1.702)), float(getattr(config, "swiglu_limit", 7.0))),
+            swiglu=swiglu_params(config),
             rope_factors=tuple(attention_factor(r) for r in ropes) if any(attention_factor(r) != 1 for r in ropes)
             else (),
         )

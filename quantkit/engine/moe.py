@@ -13,13 +13,15 @@ transformers does). Module names mirror the checkpoint's, so packed experts load
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from quantkit.engine.decoder_shape import DecoderShape
 from quantkit.kernels import fused_ops_reference
 from quantkit.kernels.moe_int4 import StackedExperts
-from quantkit.model.moe import expert_batches, route, swiglu_oai_and_mul
+from quantkit.model.moe import SWIGLU, expert_batches, route, swiglu_oai_and_mul
 
 
 def gelu_tanh_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -27,10 +29,10 @@ def gelu_tanh_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return nn.functional.gelu(gate, approximate="tanh") * up
 
 
-def act_and_mul(ops, act: str, swiglu: tuple[float, float] = (1.702, 7.0)):
+def act_and_mul(ops, act: str, swiglu: tuple[float, float] = SWIGLU):
     """The op computing act(gate) * up for the shape's activation: the fused C++ SiLU where `ops` has it."""
     if act == "swiglu_oai":
-        return lambda gate, up: swiglu_oai_and_mul(gate, up, *swiglu)
+        return functools.partial(swiglu_oai_and_mul, alpha=swiglu[0], limit=swiglu[1])
     return ops.silu_and_mul if act == "silu" else gelu_tanh_and_mul
 
 
@@ -40,7 +42,7 @@ class GatedMLP(nn.Module):
     fused at load (`fuse`)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, names: tuple[str, ...],
-                 fused_name: str | None = None, bias: bool = False, swiglu: tuple[float, float] = (1.702, 7.0),
+                 fused_name: str | None = None, bias: bool = False, swiglu: tuple[float, float] = SWIGLU,
                  interleaved: bool = False):
         super().__init__()
         self.act, self.down_name, self.swiglu, self.interleaved = act, names[-1], swiglu, interleaved

@@ -63,6 +63,15 @@ def expert_batches(weights: torch.Tensor, experts: torch.Tensor, num_experts: in
     return out
 
 
+SWIGLU = (1.702, 7.0)  # gpt-oss's (swiglu_alpha, swiglu_limit), where a config leaves them out
+
+
+def swiglu_params(config) -> tuple[float, float]:
+    """(alpha, limit) of gpt-oss's clamped SwiGLU from a transformers config."""
+    return (float(getattr(config, "swiglu_alpha", None) or SWIGLU[0]),
+            float(getattr(config, "swiglu_limit", None) or SWIGLU[1]))
+
+
 def swiglu_oai_and_mul(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     """gpt-oss's clamped SwiGLU: gate clamped above at `limit`, up to [-limit, limit], then
     (up + 1) * gate * sigmoid(alpha * gate)."""
@@ -159,7 +168,7 @@ def linearize_experts(model: nn.Module, spec: ArchSpec, config, dtype: torch.dty
     layers = get_submodule(model, spec.layers)
     device = next(layers[0].parameters()).device
     act = ACT2FN[config.hidden_act]
-    swiglu = (float(getattr(config, "swiglu_alpha", 1.702)), float(getattr(config, "swiglu_limit", 7.0)))
+    swiglu = swiglu_params(config)
     for layer in layers:
         with torch.device(device):
             block = SparseMoeBlock(spec.experts, moe, config.hidden_size, act, swiglu).to(dtype)
