@@ -62,6 +62,7 @@ EXTENSIONS: tuple[Extension, ...] = (
     Extension("quantkit_bf16", ("bf16_cpu.cpp",), "bf16 linears"),
     Extension("quantkit_attn", ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp"), "paged attention, fused ops"),
     Extension("quantkit_stream", ("stream_read_cpu.cpp",), "the streaming read of the bandwidth bound"),
+    Extension("quantkit_search", ("group_error_cpu.cpp",), "the scale search's candidate errors"),
 )
 
 

@@ -18,6 +18,7 @@ AWQ GEMM layout (AutoAWQ / vLLM / transformers), 4-bit only:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,8 +42,9 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-# codes packed per step: the int64 words are made in slices of about this many codes, so their temporaries stay near
-# 4 x 8 bytes each (128 MiB) whatever the weight (at once they were ~24 bytes a code: 1.4 GB for an 8B down_proj)
+# codes packed per step: the words are made in slices of about this many codes, so their temporaries stay small
+# whatever the weight (int64 words at once were ~24 bytes a code: 1.4 GB for an 8B down_proj; bytewise packing's are
+# a byte or two a code)
 PACK_STEP_CODES = 1 << 22
 
 
@@ -63,9 +65,33 @@ def pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def _pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     pf = pack_factor(bits)
     r, c = codes.shape
+    if _bytewise(bits):  # [R/pf, 4, per, C] -> bytes [R/pf, 4, C] -> [R/pf, C, 4] -> one word each
+        byte = _bytes(codes.to(torch.uint8).reshape(r // pf, 4, 8 // bits, c), bits, dim=2)
+        return _words(byte.transpose(1, 2)).view(r // pf, c)
     shifts = (torch.arange(pf, dtype=torch.int64, device=codes.device) * bits).view(1, pf, 1)
     words = (codes.to(torch.int64).view(r // pf, pf, c) << shifts).sum(dim=1)
     return _to_int32(words)
+
+
+def _bytewise(bits: int) -> bool:
+    """Whether codes of `bits` pack a byte at a time: 8 / bits codes to a byte (low bits first), four bytes to a
+    word as it lies in memory, which is the word's value on a little-endian CPU (every x86-64 one)."""
+    return 8 % bits == 0 and sys.byteorder == "little"
+
+
+def _words(byte: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 4] -> int32 [..., 1], each word its four bytes (copied to fresh rows: a view of bytes as words
+    needs the words' own strides)."""
+    return torch.empty(byte.shape, dtype=torch.uint8, device=byte.device).copy_(byte).view(torch.int32)
+
+
+def _bytes(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """uint8 codes with 8 / bits of them along `dim` -> one byte each, the first in the low bits; `dim` dropped."""
+    parts = codes.unbind(dim)
+    byte = parts[0].clone()
+    for i, part in enumerate(parts[1:], start=1):
+        byte.bitwise_or_(part << (bits * i))
+    return byte
 
 
 def unpack_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
@@ -88,9 +114,13 @@ def pack_cols(codes: torch.Tensor, bits: int, order: tuple[int, ...] | None = No
 def _pack_cols(codes: torch.Tensor, bits: int, order: tuple[int, ...] | None) -> torch.Tensor:
     pf = pack_factor(bits)
     r, c = codes.shape
-    grouped = codes.to(torch.int64).view(r, c // pf, pf)
+    wide = torch.uint8 if _bytewise(bits) else torch.int64
+    grouped = codes.to(wide).reshape(r, c // pf, pf)
     if order is not None:
         grouped = grouped[:, :, list(order)]
+    if _bytewise(bits):  # [R, C/pf, 4, per] -> bytes [R, C/pf, 4] -> one word each
+        byte = _bytes(grouped.reshape(r, c // pf, 4, 8 // bits), bits, dim=3)
+        return _words(byte).view(r, c // pf)
     shifts = (torch.arange(pf, dtype=torch.int64, device=codes.device) * bits).view(1, 1, pf)
     return _to_int32((grouped << shifts).sum(dim=2))
 
@@ -161,13 +191,12 @@ def pack(qw: QuantizedWeight, layout: str, bias: torch.Tensor | None = None) -> 
     bits = qw.scheme.bits
     zeros = qw.zeros.round().to(torch.int64)  # [G, N]
     scales = qw.scales.to(torch.float16)
-    codes_kn = qw.qweight.T.contiguous()  # [K, N]
     if layout == "awq":
         if qw.act_order:
             raise ValueError("the AWQ layout has no g_idx, so act-order weights cannot be written to it")
         return PackedLinear(
             layout, bits, qw.scheme.group_size,
-            qweight=pack_cols(codes_kn, bits, AWQ_ORDER),
+            qweight=pack_cols(qw.qweight.T.contiguous(), bits, AWQ_ORDER),  # codes [K, N] packed along N
             qzeros=pack_cols(zeros, bits, AWQ_ORDER),
             scales=scales, g_idx=None, bias=bias,
         )
@@ -179,7 +208,7 @@ def pack(qw: QuantizedWeight, layout: str, bias: torch.Tensor | None = None) -> 
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     return PackedLinear(
         layout, bits, qw.scheme.group_size,
-        qweight=pack_rows(codes_kn, bits),
+        qweight=pack_cols(qw.qweight, bits).T.contiguous(),  # pack_rows of codes [K, N]: words, not bytes, transposed
         qzeros=pack_cols(zeros, bits),
         scales=scales, g_idx=qw.g_idx.to(torch.int32), bias=bias,
     )

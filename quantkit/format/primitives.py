@@ -133,9 +133,33 @@ def default_g_idx(in_features: int, scheme: QuantScheme, device: torch.device | 
     return (torch.arange(in_features, device=device) // scheme.group_len(in_features)).to(torch.int32)
 
 
+# weights rounded at once by rtn_quantize: rows of about this many elements a step, so its fp32 temporaries stay
+# near 16 MiB whatever the weight
+RTN_STEP_ELEMENTS = 1 << 22
+
+
 def rtn_quantize(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
-    """Round-to-nearest, group by group along K. w: [N, K] float."""
-    w = w.float()
+    """Round-to-nearest, group by group along K. w: [N, K] float. Every group of a slice of rows at once (the same
+    arithmetic per group as minmax_params and quantize_codes on each group alone, so the same codes bit for bit)."""
+    n, k = w.shape
+    g = scheme.group_len(k)
+    if k % g:  # a short last group: one group at a time
+        return _rtn_by_group(w.float(), scheme)
+    step = max(1, RTN_STEP_ELEMENTS // k)
+    codes = torch.empty((n, k), dtype=torch.uint8, device=w.device)
+    scales = torch.empty((n, k // g), dtype=torch.float32, device=w.device)
+    zeros = torch.empty_like(scales)
+    for lo in range(0, n, step):
+        part = w[lo:lo + step].to(torch.float32, copy=True).reshape(-1, k // g, g)  # [rows, groups, G], ours
+        s, z = range_params(part.amin(dim=-1), part.amax(dim=-1), scheme.bits, scheme.sym)
+        q = part.div_(s.unsqueeze(-1)).round_().add_(z.unsqueeze(-1)).clamp_(0, scheme.maxq)
+        codes[lo:lo + step] = q.reshape(-1, k)
+        scales[lo:lo + step], zeros[lo:lo + step] = s, z
+    return QuantizedWeight(codes, scales.T.contiguous(), zeros.T.contiguous(), default_g_idx(k, scheme, w.device),
+                           scheme)
+
+
+def _rtn_by_group(w: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     n, k = w.shape
     g = scheme.group_len(k)
     scales, zeros, codes = [], [], []

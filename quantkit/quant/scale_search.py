@@ -17,14 +17,16 @@ llm-compressor's imatrix_mse observer and llama.cpp's imatrix idea; GPTQ's diag(
 
 So no group's error is ever above min-max's. Scales are rounded to fp16 as everywhere (format.primitives).
 
-The grid's candidates are tried all at once ([rows, candidates, G] temporaries, in row slices that stay small), and a
-layer's linears are searched together, their groups laid end to end and cut into bounded chunks: the search is bound
-by torch's per-call overhead on small linears and by memory traffic on large ones. So each candidate's error is one
-temporary and six element-wise passes before its sum (w / s, round, max and min against -z and maxq - z, one
-addcmul against -w, square), and everything that is per group, not per weight (the candidates' ranges, the picks,
-the refinements) runs over whole chunks. It chooses bit for bit what the search as first written, one candidate at a
-time (scale_search_reference, the tests' oracle), chooses: every rewrite above is exact in floating point, and each
-group's error is summed over the same G values in the same order.
+The grid's candidates are tried all at once, and a layer's linears are searched together, their groups laid end to
+end and cut into bounded chunks, so that everything per group, not per weight (the candidates' ranges, the picks,
+the refinements), runs over whole chunks. The candidates' errors come from a C++ kernel where it is built
+(quantkit.kernels.group_error: a group read once, every candidate run over it in registers), else from its
+pure-torch reference ([rows, candidates, G] temporaries in row slices that stay small, seven element-wise passes a
+candidate, bound by memory traffic). With the reference the search chooses bit for bit what the search as first
+written, one candidate at a time (scale_search_reference, the tests' oracle), chooses: every rewrite is exact in
+floating point, and each group's error is summed over the same G values in the same order. The kernel computes the
+same terms and sums them in another order, so where two candidates' errors are within a few ulps it may pick the
+other one.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch
 
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx, range_params, round_scale
 
-# elements of the largest temporary ([rows, candidates, G] fp32, 4 MiB): a whole 2048 x 2048 weight at once (16 MiB,
+# the reference's errors (no kernel): elements of the largest temporary ([rows, candidates, G] fp32, 4 MiB): a whole
+# 2048 x 2048 weight at once (16 MiB,
 # 11 candidates: 176 MiB) ran 3-4x slower from memory; much smaller chunks pay torch's per-call overhead (2**18 and
 # 2**21 measured 0-25% slower on the suite and on a 2048 x 2048 weight, one thread)
 CHUNK_ELEMENTS = 2**20
@@ -80,20 +83,18 @@ class SearchGrid:
 
 def group_error(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, zero: torch.Tensor,
                 maxq: int) -> torch.Tensor:
-    """sum_j imp_j (w_j - dequant_j)^2 per group: w [..., G], imp broadcastable to w (None: 1), scale/zero [...].
-    One temporary the size of w, updated in place (the search is bound by memory traffic): the codes less the zero
-    are round(w / s) clamped to [-z, maxq - z], which is clamp(round(w / s) + z, 0, maxq) - z exactly (small
-    integers), in two passes instead of three."""
-    s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
-    d = torch.div(w, s).round_()
-    torch.maximum(d, z.neg(), out=d)
-    torch.minimum(d, maxq - z, out=d)
-    if d.numel() > w.numel():  # w broadcast over candidates: -w once, then s (q - z) + (-w) in one pass
-        torch.addcmul(w.neg(), d, s, out=d)  # unfused: the same rounding as s (q - z) - w (the tests hold it to it)
-    else:
-        d.mul_(s).sub_(w)
-    d.square_()  # (s (q - z) - w)^2
-    return (d if imp is None else d.mul_(imp)).sum(-1)
+    """sum_j imp_j (w_j - dequant_j)^2 per group: w [R, G] with scale / zero [R] (one candidate a group) or [R, C]
+    (C candidates: err [R, C]); imp [R, G] or None (1). The C++ kernel where it is built (quantkit.kernels.group_error:
+    the same terms, summed in another order), else the pure-torch reference over [R, C, G] temporaries (any leading
+    dimensions)."""
+    from quantkit.kernels.group_error import candidate_errors, group_error_reference
+
+    err = candidate_errors(w, imp, scale, zero, maxq)
+    if err is not None:
+        return err
+    if scale.dim() < w.dim():  # one candidate a group
+        return group_error_reference(w, imp, scale, zero, maxq)
+    return group_error_reference(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), scale, zero, maxq)
 
 
 def candidate_params(w: torch.Tensor, imp: torch.Tensor | None, xmin: torch.Tensor, xmax: torch.Tensor,
@@ -105,12 +106,18 @@ def candidate_params(w: torch.Tensor, imp: torch.Tensor | None, xmin: torch.Tens
     (the same errors: each group's is its own sum)."""
     s, z = range_params(xmin.unsqueeze(-1) * p, xmax.unsqueeze(-1) * p, bits, sym)
     maxq = 2**bits - 1
-    if rows is None or rows >= len(w):
-        return s, z, group_error(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), s, z, maxq)
+    if rows is None or rows >= len(w) or _kernel_serves(w):  # the kernel's temporaries are registers
+        return s, z, group_error(w, imp, s.expand(*w.shape[:-1], -1), z.expand(*w.shape[:-1], -1), maxq)
     s, z = s.expand(len(w), -1), z.expand(len(w), -1)
-    err = [group_error(w[a:a + rows].unsqueeze(-2), None if imp is None else imp[a:a + rows].unsqueeze(-2),
-                       s[a:a + rows], z[a:a + rows], maxq) for a in range(0, len(w), rows)]
+    err = [group_error(w[a:a + rows], None if imp is None else imp[a:a + rows], s[a:a + rows], z[a:a + rows], maxq)
+           for a in range(0, len(w), rows)]
     return s, z, torch.cat(err)
+
+
+def _kernel_serves(w: torch.Tensor) -> bool:
+    from quantkit.kernels.group_error import extension
+
+    return w.device.type == "cpu" and extension() is not None
 
 
 def _pick(p: torch.Tensor, s: torch.Tensor, z: torch.Tensor, err: torch.Tensor):
@@ -179,8 +186,7 @@ def shift_zeros(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, 
     the zero kept (after a step down, up is the old zero, not lower). Returns zero, error [...]."""
     maxq = 2**bits - 1
     z = torch.stack((zero - 1, zero + 1), -1).clamp_(0, maxq)  # [..., 2]
-    e = group_error(w.unsqueeze(-2), None if imp is None else imp.unsqueeze(-2), scale.unsqueeze(-1).expand_as(z),
-                    z, maxq)
+    e = group_error(w, imp, scale.unsqueeze(-1).expand_as(z), z, maxq)
     down, up = e[..., 0] < err, e[..., 1] < err
     pick = torch.where(down, 0, torch.where(up, 1, 2)).unsqueeze(-1)  # 2: keep
     zero = torch.cat((z, zero.unsqueeze(-1)), -1).gather(-1, pick).squeeze(-1)
