@@ -46,20 +46,22 @@ def group_error_reference(w: torch.Tensor, imp: torch.Tensor | None, scale: torc
     return (d if imp is None else d.mul_(imp)).sum(-1)
 
 
+def serves(w: torch.Tensor) -> bool:
+    """Whether the kernel takes the groups w [R, G]: built, and w a 2-d fp32 CPU tensor."""
+    return w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2 and extension() is not None
+
+
 def candidate_errors(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, zero: torch.Tensor,
                      maxq: int) -> torch.Tensor | None:
     """The kernel's err [R, C] for w [R, G] fp32, imp [R, G] or None, scale / zero [R, C] (or [R] for one candidate,
     or broadcastable to [R, C]); None where the kernel does not serve (not built, or tensors off the CPU or not
     fp32), and the caller takes the reference."""
-    ext = extension()
-    if ext is None or w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2:
+    if not serves(w) or scale.dtype != torch.float32 or zero.dtype != torch.float32:
         return None
     rows = len(w)
     one = scale.dim() == 1
     s = (scale.unsqueeze(-1) if one else scale).expand(rows, -1).contiguous()
     z = (zero.unsqueeze(-1) if one else zero).expand(rows, -1).contiguous()
-    if s.dtype != torch.float32 or z.dtype != torch.float32:
-        return None
     weights = torch.empty(0) if imp is None else imp.expand_as(w).contiguous()
-    err = ext.group_errors(w.contiguous(), weights, s, z, maxq)
+    err = extension().group_errors(w.contiguous(), weights, s, z, maxq)
     return err.squeeze(-1) if one else err

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 import torch
 
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, default_g_idx, range_params, round_scale
+from quantkit.kernels.group_error import candidate_errors, group_error_reference, serves
 
-# the reference's errors (no kernel): elements of the largest temporary ([rows, candidates, G] fp32, 4 MiB): a whole
-# 2048 x 2048 weight at once (16 MiB,
-# 11 candidates: 176 MiB) ran 3-4x slower from memory; much smaller chunks pay torch's per-call overhead (2**18 and
-# 2**21 measured 0-25% slower on the suite and on a 2048 x 2048 weight, one thread)
+# the reference's errors (no kernel): elements of the largest temporary ([rows, candidates, G] fp32, 4 MiB): a
+# whole 2048 x 2048 weight at once (16 MiB, 11 candidates: 176 MiB) ran 3-4x slower from memory; much smaller
+# chunks pay torch's per-call overhead (2**18 and 2**21 measured 0-25% slower on the suite and on a 2048 x 2048
+# weight, one thread)
 CHUNK_ELEMENTS = 2**20
 # weights [rows, G] refined at once (the refinements' temporaries are [rows, G])
 REFINE_ELEMENTS = 2**19
@@ -87,8 +88,6 @@ def group_error(w: torch.Tensor, imp: torch.Tensor | None, scale: torch.Tensor, 
     (C candidates: err [R, C]); imp [R, G] or None (1). The C++ kernel where it is built (quantkit.kernels.group_error:
     the same terms, summed in another order), else the pure-torch reference over [R, C, G] temporaries (any leading
     dimensions)."""
-    from quantkit.kernels.group_error import candidate_errors, group_error_reference
-
     err = candidate_errors(w, imp, scale, zero, maxq)
     if err is not None:
         return err
@@ -106,18 +105,12 @@ def candidate_params(w: torch.Tensor, imp: torch.Tensor | None, xmin: torch.Tens
     (the same errors: each group's is its own sum)."""
     s, z = range_params(xmin.unsqueeze(-1) * p, xmax.unsqueeze(-1) * p, bits, sym)
     maxq = 2**bits - 1
-    if rows is None or rows >= len(w) or _kernel_serves(w):  # the kernel's temporaries are registers
+    if rows is None or rows >= len(w) or serves(w):  # the kernel's temporaries are registers
         return s, z, group_error(w, imp, s.expand(*w.shape[:-1], -1), z.expand(*w.shape[:-1], -1), maxq)
     s, z = s.expand(len(w), -1), z.expand(len(w), -1)
     err = [group_error(w[a:a + rows], None if imp is None else imp[a:a + rows], s[a:a + rows], z[a:a + rows], maxq)
            for a in range(0, len(w), rows)]
     return s, z, torch.cat(err)
-
-
-def _kernel_serves(w: torch.Tensor) -> bool:
-    from quantkit.kernels.group_error import extension
-
-    return w.device.type == "cpu" and extension() is not None
 
 
 def _pick(p: torch.Tensor, s: torch.Tensor, z: torch.Tensor, err: torch.Tensor):
