@@ -65,6 +65,11 @@ class QuantizeConfig:
     # GPTQ: each group's scale and zero from the original weights, fixed before the column loop (as
     # llm-compressor's observer does; measured at or below the lazy, updated-columns choice: docs/BENCHMARKS.md)
     static_groups: bool = True
+    # GPTQ with asymmetric calibration (GPTAQ, GPTQModel's v2): each linear's target is the float model's output on
+    # the float model's inputs, not its own weights on the quantized model's inputs (quantkit.quant.gptq
+    # asymmetric_target); gptaq_alpha scales that correction (1: the exact objective)
+    gptaq: bool = False
+    gptaq_alpha: float = 0.25
     damp: float = 0.01
     block_size: int = 128
     true_sequential: bool = False  # GPTQ: False = every Hessian from one float run of the layer (measured better and faster)
@@ -113,6 +118,10 @@ class QuantizeConfig:
             raise QuantkitError("--act-group-aware applies to --method gptq only")
         if self.act_group_aware and self.desc_act:
             raise QuantkitError("--act-group-aware and --desc-act are two column orders for GPTQ; choose one")
+        if self.gptaq and self.method != "gptq":
+            raise QuantkitError("--gptaq applies to --method gptq only")
+        if not 0 < self.gptaq_alpha <= 1:
+            raise QuantkitError(f"--gptaq-alpha must be in (0, 1] (got {self.gptaq_alpha})")
         if self.desc_act and self.layout_format == "compressed-tensors":
             # compressed-tensors >= 0.20 stores act-order only as "weight" ordering: groups on the original columns
             object.__setattr__(self, "static_groups", True)

@@ -37,7 +37,8 @@ default act_group_aware, GAR, on); awq / awq-duo / awq-both = asymmetric AWQ wit
 formulas searched per group; rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse:
 data-free; imatrix), rtn-sym, rtn-mse-sym = symmetric RTN, min-max and searched (the CLI's defaults for RTN),
 gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-gar = GPTQ with group-aware
-act-order, GAR (quantkit only; GPTQModel's `gptq` has it on); gptq-nogar = GPTQModel's GPTQ
+act-order, GAR (quantkit only; GPTQModel's `gptq` has it on); gptaq, gptaq-1, gptaq-gar = GPTQ with asymmetric
+calibration (--gptaq) at alpha 0.25 and 1, and with GAR (GPTQModel: its gptaq, alpha alike); gptq-nogar = GPTQModel's GPTQ
 with GAR off (GPTQModel only). The default --methods are those quantkit runs.
 """
 
@@ -105,6 +106,11 @@ METHODS = {
     "gptq-imatrix": Method(["--method", "gptq", "--scale-search", "imatrix"], None),
     # quantkit's GPTQ with group-aware act-order (GAR), as GPTQModel's `gptq` runs by default
     "gptq-gar": Method(["--method", "gptq", "--act-group-aware"], None),
+    # quantkit's GPTQ with asymmetric calibration (GPTAQ) at its default alpha 0.25 and at the exact objective
+    # (GPTQModel's: QuantizeConfig.gptaq, the same alpha, GAR as named)
+    "gptaq": Method(["--method", "gptq", "--gptaq"], None, ["--gar", "false", "--gptaq", "0.25"]),
+    "gptaq-1": Method(["--method", "gptq", "--gptaq", "--gptaq-alpha", "1"], None, ["--gar", "false", "--gptaq", "1"]),
+    "gptaq-gar": Method(["--method", "gptq", "--gptaq", "--act-group-aware"], None, ["--gar", "true", "--gptaq", "0.25"]),
     # GPTQModel's GPTQ with its act_group_aware off: plain GPTQ, as quantkit's and llm-compressor's `gptq`
     "gptq-nogar": Method(None, None, ["--gar", "false"]),
 }

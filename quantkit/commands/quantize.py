@@ -30,6 +30,8 @@ class QuantizeFlags:
     desc_act: bool = option(False, "--desc-act/--no-desc-act", help="GPTQ act-order: columns by decreasing Hessian diagonal.")
     act_group_aware: bool = option(False, "--act-group-aware/--no-act-group-aware", help="GPTQ group-aware act-order (GAR, GPTQModel's act_group_aware): whole groups by decreasing Hessian diagonal, each group's columns likewise; g_idx stays monotonic, so inference is unchanged. Not with --desc-act.")
     static_groups: bool = option(True, "--static-groups/--no-static-groups", help="GPTQ: each group's scale and zero from the original weights, fixed before the column loop (and before act-order); --no-static-groups takes them from the updated columns when the loop reaches the group.")
+    gptaq: bool = option(False, "--gptaq/--no-gptaq", help="GPTQ with asymmetric calibration (GPTAQ, GPTQModel's v2=True): each linear matches the float model's outputs on the float model's inputs, not its own float weights on the quantized model's inputs. Holds a float copy of the layer and of the activations beside the quantized ones (twice the activations' memory). Dense layers only.")
+    gptaq_alpha: float = option(0.25, "--gptaq-alpha", help="GPTAQ: the share of the asymmetric correction applied, in (0, 1] (1: the exact objective; 0.25: GPTAQ's and GPTQModel's default).")
     damp: float = option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal.")
     true_sequential: bool = option(False, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default).")
     calib: str = option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none.")
@@ -112,7 +114,7 @@ def quantize_config(flags: QuantizeFlags, given: frozenset[str]):
     calib = CalibConfig(source=DEFAULT_CALIB if calib is None else calib, nsamples=o["nsamples"], seqlen=o["seqlen"],
                         seed=o["seed"])
     same = ("method", "format", "bits", "group_size", "sym", "desc_act", "act_group_aware", "static_groups", "damp",
-            "true_sequential", "awq_duo_scaling", "awq_search_tokens", "scale_search")
+            "true_sequential", "gptaq", "gptaq_alpha", "awq_duo_scaling", "awq_search_tokens", "scale_search")
     return QuantizeConfig(
         model=p.model, out=p.out, calib=calib, device=p.device, compute_dtype=p.compute_dtype,
         low_memory=_low_memory(p.low_memory, p.dry_run, source), force=p.force, dry_run=p.dry_run,

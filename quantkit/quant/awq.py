@@ -53,6 +53,7 @@ class AWQMethod:
 
     name = "awq"
     needs_calibration = True
+    needs_float_stream = False
     def __init__(self, config: QuantizeConfig):
         self.config = config
         # an MoE layer's experts read one at a time (quantkit.quant.awq_experts), except where the next layer takes

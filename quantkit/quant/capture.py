@@ -4,6 +4,7 @@ keyword arguments (RoPE cos/sin, mask, positions) the model passes to each layer
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -97,25 +98,62 @@ def fold_linear_inputs(ctx, names: list[str], update: Callable[[object, torch.Te
 
     Linears of one spec group read the same tensor: the first is hooked and its statistic shared. The run stops as
     soon as the last hooked linear has its input (the rest of the layer would not change the statistics)."""
+    shared, hooked = _hooked_linears(ctx, names)
+    state: dict[str, object] = {}
+
+    def seen(name: str, x: torch.Tensor) -> None:
+        state[name] = update(state.get(name), x)
+
+    with _hooks(ctx.layer, hooked, seen):
+        ctx.run_for_hooks(_HaveInputs)
+    return {n: state[shared[n]] for n in names}
+
+
+def fold_paired_linear_inputs(ctx, float_ctx, names: list[str],
+                              update: Callable[[object, torch.Tensor, torch.Tensor], object]) -> dict[str, object]:
+    """As fold_linear_inputs, over two runs a batch: `float_ctx` (the float layer on the float model's inputs) and
+    `ctx` (the layer as it is, on the quantized model's), batch by batch; state = update(state, x_float, x_quant) for
+    each pair of a linear's inputs on the same tokens (GPTAQ's statistics)."""
+    shared, hooked = _hooked_linears(ctx, names)
+    state: dict[str, object] = {}
+    for x_float, x_quant in zip(float_ctx.inputs, ctx.inputs, strict=True):
+        pair: dict[str, list[torch.Tensor]] = {n: [] for n in hooked}
+
+        def seen(name: str, x: torch.Tensor) -> None:
+            pair[name].append(x)
+
+        for c, x in ((float_ctx, x_float), (ctx, x_quant)):
+            with _hooks(c.layer, hooked, seen):
+                c.run_for_hooks(_HaveInputs, [x])
+        for name, (xf, xq) in pair.items():
+            state[name] = update(state.get(name), xf, xq)
+    return {n: state[shared[n]] for n in names}
+
+
+def _hooked_linears(ctx, names: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(each of `names` -> the first linear of its spec group among `names`, whose input it shares; those first
+    linears in the order the layer calls them)."""
     shared = {}
     for g in ctx.spec.groups:
         members = [n for n in g.linears if n in names]
         for n in members:
             shared[n] = members[0]
-    hooked = [n for n in ctx.spec.linears if n in set(shared.values())]  # in the order the layer calls them
-    state: dict[str, object] = {}
+    return shared, [n for n in ctx.spec.linears if n in set(shared.values())]
 
+
+@contextmanager
+def _hooks(layer: nn.Module, hooked: list[str], seen: Callable[[str, torch.Tensor], None]):
+    """Forward hooks on the linears `hooked` of `layer`: seen(name, input) for each call; the last raises _HaveInputs."""
     def hook_for(name: str, last: bool):
         def hook(_module, args, _output):
-            state[name] = update(state.get(name), args[0])
+            seen(name, args[0])
             if last:
                 raise _HaveInputs
         return hook
 
-    handles = [get_submodule(ctx.layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
+    handles = [get_submodule(layer, n).register_forward_hook(hook_for(n, n == hooked[-1])) for n in hooked]
     try:
-        ctx.run_for_hooks(_HaveInputs)
+        yield
     finally:
         for h in handles:
             h.remove()
-    return {n: state[shared[n]] for n in names}

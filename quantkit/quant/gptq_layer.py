@@ -1,16 +1,25 @@
-"""GPTQ over one decoder layer: Hessians from forward hooks, groups quantized in order."""
+"""GPTQ over one decoder layer: Hessians from forward hooks, groups quantized in order.
+
+With GPTAQ (--gptaq: asymmetric calibration, Li et al., ICML 2025) each linear's target is the float model's output:
+the layer keeps a float twin (a copy taken before any solve, run on the float model's inputs), each Hessian comes with
+the cross term D = (X - X~) X~^T of the twin's inputs X and the layer's X~ on the same tokens, and GPTQ solves for
+the target weight W + alpha W D H^-1 (quantkit.quant.gptq.asymmetric_target). The twin's outputs are the float
+model's inputs to the next layer."""
 
 from __future__ import annotations
 
+import copy
 import time
+from dataclasses import replace
 
 import torch
 
 from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import get_submodule
-from quantkit.quant.capture import fold_linear_inputs
-from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize, split_rows
+from quantkit.quant.capture import fold_linear_inputs, fold_paired_linear_inputs
+from quantkit.quant.gptq import (GPTQOptions, accumulate_cross, accumulate_hessian, asymmetric_target, empty_hessian,
+                                 gptq_quantize, split_rows)
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
@@ -21,6 +30,7 @@ class GPTQMethod:
 
     def __init__(self, cfg: QuantizeConfig):
         self.cfg = cfg
+        self.needs_float_stream = cfg.gptaq
         self.opts = GPTQOptions(damp=cfg.damp, block_size=cfg.block_size, act_order=cfg.desc_act,
                                 act_group_aware=cfg.act_group_aware, static_groups=cfg.static_groups,
                                 scale_search=cfg.scale_search)
@@ -39,13 +49,17 @@ class GPTQMethod:
         them in fp32 (0.6 GiB at that shape)."""
         result = LayerResult(weights={})
         solved: list[str] = []
+        twin = _float_twin(ctx)  # GPTAQ: the float layer on the float model's inputs; else None
         for names in self.sequential_groups(ctx):
             _dequantize_into_layer(ctx, result, solved)
-            hessians = self._collect_hessians(ctx, names)
+            statistics = self._collect_statistics(ctx, twin, names)
             for stack in _shared_input_stacks(ctx, names):  # each Hessian let go once its linears are solved
-                self._quantize_stack(ctx, stack, _take(hessians, stack), result, dequantize=False)
+                h, cross = _take(statistics, stack)
+                self._quantize_stack(ctx, stack, h, result, dequantize=False, cross=cross)
                 solved += stack
         _dequantize_into_layer(ctx, result, solved)
+        if twin is not None:
+            result.float_outputs = twin.run_layer()
         return result
 
     def quantize_experts(self, moe) -> LayerResult:
@@ -61,18 +75,24 @@ class GPTQMethod:
         return result
 
     def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult,
-                        dequantize: bool = True) -> None:
+                        dequantize: bool = True, cross: torch.Tensor | None = None) -> None:
         """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
         in one pass (rows are independent given H), so the column loop and the Cholesky run once.
 
         H and the weights are handed over: gptq_quantize holds the only references (H's storage receives its factor, the
         weights are worked on in place), and the linears hold no weight until theirs is dequantized back
-        (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again)."""
+        (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again). With `cross` (GPTAQ's
+        D for this H) GPTQ solves for the asymmetric target instead of the weights themselves."""
         linears = [get_submodule(ctx.layer, n) for n in names]
         start = time.perf_counter()
         sizes = [lin.weight.shape[0] for lin in linears]
         try:
-            r = gptq_quantize(_hand_over(linears), h, ctx.scheme, self.opts, consume_h=True, consume_w=True)
+            w = _hand_over(linears)
+            if cross is not None:
+                w = asymmetric_target(w, h, cross, self.cfg.gptaq_alpha, self.opts.damp, self.opts.max_damp_retries,
+                                      self.opts.factor_dtype)
+                del cross
+            r = gptq_quantize(w, h, ctx.scheme, self.opts, consume_h=True, consume_w=True)
         except ArithmeticError as exc:
             raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
         del h
@@ -86,16 +106,28 @@ class GPTQMethod:
             if r.damp != self.opts.damp:
                 result.stats.setdefault("damp_raised", {})[name] = r.damp
 
-    def _collect_hessians(self, ctx: LayerContext, names: list[str]) -> dict[str, torch.Tensor]:
-        """Run the layer on the calibration inputs; one Hessian per distinct input tensor.
+    def _collect_statistics(self, ctx: LayerContext, twin: LayerContext | None, names: list[str]
+                            ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """Run the layer on the calibration inputs; per distinct input tensor its Hessian, and with GPTAQ's float
+        `twin` (run on the same tokens) the cross term D, else None.
 
         Each run stops as soon as the last hooked linear has its input: the rest of the layer
-        (e.g. attention and MLP after q/k/v's input) would not change these Hessians."""
-        def update(state, x):
-            h, n = state or (empty_hessian(x.shape[-1], x.device), 0)
-            return accumulate_hessian(h, n, x)
+        (e.g. attention and MLP after q/k/v's input) would not change these statistics."""
+        if twin is None:
+            def update(state, x):
+                h, n = state or (empty_hessian(x.shape[-1], x.device), 0)
+                return accumulate_hessian(h, n, x)
 
-        return {n: hn[0] for n, hn in fold_linear_inputs(ctx, names, update).items()}
+            return {n: (hn[0], None) for n, hn in fold_linear_inputs(ctx, names, update).items()}
+
+        def paired(state, x_float, x_quant):
+            h, d, n = state or (empty_hessian(x_quant.shape[-1], x_quant.device),
+                                empty_hessian(x_quant.shape[-1], x_quant.device), 0)
+            accumulate_cross(d, n, x_float, x_quant)  # before H's update: both scaled by the same n
+            h, n = accumulate_hessian(h, n, x_quant)
+            return h, d, n
+
+        return {n: (hdn[0], hdn[1]) for n, hdn in fold_paired_linear_inputs(ctx, twin, names, paired).items()}
 
 
 def _hand_over(linears: list[torch.nn.Module]) -> torch.Tensor:
@@ -115,14 +147,22 @@ def _dequantize_into_layer(ctx: LayerContext, result: LayerResult, names: list[s
     names.clear()
 
 
-def _take(hessians: dict[str, torch.Tensor], stack: list[str]) -> torch.Tensor:
-    """The Hessian of the linears `stack` (one shared input), removed from `hessians` under each of their names: the
-    caller's is then the last reference (an 8B model's down_proj's is 0.77 GiB, not to be held through the solves
-    that follow)."""
-    h = hessians.pop(stack[0])
+def _take(statistics: dict[str, tuple], stack: list[str]) -> tuple:
+    """The statistics (Hessian, cross term or None) of the linears `stack` (one shared input), removed from
+    `statistics` under each of their names: the caller's are then the last references (an 8B model's down_proj's
+    Hessian is 0.77 GiB, not to be held through the solves that follow)."""
+    taken = statistics.pop(stack[0])
     for name in stack[1:]:
-        hessians.pop(name)
-    return h
+        statistics.pop(name)
+    return taken
+
+
+def _float_twin(ctx: LayerContext) -> LayerContext | None:
+    """GPTAQ's float layer (a copy of ctx.layer before any of it is quantized) on the float model's inputs; None
+    without a float stream."""
+    if ctx.float_inputs is None:
+        return None
+    return replace(ctx, layer=copy.deepcopy(ctx.layer), inputs=ctx.float_inputs, float_inputs=None)
 
 
 def _shared_input_stacks(ctx: LayerContext, names: list[str]) -> list[list[str]]:

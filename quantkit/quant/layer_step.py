@@ -59,9 +59,12 @@ def load_tensors(model, reader: ShardReader, keys: list[str], device: torch.devi
 
 
 def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
-                        writer: ShardWriter, dtype: torch.dtype = torch.float32):
+                        writer: ShardWriter, dtype: torch.dtype = torch.float32,
+                        float_inputs: list[torch.Tensor] | None = None):
     """Load layer i, quantize it, propagate the activations, and write its checkpoint tensors: an MoE layer's
-    experts each as soon as the method is done with it, the rest once the layer is done."""
+    experts each as soon as the method is done with it, the rest once the layer is done. Returns (report, the
+    method's plan tensors, the next layer's inputs, and the float model's next inputs where `float_inputs` were
+    given: the method's float stream, GPTAQ's)."""
     t0 = time.perf_counter()
     spec = plan.spec
     prefix = f"{spec.layers}.{i}"
@@ -85,7 +88,7 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
         index=i, layer=layer, spec=spec, model_config=hf_cfg, inputs=inputs, layer_kwargs=layer_kwargs,
         scheme=cfg.scheme, config=cfg, linears=linears,
         skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
-        device=device, compute_dtype=dtype, experts=experts, experts_streamed=bool(streamed),
+        device=device, compute_dtype=dtype, experts=experts, experts_streamed=bool(streamed), float_inputs=float_inputs,
     )
     result = method.quantize_layer(ctx)
     if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
@@ -108,14 +111,17 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
     if not inputs or i == plan.num_layers - 1:  # RTN has no activations; the last layer's outputs feed nothing
-        outputs = []
+        outputs, float_outputs = [], None
     else:
         outputs = result.outputs if result.outputs is not None else ctx.run_layer()
+        float_outputs = result.float_outputs if float_inputs is not None else None
+        if float_inputs is not None and float_outputs is None:
+            raise RuntimeError(f"method {cfg.method} read the float stream but returned no float outputs")
     writer.add(_float_tensors(layer, result.quantized, dtypes, prefix, later)
                | _packed(result.weights, cfg.layout, prefix))
     layers[i] = layer.to("meta")
     report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
-    return report, result.plan, outputs
+    return report, result.plan, outputs, float_outputs
 
 
 def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str,

@@ -52,6 +52,8 @@ class LayerContext:
     # the experts' weights are not in the layer: each is read on its turn in quantize_experts (the method's
     # streams_experts), so a run of the whole layer is impossible before then (run_until stops at the block)
     experts_streamed: bool = False
+    # the float model's hidden states entering this layer, batched as `inputs` (methods whose needs_float_stream)
+    float_inputs: list[torch.Tensor] | None = None
 
     def autocast(self):
         """The context every forward pass of the layer runs in: autocast to compute_dtype (off for fp32), without
@@ -106,6 +108,8 @@ class LayerResult:
     # (the pipeline then feeds these to the next layer instead of running the layer again)
     outputs: list[torch.Tensor] | None = None
     outputs_are_float: bool = False  # `outputs` are the float layer's (AWQ --awq-next-inputs float)
+    # the float layer's outputs on ctx.float_inputs: the float model's stream into the next layer (GPTAQ)
+    float_outputs: list[torch.Tensor] | None = None
     # linears whose integer weights were handed on (written) as soon as they were final, so not in `weights`
     written: set[str] = field(default_factory=set)
 
@@ -123,12 +127,16 @@ def merge_results(first: LayerResult, then: LayerResult) -> LayerResult:
     outputs, are_float = (then.outputs, then.outputs_are_float) if then.outputs is not None else (
         (first.outputs, True) if first.outputs_are_float else (None, False))
     return LayerResult({**first.weights, **then.weights}, {**first.losses, **then.losses}, stats,
-                       {**first.plan, **then.plan}, outputs, are_float, first.written | then.written)
+                       {**first.plan, **then.plan}, outputs, are_float, first.float_outputs,
+                       first.written | then.written)
 
 
 class LayerMethod(Protocol):
     name: str
     needs_calibration: bool
+    # True: the method reads the float model's activations beside the quantized one's (ctx.float_inputs) and returns
+    # the float layer's outputs (LayerResult.float_outputs)
+    needs_float_stream: bool
     # True: an MoE layer's experts may be loaded one at a time, each on its turn in quantize_experts
     # (quantkit.quant.moe_experts); False: the method needs every expert in the layer at once
     streams_experts: bool

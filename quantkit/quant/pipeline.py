@@ -112,12 +112,15 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
         plan.notes.append(f"calibration forward passes in {str(dtype).removeprefix('torch.')}: {why}")
         inputs, layer_kwargs = _first_layer_inputs(model, reader, spec, calib.input_ids, device)
 
+    # the float model's stream beside the quantized one (GPTAQ): the same tensors into layer 0
+    float_inputs = list(inputs) if method.needs_float_stream and inputs else None
     reports, plan_tensors = [], {}
     with ShardWriter(out_dir, cfg.max_shard_size) as writer, \
             progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
-            report, layer_plan, inputs = quantize_one_layer(
-                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, writer, dtype)
+            report, layer_plan, inputs, float_inputs = quantize_one_layer(
+                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, writer, dtype,
+                float_inputs)
             plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
             reports.append(report)
             if cfg.low_memory:

@@ -48,6 +48,9 @@ def plan_quantization(cfg: QuantizeConfig, source: ModelSource) -> QuantizePlan:
     spec, config_dict, reader = source.spec, source.config, source.reader  # an unsupported architecture fails here
     if read_quant_info(config_dict) is not None:
         raise QuantkitError(f"{cfg.model}: already quantized (config.json has a quantization_config)")
+    if cfg.gptaq and moe_shape(spec, config_dict):
+        raise QuantkitError(f"--gptaq: {cfg.model} is a mixture of experts, whose experts are quantized one at a time; "
+                            f"GPTAQ covers dense layers only (use plain GPTQ)")
     num_layers = int(config_dict["num_hidden_layers"])
     quantized, skipped = [], {}
     for i in range(num_layers):

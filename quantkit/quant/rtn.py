@@ -41,6 +41,7 @@ def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: Laye
 
 class RTNMethod:
     name = "rtn"
+    needs_float_stream = False
     streams_experts = True  # each expert's linears are quantized on their own
 
     def __init__(self, cfg: QuantizeConfig):

@@ -33,7 +33,7 @@ def gptq_quantization_config(cfg: QuantizeConfig, skipped: list[str], fused: lis
     qc = {
         "quant_method": "gptq", "bits": cfg.bits, "group_size": cfg.group_size, "desc_act": cfg.desc_act,
         "act_group_aware": cfg.act_group_aware, "sym": cfg.is_sym, "damp_percent": cfg.damp, "static_groups": cfg.static_groups,
-        "true_sequential": cfg.true_sequential, "checkpoint_format": fmt, "format": fmt, "lm_head": cfg.quantize_lm_head,
+        "true_sequential": cfg.true_sequential, "gptaq": cfg.gptaq, "checkpoint_format": fmt, "format": fmt, "lm_head": cfg.quantize_lm_head,
         "quantizer": f"quantkit:{_version()}", "method": cfg.method,
     }
     if skipped:

@@ -61,16 +61,21 @@ def test_gptqmodel_gets_its_own_columns_and_joins_the_other_tools_runs():
 def test_every_method_runs_in_some_tool_and_gar_is_on_only_in_gptq():
     assert all(any(getattr(spec, tool) is not None for tool in TOOLS) for spec in METHODS.values())
     with_gptqmodel = {m: spec.gptqmodel for m, spec in METHODS.items() if spec.gptqmodel is not None}
-    assert with_gptqmodel == {"gptq": ["--gar", "true"], "gptq-nogar": ["--gar", "false"]}
+    assert with_gptqmodel == {"gptq": ["--gar", "true"], "gptq-nogar": ["--gar", "false"],
+                              "gptaq": ["--gar", "false", "--gptaq", "0.25"], "gptaq-1": ["--gar", "false", "--gptaq", "1"],
+                              "gptaq-gar": ["--gar", "true", "--gptaq", "0.25"]}
     # quantkit's GAR is its own method: plain `gptq` stays GAR-free in quantkit
     assert "--act-group-aware" in METHODS["gptq-gar"].ours and "--act-group-aware" not in METHODS["gptq"].ours
+    # GPTAQ: the same alpha in both tools (quantkit's default is GPTQModel's 0.25)
+    assert "--gptaq-alpha" not in METHODS["gptaq"].ours and METHODS["gptaq-1"].ours[-2:] == ["--gptaq-alpha", "1"]
 
 
-@pytest.mark.parametrize(("method", "gar"), [("gptq", True), ("gptq-nogar", False)])
-def test_the_gptqmodel_worker_accepts_the_command_built_for_it(method, gar, tmp_path):
+@pytest.mark.parametrize(("method", "gar", "gptaq"), [("gptq", True, None), ("gptq-nogar", False, None),
+                                                    ("gptaq", False, 0.25), ("gptaq-gar", True, 0.25)])
+def test_the_gptqmodel_worker_accepts_the_command_built_for_it(method, gar, gptaq, tmp_path):
     args = worker_args("gptqmodel", method, tmp_path / "model", tmp_path / "out", 64, "attention", 1, 2)
     parsed = gptqmodel_parser().parse_args(args)
-    assert (parsed.gar == "true") == gar
+    assert (parsed.gar == "true") == gar and parsed.gptaq == gptaq
     assert (parsed.group_size, parsed.targets, parsed.seed, parsed.threads, parsed.damp) == (64, "attention", 2, 1, 0.01)
     assert (parsed.nsamples, parsed.seqlen, Path(parsed.calib).name) == (32, 256, "valid.txt")
     assert parsed.out == tmp_path / "out" and not parsed.version

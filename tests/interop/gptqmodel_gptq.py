@@ -12,7 +12,7 @@ code, against the float perplexity of the same code. From the repository root:
 
 Calibration: llmcompressor_gptq.calibration_windows (this folder), the windows `quantkit quantize` cuts; the sha256
 of their ids is printed to be compared with quantkit's. QuantizeConfig: bits 4, the group size, sym, desc_act off,
-damp 0.01, act_group_aware (GAR: GPTQModel's default for GPTQ is on) as --gar says; with --targets attention the
+damp 0.01, act_group_aware (GAR: GPTQModel's default for GPTQ is on) as --gar says, GPTAQ with --gptaq ALPHA; with --targets attention the
 MLP is left in float (stories260K: its intermediate 172 does not split into groups).
 """
 
@@ -65,14 +65,16 @@ def run(args) -> dict:
     tok = AutoTokenizer.from_pretrained(args.model)
     windows = calibration_windows(tok, args.calib, args.nsamples, args.seqlen, args.seed)  # [nsamples, seqlen]
     calib = [{"input_ids": w.tolist(), "attention_mask": [1] * w.numel()} for w in windows]
+    gptaq = {} if args.gptaq is None else {"gptaq": {"alpha": args.gptaq}}  # GPTAQConfig(alpha=...)
     cfg = gptqmodel.QuantizeConfig(bits=4, group_size=args.group_size, sym=True, desc_act=False,
-                                   damp_percent=args.damp, dynamic=DYNAMIC[args.targets], act_group_aware=GAR[args.gar])
+                                   damp_percent=args.damp, dynamic=DYNAMIC[args.targets], act_group_aware=GAR[args.gar],
+                                   **gptaq)
     model = gptqmodel.GPTQModel.load(args.model, cfg, device="cpu", dtype=torch.float32)
     start = time.perf_counter()
     model.quantize(calib, batch_size=1, tokenizer=tok)
     wall = time.perf_counter() - start
     model.save(str(args.out))
-    return {"gptqmodel": gptqmodel.__version__, "gar": GAR[args.gar], "targets": args.targets,
+    return {"gptqmodel": gptqmodel.__version__, "gar": GAR[args.gar], "gptaq_alpha": args.gptaq, "targets": args.targets,
             "group_size": args.group_size, "seed": args.seed, "quantize_wall_s": round(wall, 2),
             "calib_token_sha256": hashlib.sha256(windows.numpy().tobytes()).hexdigest(), "out": str(args.out),
             "threads": torch.get_num_threads()}
@@ -84,6 +86,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model")
     ap.add_argument("--targets", choices=tuple(DYNAMIC), default="all")
     ap.add_argument("--gar", choices=tuple(GAR), default="true", help="act_group_aware (GPTQModel's default: true)")
+    ap.add_argument("--gptaq", type=float, default=None, metavar="ALPHA",
+                    help="GPTQ with asymmetric calibration (QuantizeConfig.gptaq = GPTAQConfig(alpha=ALPHA))")
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--damp", type=float, default=0.01)
     ap.add_argument("--calib")

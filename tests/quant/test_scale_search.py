@@ -173,14 +173,16 @@ def search_path(request, monkeypatch):
 
 
 def assert_picks(path: str, w: torch.Tensor, scheme: QuantScheme, imp, scales, zeros, ref_s, ref_z) -> None:
-    """The torch path: the reference's scales and zeros bit for bit. The kernel's: at least 99% of the groups pick
-    the same, and where one differs its error is the reference pick's within the sums' rounding."""
+    """The torch path: the reference's scales and zeros bit for bit. The kernel's: at most 1% of the groups (or one,
+    where 1% is less than a group: on the EPYC one near tie in 96 groups) pick otherwise, and where one differs its
+    error is the reference pick's within the sums' rounding."""
     if path == "torch":
         assert torch.equal(scales, ref_s) and torch.equal(zeros, ref_z)
         return
     from quantkit.kernels.group_error import group_error_reference
 
-    assert float(((scales == ref_s) & (zeros == ref_z)).float().mean()) >= 0.99
+    differ = int((~((scales == ref_s) & (zeros == ref_z))).sum())
+    assert differ <= max(1, 0.01 * scales.numel()), f"{differ} of {scales.numel()} groups picked otherwise"
     n, k = w.shape
     g = scheme.group_len(k)
     rows = w.float().reshape(n * (k // g), g)
