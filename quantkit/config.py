@@ -72,7 +72,10 @@ class QuantizeConfig:
     gptaq_alpha: float = 0.25
     damp: float = 0.01
     block_size: int = 128
-    true_sequential: bool = False  # GPTQ: False = every Hessian from one float run of the layer (measured better and faster)
+    # GPTQ: False = every Hessian from one float run of the layer (measured better and faster); None: the method's
+    # default, which is False but under GPTAQ True (its cross term then sees the layer's own earlier quantization
+    # error, as GPTAQ's reference and GPTQModel run it: measured closer to float, docs/BENCHMARKS.md)
+    true_sequential: bool | None = None
     calib: CalibConfig = field(default_factory=CalibConfig)
     device: str = "auto"
     # dtype of the calibration forward passes (auto: bf16 where the device computes it natively);
@@ -120,6 +123,8 @@ class QuantizeConfig:
             raise QuantkitError("--act-group-aware and --desc-act are two column orders for GPTQ; choose one")
         if self.gptaq and self.method != "gptq":
             raise QuantkitError("--gptaq applies to --method gptq only")
+        if self.true_sequential is None:
+            object.__setattr__(self, "true_sequential", self.gptaq)
         if not 0 < self.gptaq_alpha <= 1:
             raise QuantkitError(f"--gptaq-alpha must be in (0, 1] (got {self.gptaq_alpha})")
         if self.desc_act and self.layout_format == "compressed-tensors":

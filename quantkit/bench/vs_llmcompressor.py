@@ -38,7 +38,8 @@ formulas searched per group; rtn-mse, rtn-imatrix = asymmetric RTN with searched
 data-free; imatrix), rtn-sym, rtn-mse-sym = symmetric RTN, min-max and searched (the CLI's defaults for RTN),
 gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-gar = GPTQ with group-aware
 act-order, GAR (quantkit only; GPTQModel's `gptq` has it on); gptaq, gptaq-1, gptaq-gar = GPTQ with asymmetric
-calibration (--gptaq) at alpha 0.25 and 1, and with GAR (GPTQModel: its gptaq, alpha alike); gptq-nogar = GPTQModel's GPTQ
+calibration (--gptaq) at alpha 0.25 and 1, and with GAR (GPTQModel: its gptaq, alpha alike); gptaq-nots = GPTAQ
+with --no-true-sequential (quantkit only); gptq-nogar = GPTQModel's GPTQ
 with GAR off (GPTQModel only). The default --methods are those quantkit runs.
 """
 
@@ -111,6 +112,8 @@ METHODS = {
     "gptaq": Method(["--method", "gptq", "--gptaq"], None, ["--gar", "false", "--gptaq", "0.25"]),
     "gptaq-1": Method(["--method", "gptq", "--gptaq", "--gptaq-alpha", "1"], None, ["--gar", "false", "--gptaq", "1"]),
     "gptaq-gar": Method(["--method", "gptq", "--gptaq", "--act-group-aware"], None, ["--gar", "true", "--gptaq", "0.25"]),
+    # GPTAQ with every Hessian from one float run of the layer (GPTQ's default; GPTAQ's is true-sequential)
+    "gptaq-nots": Method(["--method", "gptq", "--gptaq", "--no-true-sequential"], None),
     # GPTQModel's GPTQ with its act_group_aware off: plain GPTQ, as quantkit's and llm-compressor's `gptq`
     "gptq-nogar": Method(None, None, ["--gar", "false"]),
 }

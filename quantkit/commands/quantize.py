@@ -33,7 +33,7 @@ class QuantizeFlags:
     gptaq: bool = option(False, "--gptaq/--no-gptaq", help="GPTQ with asymmetric calibration (GPTAQ, GPTQModel's v2=True): each linear matches the float model's outputs on the float model's inputs, not its own float weights on the quantized model's inputs. Holds a float copy of the layer and of the activations beside the quantized ones (twice the activations' memory). Dense layers only.")
     gptaq_alpha: float = option(0.25, "--gptaq-alpha", help="GPTAQ: the share of the asymmetric correction applied, in (0, 1] (1: the exact objective; 0.25: GPTAQ's and GPTQModel's default).")
     damp: float = option(0.01, "--damp", help="GPTQ damping, a fraction of the Hessian's mean diagonal.")
-    true_sequential: bool = option(False, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default).")
+    true_sequential: bool = option(None, "--true-sequential/--no-true-sequential", help="GPTQ: collect each group's Hessian after the earlier groups of the layer are quantized (one layer run per group) instead of all in one float run of the layer (the default, but with --gptaq).")
     calib: str = option(None, "--calib", help="A .txt (documents split on blank lines) or .jsonl ('text') file, a folder of them, or a recipe: wikitext2 (default), c4, pileval. RTN uses none.")
     nsamples: int = option(128, "--nsamples", help="Calibration windows.")
     seqlen: int = option(2048, "--seqlen", help="Tokens per window (clipped to the model's context).")

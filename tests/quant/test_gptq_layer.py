@@ -31,16 +31,33 @@ def layer_tensors(tensors: dict, index: int) -> dict:
     return {k: v for k, v in tensors.items() if k.startswith(prefix) and k.endswith((".qweight", ".scales"))}
 
 
-def test_gptaq_changes_nothing_where_both_models_see_the_same_inputs(tiny_llama, tmp_path):
-    """Layer 0's linears read the same inputs in the float and the quantized model (every Hessian comes from one
-    float run of the layer), so D = 0 and GPTAQ's codes are GPTQ's to the bit; from layer 1 on the quantized model's
-    inputs have drifted and GPTAQ solves for the float model's outputs instead."""
-    plain, _ = quantize(tiny_llama, tmp_path, "gptq")
-    asym, meta = quantize(tiny_llama, tmp_path, "gptaq", gptaq=True, gptaq_alpha=1.0)
-    first, later = layer_tensors(plain, 0), layer_tensors(plain, 1)
-    assert first and all(torch.equal(v, asym[k]) for k, v in first.items())
-    assert any(not torch.equal(v, asym[k]) for k, v in later.items() if k.endswith(".qweight"))
+@pytest.mark.parametrize("true_sequential", [False, True])
+def test_gptaq_changes_nothing_where_both_models_see_the_same_inputs(tiny_llama, tmp_path, true_sequential):
+    """Where a linear reads the same inputs in the float and the quantized model, D = 0 and GPTAQ's codes are GPTQ's
+    to the bit: layer 0's q/k/v always; without true-sequential every linear of layer 0 (its Hessians all come from
+    one float run of the layer). Past them the quantized model's inputs have drifted (from layer 1 on; within layer 0
+    under true-sequential, o_proj reads the quantized q/k/v's attention) and GPTAQ solves for the float model's
+    outputs instead."""
+    plain, _ = quantize(tiny_llama, tmp_path, "gptq", true_sequential=true_sequential)
+    asym, meta = quantize(tiny_llama, tmp_path, "gptaq", gptaq=True, gptaq_alpha=1.0, true_sequential=true_sequential)
+    first = layer_tensors(plain, 0)
+    same = {k: v for k, v in first.items() if ".self_attn.o_proj." not in k and ".mlp." not in k} \
+        if true_sequential else first
+    assert same and all(torch.equal(v, asym[k]) for k, v in same.items())
+    drifted = {k: v for k, v in first.items() if k not in same} | layer_tensors(plain, 1)
+    assert any(not torch.equal(v, asym[k]) for k, v in drifted.items() if k.endswith(".qweight"))
+    if true_sequential:
+        assert not torch.equal(first["model.layers.0.self_attn.o_proj.qweight"],
+                               asym["model.layers.0.self_attn.o_proj.qweight"])
     assert meta["config"]["gptaq"] is True and meta["config"]["gptaq_alpha"] == 1.0
+
+
+def test_gptaq_is_true_sequential_unless_told_otherwise(tmp_path):
+    def ts(**kw):
+        return QuantizeConfig(model="m", out=tmp_path / "o", **kw).true_sequential
+
+    assert (ts(), ts(gptaq=True), ts(gptaq=True, true_sequential=False), ts(true_sequential=True)) == \
+        (False, True, False, True)
 
 
 def test_the_float_stream_is_the_float_models_hidden_states(tiny_llama, tmp_path, monkeypatch):
@@ -58,7 +75,7 @@ def test_the_float_stream_is_the_float_models_hidden_states(tiny_llama, tmp_path
         return quantize_layer(self, ctx)
 
     monkeypatch.setattr(gptq_layer.GPTQMethod, "quantize_layer", spy)
-    quantize(tiny_llama, tmp_path, "gptaq", gptaq=True, compute_dtype="float32")
+    quantize(tiny_llama, tmp_path, "gptaq", gptaq=True, compute_dtype="float32", true_sequential=False)
     ids = load_calibration(str(tmp_path / "calib.txt"), AutoTokenizer.from_pretrained(str(tiny_llama)), 4, 64,
                            0).input_ids
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32)
