@@ -10,7 +10,7 @@ from quantkit.recipes import list_recipes, load_recipe
 from tests_support.cli import run_cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RECIPES = ["awq-w4g128", "ct-w4a16-asym", "ct-w4a16", "ct-w8a16", "gptq-w4g128-actorder", "gptq-w4g128", "rtn-w8"]
+RECIPES = ["awq-w4g128", "ct-w4a16-asym", "ct-w4a16", "ct-w8a16", "gptaq-w4g128", "gptq-w4g128-actorder", "gptq-w4g128", "rtn-w8"]
 
 
 def test_list_configs_lists_recipes_not_test_data():

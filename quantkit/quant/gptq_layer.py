@@ -54,8 +54,7 @@ class GPTQMethod:
             _dequantize_into_layer(ctx, result, solved)
             statistics = self._collect_statistics(ctx, twin, names)
             for stack in _shared_input_stacks(ctx, names):  # each Hessian let go once its linears are solved
-                h, cross = _take(statistics, stack)
-                self._quantize_stack(ctx, stack, h, result, dequantize=False, cross=cross)
+                self._quantize_stack(ctx, stack, result, *_take(statistics, stack), dequantize=False)
                 solved += stack
         _dequantize_into_layer(ctx, result, solved)
         if twin is not None:
@@ -69,13 +68,13 @@ class GPTQMethod:
         ctx = moe.layer
         result = LayerResult(weights={})
         for ex in moe.experts():
-            self._quantize_stack(ctx, list(ex.inputs), ex.hessian(), result)
-            self._quantize_stack(ctx, [ex.down], ex.hessian(ex.module.hidden), result)
+            self._quantize_stack(ctx, list(ex.inputs), result, ex.hessian())
+            self._quantize_stack(ctx, [ex.down], result, ex.hessian(ex.module.hidden))
             moe.expert_done(result, ex.linears)
         return result
 
-    def _quantize_stack(self, ctx: LayerContext, names: list[str], h: torch.Tensor, result: LayerResult,
-                        dequantize: bool = True, cross: torch.Tensor | None = None) -> None:
+    def _quantize_stack(self, ctx: LayerContext, names: list[str], result: LayerResult, h: torch.Tensor,
+                        cross: torch.Tensor | None = None, dequantize: bool = True) -> None:
         """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
         in one pass (rows are independent given H), so the column loop and the Cholesky run once.
 

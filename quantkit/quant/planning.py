@@ -73,6 +73,9 @@ def plan_quantization(cfg: QuantizeConfig, source: ModelSource) -> QuantizePlan:
         raise QuantkitError(f"no linear layer can be packed at group size {cfg.group_size} ({'; '.join(reasons)}); "
                             f"try a smaller --group-size")
     notes = [note for when, note in VLLM_LIMITS if when(cfg)]
+    if cfg.gptaq:
+        notes.append(f"GPTAQ (alpha {cfg.gptaq_alpha:g}{', true-sequential' if cfg.true_sequential else ''}): the float "
+                     f"model's activations are carried beside the quantized one's, twice the activations' memory")
     max_len = int(config_dict.get("max_position_embeddings") or cfg.calib.seqlen)
     seqlen = cfg.calib.seqlen
     if seqlen > max_len:

@@ -463,3 +463,8 @@ def test_gptq_on_the_asymmetric_target_fits_the_float_outputs_better(static):
         errors[alpha] = asymmetric_error(x, xq, w, gptq_quantize(target, h, scheme, opts).weight.dequantize())
     assert errors[1.0] < errors[0.25] < errors[None]
     assert errors[1.0] < 0.5 * errors[None]
+
+
+def test_an_asymmetric_target_whose_hessian_never_factors_raises():
+    with pytest.raises(ArithmeticError, match="not positive definite"):
+        asymmetric_target(torch.randn(4, 8), -torch.eye(8), torch.zeros(8, 8), 1.0, 0.01, max_retries=2)

@@ -52,6 +52,12 @@ def test_gptaq_changes_nothing_where_both_models_see_the_same_inputs(tiny_llama,
     assert meta["config"]["gptaq"] is True and meta["config"]["gptaq_alpha"] == 1.0
 
 
+def test_the_shipped_gptaq_recipe_plans_gptaq(tiny_llama):
+    code, output = run_cli("quantize", tiny_llama, "--out", "unused", "--config", "gptaq-w4g128", "--group-size", "32",
+                           "--dry-run")
+    assert code == 0 and "GPTAQ (alpha 0.25, true-sequential)" in output, output
+
+
 def test_gptaq_is_true_sequential_unless_told_otherwise(tmp_path):
     def ts(**kw):
         return QuantizeConfig(model="m", out=tmp_path / "o", **kw).true_sequential

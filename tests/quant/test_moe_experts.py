@@ -104,9 +104,9 @@ def test_gptq_keeps_one_experts_hessian_alive_at_a_time(tiny_family, tmp_path, m
     peaks = []
     original = GPTQMethod._quantize_stack
 
-    def stack(self, ctx, names, h, result):
+    def stack(self, ctx, names, result, h):
         peaks.append(len(alive))
-        return original(self, ctx, names, h, result)
+        return original(self, ctx, names, result, h)
 
     monkeypatch.setattr(moe_experts, "empty_hessian", tracked)
     monkeypatch.setattr(GPTQMethod, "_quantize_stack", stack)
