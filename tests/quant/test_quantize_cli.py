@@ -42,7 +42,8 @@ def record_fake_quant(monkeypatch):
 
 @pytest.mark.parametrize("extra", [(), ("--desc-act",), ("--no-sym",), ("--group-size", "32", "--no-static-groups", "--desc-act"),
                                    ("--no-static-groups",), ("--act-group-aware",),
-                                   ("--act-group-aware", "--no-static-groups", "--group-size", "32")])
+                                   ("--act-group-aware", "--no-static-groups", "--group-size", "32"),
+                                   ("--gptaq", "--act-group-aware")])
 def test_reloaded_logits_match_fake_quantized_model(tiny_llama, tmp_path, monkeypatch, extra):
     seen = record_fake_quant(monkeypatch)
     out = tmp_path / "q"
@@ -55,6 +56,9 @@ def test_reloaded_logits_match_fake_quantized_model(tiny_llama, tmp_path, monkey
         torch.testing.assert_close(qmodel(ids).logits, fake(ids).logits, rtol=1e-4, atol=1e-4)
     assert info.layout == ("gptq_v2" if "--no-sym" in extra else "gptq")
     assert info.desc_act == ("--desc-act" in extra)
+    if "--gptaq" in extra:  # recorded as such, and true-sequential by default
+        qc = json.loads((out / "config.json").read_text())["quantization_config"]
+        assert qc["gptaq"] is True and qc["true_sequential"] is True
     if "--act-group-aware" in extra:  # GAR: g_idx stays column // group in the checkpoint
         qc = json.loads((out / "config.json").read_text())["quantization_config"]
         assert qc["act_group_aware"] is True and qc["desc_act"] is False
