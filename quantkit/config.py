@@ -20,6 +20,7 @@ DUO_SCALINGS = ("false", "true", "both")
 # how RTN and GPTQ choose each group's scale and zero (quantkit.quant.scale_search): min-max, a search minimizing
 # the weight error (data-free), or the error weighted by the calibration inputs' mean square per input channel
 SCALE_SEARCHES = ("minmax", "mse", "imatrix")
+GPTAQ_ALPHA = 0.25  # GPTAQ's reference code's and GPTQModel's share of the asymmetric correction (--gptaq-alpha)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class QuantizeConfig:
     # the float model's inputs, not its own weights on the quantized model's inputs (quantkit.quant.gptq
     # asymmetric_target); gptaq_alpha scales that correction (1: the exact objective)
     gptaq: bool = False
-    gptaq_alpha: float = 0.25
+    gptaq_alpha: float = GPTAQ_ALPHA
     damp: float = 0.01
     block_size: int = 128
     # GPTQ: False = every Hessian from one float run of the layer (measured better and faster); None: the method's
@@ -127,6 +128,8 @@ class QuantizeConfig:
             object.__setattr__(self, "true_sequential", self.gptaq)
         if not 0 < self.gptaq_alpha <= 1:
             raise QuantkitError(f"--gptaq-alpha must be in (0, 1] (got {self.gptaq_alpha})")
+        if self.gptaq_alpha != GPTAQ_ALPHA and not self.gptaq:
+            raise QuantkitError("--gptaq-alpha applies with --gptaq only")
         if self.desc_act and self.layout_format == "compressed-tensors":
             # compressed-tensors >= 0.20 stores act-order only as "weight" ordering: groups on the original columns
             object.__setattr__(self, "static_groups", True)

@@ -109,7 +109,8 @@ def test_plain_gptq_carries_no_float_stream(tiny_llama, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kw,message", [({"method": "awq", "gptaq": True}, "--gptaq applies to --method gptq"),
                                          ({"gptaq": True, "gptaq_alpha": 0.0}, "--gptaq-alpha must be in (0, 1]"),
-                                         ({"gptaq": True, "gptaq_alpha": 1.5}, "--gptaq-alpha must be in (0, 1]")])
+                                         ({"gptaq": True, "gptaq_alpha": 1.5}, "--gptaq-alpha must be in (0, 1]"),
+                                         ({"gptaq_alpha": 1.0}, "--gptaq-alpha applies with --gptaq only")])
 def test_bad_gptaq_settings_are_refused(tmp_path, kw, message):
     with pytest.raises(QuantkitError, match=message.replace("(", r"\(").replace("]", r"\]")):
         QuantizeConfig(model="m", out=tmp_path / "o", **kw)
