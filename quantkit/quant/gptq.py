@@ -62,56 +62,6 @@ def mirror_lower(h: torch.Tensor, step: int) -> None:
         block.copy_(block.tril() + block.tril(-1).T)
 
 
-def accumulate_cross(d: torch.Tensor, n: int, x_float: torch.Tensor, x_quant: torch.Tensor) -> torch.Tensor:
-    """Running D = 2/n * sum (x - x~) x~^T [K, K] in d's dtype, the cross term of GPTAQ's objective ||W X - Q X~||^2:
-    x [..., K] a linear's input in the float model, x~ the same token's in the quantized one. `n` counts the tokens
-    before this batch (as accumulate_hessian's, called after this one with the same n)."""
-    xq = x_quant.reshape(-1, x_quant.shape[-1]).to(d.dtype)
-    dx = x_float.reshape(-1, x_float.shape[-1]).to(d.dtype) - xq
-    m = xq.shape[0]
-    return d.addmm_(dx.T, xq, beta=n / (n + m), alpha=2.0 / (n + m))
-
-
-CROSS_COLUMNS = 2048  # columns of D per product W D in float64: a K x 2048 temporary (235 MB at K = 14336)
-
-
-def asymmetric_target(w: torch.Tensor, h: torch.Tensor, d: torch.Tensor, alpha: float, damp: float,
-                      max_retries: int = 6, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """GPTAQ's target (Li et al., ICML 2025: asymmetric calibration) as a weight for plain GPTQ: W + alpha W D H^-1.
-
-    With H = X~ X~^T and D = (X - X~) X~^T (the quantized model's inputs X~, the float model's X, both [K, tokens]),
-    W X = W* X~ + W X (I - P), P the projection onto X~'s row space and W* = W X X~^T H^-1 = W + W D H^-1. The second
-    term is orthogonal to every Q X~, so ||W X - Q X~||^2 = ||(W* - Q) X~||^2 + const: GPTQ on W* with H minimizes the
-    asymmetric objective, the float model's outputs as the target. alpha in (0, 1] shrinks the correction (1: the
-    exact objective; GPTAQ's reference code and GPTQModel use 0.25). H is damped as GPTQ damps it (damp x mean(diag),
-    raised x10 until it factors), its dead columns (no input) patched to 1. w [N, K] fp32, returned as a new tensor.
-    The factor lives in one K x K buffer of `dtype` (1.5 GiB at K = 14336 in float64), and W D is taken in `dtype` a
-    block of D's columns at a time (its rounding then does not move with the thread count, as the factor's)."""
-    k = h.shape[0]
-    diag = h.diagonal().to(dtype)
-    diag[diag == 0] = 1
-    shift = damp * diag.mean()
-    factor = torch.empty(k, k, dtype=dtype, device=h.device).mT  # column-major, as LAPACK works: factored in place
-    info = torch.empty((), dtype=torch.int32, device=h.device)
-    for _ in range(max_retries + 1):
-        factor.copy_(h)  # H is symmetric: its transpose is itself
-        factor.diagonal().copy_(diag + shift)
-        torch.linalg.cholesky_ex(factor, out=(factor, info))  # lower L, H + damp = L L^T
-        if info == 0:
-            break
-        shift *= 10
-    else:
-        raise ArithmeticError(f"Hessian not positive definite even with damp={damp * 10 ** max_retries:g}")
-    wd = torch.empty(k, w.shape[0], dtype=dtype, device=w.device)  # [K, N] = (W D)^T
-    w_wide = w.to(dtype)
-    for j in range(0, k, CROSS_COLUMNS):  # D's columns a block at a time: no K x K copy of D in `dtype`
-        wd[j:j + CROSS_COLUMNS] = (w_wide @ d[:, j:j + CROSS_COLUMNS].to(dtype)).T
-    del w_wide
-    correction = torch.cholesky_solve(wd, factor)  # H^-1 (W D)^T, H symmetric
-    del wd, factor
-    return torch.add(w, correction.T.to(w.dtype), alpha=alpha)
-
-
 @dataclass(frozen=True)
 class GPTQOptions:
     damp: float = 0.01  # fraction of mean(diag(H)) added to the diagonal

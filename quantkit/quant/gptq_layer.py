@@ -3,7 +3,7 @@
 With GPTAQ (--gptaq: asymmetric calibration, Li et al., ICML 2025) each linear's target is the float model's output:
 the layer keeps a float twin (a copy taken before any solve, run on the float model's inputs), each Hessian comes with
 the cross term D = (X - X~) X~^T of the twin's inputs X and the layer's X~ on the same tokens, and GPTQ solves for
-the target weight W + alpha W D H^-1 (quantkit.quant.gptq.asymmetric_target). The twin's outputs are the float
+the target weight W + alpha W D H^-1 (quantkit.quant.gptaq.asymmetric_target). The twin's outputs are the float
 model's inputs to the next layer."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import get_submodule
 from quantkit.quant.capture import fold_linear_inputs, fold_paired_linear_inputs
-from quantkit.quant.gptq import (GPTQOptions, accumulate_cross, accumulate_hessian, asymmetric_target, empty_hessian,
-                                 gptq_quantize, split_rows)
+from quantkit.quant.gptaq import accumulate_cross, asymmetric_target
+from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize, split_rows
 from quantkit.quant.methods import LayerContext, LayerResult
 
 
