@@ -67,7 +67,7 @@ class QuantizeConfig:
     # llm-compressor's observer does; measured at or below the lazy, updated-columns choice: docs/BENCHMARKS.md)
     static_groups: bool = True
     # GPTQ with asymmetric calibration (GPTAQ, GPTQModel's v2): each linear's target is the float model's output on
-    # the float model's inputs, not its own weights on the quantized model's inputs (quantkit.quant.gptq
+    # the float model's inputs, not its own weights on the quantized model's inputs (quantkit.quant.gptaq
     # asymmetric_target); gptaq_alpha scales that correction (1: the exact objective)
     gptaq: bool = False
     gptaq_alpha: float = GPTAQ_ALPHA
