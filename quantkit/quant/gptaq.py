@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from quantkit.quant.gptq import damped_cholesky
+
 
 def accumulate_cross(d: torch.Tensor, n: int, x_float: torch.Tensor, x_quant: torch.Tensor) -> torch.Tensor:
     """Running D = 2/n * sum (x - x~) x~^T [K, K] in d's dtype, the cross term of GPTAQ's objective ||W X - Q X~||^2:
@@ -28,25 +30,13 @@ def asymmetric_target(w: torch.Tensor, h: torch.Tensor, d: torch.Tensor, alpha: 
     W X = W* X~ + W X (I - P), P the projection onto X~'s row space and W* = W X X~^T H^-1 = W + W D H^-1. The second
     term is orthogonal to every Q X~, so ||W X - Q X~||^2 = ||(W* - Q) X~||^2 + const: GPTQ on W* with H minimizes the
     asymmetric objective, the float model's outputs as the target. alpha in (0, 1] shrinks the correction (1: the
-    exact objective; GPTAQ's reference code and GPTQModel use 0.25). H is damped as GPTQ damps it (damp x mean(diag),
-    raised x10 until it factors), its dead columns (no input) patched to 1. w [N, K] fp32, returned as a new tensor.
-    The factor lives in one K x K buffer of `dtype` (1.5 GiB at K = 14336 in float64), and W D is taken in `dtype` a
-    block of D's columns at a time (its rounding then does not move with the thread count, as the factor's)."""
+    exact objective; GPTAQ's reference code and GPTQModel use 0.25). H is damped as GPTQ damps it
+    (gptq.damped_cholesky: damp x mean(diag), raised x10 until it factors, a dead column's diagonal taken as 1).
+    w [N, K] fp32, returned as a new tensor. The factor lives in one K x K buffer of `dtype` (1.5 GiB at K = 14336 in
+    float64), and W D is taken in `dtype` a block of D's columns at a time (its rounding then does not move with the
+    thread count, as the factor's)."""
     k = h.shape[0]
-    diag = h.diagonal().to(dtype)
-    diag[diag == 0] = 1
-    shift = damp * diag.mean()
-    factor = torch.empty(k, k, dtype=dtype, device=h.device).mT  # column-major, as LAPACK works: factored in place
-    info = torch.empty((), dtype=torch.int32, device=h.device)
-    for _ in range(max_retries + 1):
-        factor.copy_(h)  # H is symmetric: its transpose is itself
-        factor.diagonal().copy_(diag + shift)
-        torch.linalg.cholesky_ex(factor, out=(factor, info))  # lower L, H + damp = L L^T
-        if info == 0:
-            break
-        shift *= 10
-    else:
-        raise ArithmeticError(f"Hessian not positive definite even with damp={damp * 10 ** max_retries:g}")
+    factor, _ = damped_cholesky(h, damp, max_retries, dtype)  # H + damp = L L^T, lower, column-major
     wd = torch.empty(k, w.shape[0], dtype=dtype, device=w.device)  # [K, N] = (W D)^T
     w_wide = w.to(dtype)
     for j in range(0, k, CROSS_COLUMNS):  # D's columns a block at a time: no K x K copy of D in `dtype`

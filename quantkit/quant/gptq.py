@@ -121,7 +121,7 @@ def hessian_factor(h: torch.Tensor, damp: float, max_retries: int, out: torch.Te
     With J the reversal permutation, J H J = L L^T (one potrf, K^3/3 flops) gives R = J L J. `out` [K, K] of H's
     dtype receives P; it may be h itself, read only until the factor succeeds. In float64 by default, returned in H's
     dtype (see inverse_hessian_cholesky on thread counts); the work lives in one K x K buffer of `dtype`."""
-    a, damp = _reversed_cholesky(h, damp, max_retries, dtype)  # L, lower, column-major
+    a, damp = damped_cholesky(h, damp, max_retries, dtype, reverse=True)  # L, lower, column-major
     d = a.diagonal().clone()
     a.div_(d.neg())  # column b of L over -L_bb
     a.diagonal().copy_(d.reciprocal())
@@ -142,30 +142,37 @@ def inverse_hessian_cholesky(h: torch.Tensor, damp: float, max_retries: int, out
     differs in its last float64 bits between thread counts, as the chain does, and rounding hides nearly all of it
     (K = 4096: 4 of 16.7M fp32 entries differ between 1 and 2 threads, the chain's 5; no GPTQ code changes); in
     fp32 about half of them differ. The work lives in one K x K buffer of `dtype` and strip-sized temporaries."""
-    a, damp = _reversed_cholesky(h, damp, max_retries, dtype)
+    a, damp = damped_cholesky(h, damp, max_retries, dtype, reverse=True)
     invert_lower_in_place(a)  # a = L^-1
     u = torch.empty_like(h) if out is None else out
     _reverse_into(u, a)  # U = J L^-1 J, upper (h is no longer read)
     return u, damp
 
 
-def _reversed_cholesky(h: torch.Tensor, damp: float, max_retries: int, dtype: torch.dtype
-                       ) -> tuple[torch.Tensor, float]:
-    """L [K, K] lower (a column-major view, upper triangle zero) with J (H + damp*mean(diag H)*I) J = L L^T, in
-    `dtype`, raising damp x10 until it factors; and the damp used. h is only read."""
+def damped_cholesky(h: torch.Tensor, damp: float, max_retries: int, dtype: torch.dtype, reverse: bool = False,
+                    ) -> tuple[torch.Tensor, float]:
+    """L [K, K] lower (a column-major view of a new buffer in `dtype`, upper triangle zero) with
+    A + damp*mean(diag A)*I = L L^T, A = H, or J H J (rows and columns reversed) with `reverse`; damp raised x10 until
+    it factors, returned with L. A zero on H's diagonal (an input that never fired) counts as 1. h is only read.
+    GPTQ's factors (reversed) and GPTAQ's target (quantkit.quant.gptaq) both start here."""
     k = h.shape[0]
-    diag = h.diagonal().to(torch.float64).flip(0)
+    diag = h.diagonal().to(torch.float64)
+    diag = diag.flip(0) if reverse else diag
+    diag = torch.where(diag == 0, 1.0, diag)
     mean_diag = torch.mean(diag)
     info = torch.empty((), dtype=torch.int32, device=h.device)
     buf = torch.empty(k, k, dtype=dtype, device=h.device)
     for attempt in range(max_retries + 1):
-        _reverse_into(buf, h)  # J H J, symmetric
+        if reverse:
+            _reverse_into(buf, h)  # J H J, symmetric
+        else:
+            buf.copy_(h)
         a = buf.mT  # column-major, the layout LAPACK works on, so no call copies it
         a.diagonal().copy_(diag + damp * mean_diag)
         torch.linalg.cholesky_ex(a, out=(a, info))  # a = L, lower (upper triangle zeroed)
         if info == 0:
             return a, damp
-        log.warning("GPTQ: Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
+        log.warning("Cholesky failed at damp=%g (attempt %d); retrying with %g", damp, attempt + 1, damp * 10)
         damp *= 10
     raise ArithmeticError(f"Hessian not positive definite even with damp={damp / 10:g}")
 

@@ -92,3 +92,13 @@ def test_gptq_on_the_asymmetric_target_fits_the_float_outputs_better(static):
 def test_an_asymmetric_target_whose_hessian_never_factors_raises():
     with pytest.raises(ArithmeticError, match="not positive definite"):
         asymmetric_target(torch.randn(4, 8), -torch.eye(8), torch.zeros(8, 8), 1.0, 0.01, max_retries=2)
+
+
+def test_an_indefinite_hessian_is_damped_until_it_factors(caplog):
+    """The target's factor raises the damping x10 as GPTQ's does (the same gptq.damped_cholesky): an H that fails at
+    the first damping still gives a finite target, and the retry is logged."""
+    h = -torch.eye(8)
+    h[0, 0] = 40.0  # mean diagonal > 0, indefinite until the damping passes 1
+    target = asymmetric_target(torch.randn(4, 8), h, torch.randn(8, 8), 1.0, 0.01)
+    assert torch.isfinite(target).all()
+    assert "Cholesky failed" in caplog.text
