@@ -58,13 +58,22 @@ def load_tensors(model, reader: ShardReader, keys: list[str], device: torch.devi
     return dtypes, loaded
 
 
+@dataclass
+class LayerOutcome:
+    """One layer's turn: its report, the method's plan tensors, the next layer's inputs, and the float model's next
+    inputs where the method reads the float stream (GPTAQ's; else None)."""
+
+    report: LayerReport
+    plan: dict[str, torch.Tensor]
+    outputs: list[torch.Tensor]
+    float_outputs: list[torch.Tensor] | None
+
+
 def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cfg, inputs, layer_kwargs, device,
-                        writer: ShardWriter, dtype: torch.dtype = torch.float32,
-                        float_inputs: list[torch.Tensor] | None = None):
+                       writer: ShardWriter, dtype: torch.dtype = torch.float32,
+                       float_inputs: list[torch.Tensor] | None = None) -> LayerOutcome:
     """Load layer i, quantize it, propagate the activations, and write its checkpoint tensors: an MoE layer's
-    experts each as soon as the method is done with it, the rest once the layer is done. Returns (report, the
-    method's plan tensors, the next layer's inputs, and the float model's next inputs where `float_inputs` were
-    given: the method's float stream, GPTAQ's)."""
+    experts each as soon as the method is done with it, the rest once the layer is done."""
     t0 = time.perf_counter()
     spec = plan.spec
     prefix = f"{spec.layers}.{i}"
@@ -93,35 +102,48 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
     result = method.quantize_layer(ctx)
     if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
         linears += tuple(sorted(experts, key=spec.order_of))
-
-        def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
-            biases = {} if not streamed else {
-                f"{prefix}.{n}.bias": get_submodule(layer, n).bias.detach().to(reader.dtype_of(f"{prefix}.{n}.bias"))
-                for n in weights if f"{n}.bias" in later}  # a streamed expert leaves the layer after this
-            writer.add(_packed(weights, cfg.layout, prefix) | biases)
-
-        def load_expert(names: tuple[str, ...]) -> None:
-            load_tensors(layer, reader, [f"{prefix}.{n}.{p}" for n in names for p in ("weight", "bias")
-                                         if f"{n}.{p}" in later], device, prefix)
-
         propagate = bool(inputs) and i < plan.num_layers - 1
-        result = merge_results(result, quantize_experts(ctx, method, bool(inputs), write_expert,
-                                                        load_expert if streamed else None, propagate))
+        result = merge_results(result, _experts_step(ctx, method, reader, writer, prefix, later, propagate))
     missing = set(linears) - result.quantized
     if missing:
         raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
-    if not inputs or i == plan.num_layers - 1:  # RTN has no activations; the last layer's outputs feed nothing
-        outputs, float_outputs = [], None
-    else:
-        outputs = result.outputs if result.outputs is not None else ctx.run_layer()
-        float_outputs = result.float_outputs if float_inputs is not None else None
-        if float_inputs is not None and float_outputs is None:
-            raise RuntimeError(f"method {cfg.method} read the float stream but returned no float outputs")
+    outputs, float_outputs = _next_inputs(ctx, result, last=i == plan.num_layers - 1)
     writer.add(_float_tensors(layer, result.quantized, dtypes, prefix, later)
                | _packed(result.weights, cfg.layout, prefix))
     layers[i] = layer.to("meta")
     report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
-    return report, result.plan, outputs, float_outputs
+    return LayerOutcome(report, result.plan, outputs, float_outputs)
+
+
+def _experts_step(ctx: LayerContext, method, reader, writer: ShardWriter, prefix: str, later: set[str],
+                  propagate: bool):
+    """An MoE layer's experts after method.quantize_layer (quantkit.quant.moe_experts): each packed and written as
+    soon as it is quantized; a streamed expert's tensors (`later`) read on its turn and its biases written with it."""
+    def write_expert(weights: dict[str, QuantizedWeight]) -> None:  # its codes are dropped once written
+        biases = {f"{prefix}.{n}.bias": get_submodule(ctx.layer, n).bias.detach()
+                  .to(reader.dtype_of(f"{prefix}.{n}.bias"))
+                  for n in weights if f"{n}.bias" in later}  # a streamed expert leaves the layer after this
+        writer.add(_packed(weights, ctx.config.layout, prefix) | biases)
+
+    def load_expert(names: tuple[str, ...]) -> None:
+        load_tensors(ctx.layer, reader, [f"{prefix}.{n}.{p}" for n in names for p in ("weight", "bias")
+                                         if f"{n}.{p}" in later], ctx.device, prefix)
+
+    return quantize_experts(ctx, method, bool(ctx.inputs), write_expert,
+                            load_expert if ctx.experts_streamed else None, propagate)
+
+
+def _next_inputs(ctx: LayerContext, result, last: bool) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """The next layer's inputs (the method's outputs, or the quantized layer re-run) and, where the method read the
+    float stream, the float model's; none after the last layer or without activations (RTN)."""
+    if not ctx.inputs or last:  # RTN has no activations; the last layer's outputs feed nothing
+        return [], None
+    outputs = result.outputs if result.outputs is not None else ctx.run_layer()
+    if ctx.float_inputs is None:
+        return outputs, None
+    if result.float_outputs is None:
+        raise RuntimeError(f"method {ctx.config.method} read the float stream but returned no float outputs")
+    return outputs, result.float_outputs
 
 
 def _float_tensors(layer, quantized: set[str], dtypes: dict[str, torch.dtype], prefix: str,

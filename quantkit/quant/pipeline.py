@@ -118,11 +118,11 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     with ShardWriter(out_dir, cfg.max_shard_size) as writer, \
             progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
         for i in range(plan.num_layers):
-            report, layer_plan, inputs, float_inputs = quantize_one_layer(
-                cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device, writer, dtype,
-                float_inputs)
-            plan_tensors.update({layer_prefix(i) + k: v for k, v in layer_plan.items()})
-            reports.append(report)
+            step = quantize_one_layer(cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device,
+                                      writer, dtype, float_inputs)
+            inputs, float_inputs = step.outputs, step.float_outputs
+            plan_tensors.update({layer_prefix(i) + k: v for k, v in step.plan.items()})
+            reports.append(step.report)
             if cfg.low_memory:
                 release_freed_memory()
             advance()
