@@ -32,15 +32,8 @@ whole model as its users do).
 `--tools ours`, `--tools peer` (llm-compressor) or `--tools gptqmodel` runs one tool (to split a long run under the
 machine's heavy-job lock); `--table` joins the ROW lines such runs print into one table, checking the hashes again.
 Each peer's venv is checked first (its worker's --version): a missing or broken one stops the run with one line.
-Methods: rtn = asymmetric RTN; gptq = symmetric GPTQ (damp 0.01, block 128, no act-order; GPTQModel with its
-default act_group_aware, GAR, on); awq / awq-duo / awq-both = asymmetric AWQ without / with duo scaling / with both
-formulas searched per group; rtn-mse, rtn-imatrix = asymmetric RTN with searched group scales (--scale-search mse:
-data-free; imatrix), rtn-sym, rtn-mse-sym = symmetric RTN, min-max and searched (the CLI's defaults for RTN),
-gptq-imatrix = GPTQ with imatrix-searched groups (quantkit only); gptq-gar = GPTQ with group-aware
-act-order, GAR (quantkit only; GPTQModel's `gptq` has it on); gptaq, gptaq-1, gptaq-gar = GPTQ with asymmetric
-calibration (--gptaq) at alpha 0.25 and 1, and with GAR (GPTQModel: its gptaq, alpha alike); gptaq-nots = GPTAQ
-with --no-true-sequential (quantkit only); gptq-nogar = GPTQModel's GPTQ
-with GAR off (GPTQModel only). The default --methods are those quantkit runs.
+Methods: quantkit.bench.suite_methods names them, with each tool's arguments. The default --methods are those
+quantkit runs.
 """
 
 from __future__ import annotations
@@ -58,6 +51,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from quantkit.bench.runs import quantize_in_child
+from quantkit.bench.suite_methods import METHODS
 
 if TYPE_CHECKING:
     from quantkit.eval.fidelity import FloatReference
@@ -81,42 +75,6 @@ class Windows(NamedTuple):
 
     def args(self) -> list[str]:
         return ["--calib", str(CALIB), "--nsamples", str(self.nsamples), "--seqlen", str(self.seqlen)]
-
-
-class Method(NamedTuple):
-    """One --methods name: each tool's arguments, None where that tool does not run it."""
-
-    ours: list[str] | None  # `quantkit quantize` args
-    peer: list[str] | None  # llm-compressor's worker (tests/interop/llmcompressor_gptq.py)
-    gptqmodel: list[str] | None = None  # GPTQModel's worker (tests/interop/gptqmodel_gptq.py)
-
-
-METHODS = {
-    "rtn": Method(["--method", "rtn", "--no-sym", "--format", "awq"], ["--method", "rtn"]),
-    "gptq": Method(["--method", "gptq"], ["--method", "gptq"], ["--gar", "true"]),  # GAR: GPTQModel's default
-    "awq": Method(["--method", "awq", "--awq-duo-scaling", "false"], ["--method", "awq"]),
-    "awq-duo": Method(["--method", "awq", "--awq-duo-scaling", "true"], ["--method", "awq", "--duo", "true"]),
-    "awq-both": Method(["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
-    # quantkit's searched group scales (no llm-compressor counterpart run here: --tools peer skips them)
-    "rtn-mse": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
-    # the data-free mode as `quantkit quantize --method rtn --scale-search mse` runs it by default (symmetric, GPTQ
-    # layout), and its min-max baseline
-    "rtn-sym": Method(["--method", "rtn"], None),
-    "rtn-mse-sym": Method(["--method", "rtn", "--scale-search", "mse"], None),
-    "rtn-imatrix": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
-    "gptq-imatrix": Method(["--method", "gptq", "--scale-search", "imatrix"], None),
-    # quantkit's GPTQ with group-aware act-order (GAR), as GPTQModel's `gptq` runs by default
-    "gptq-gar": Method(["--method", "gptq", "--act-group-aware"], None),
-    # quantkit's GPTQ with asymmetric calibration (GPTAQ) at its default alpha 0.25 and at the exact objective
-    # (GPTQModel's: QuantizeConfig.gptaq, the same alpha, GAR as named)
-    "gptaq": Method(["--method", "gptq", "--gptaq"], None, ["--gar", "false", "--gptaq", "0.25"]),
-    "gptaq-1": Method(["--method", "gptq", "--gptaq", "--gptaq-alpha", "1"], None, ["--gar", "false", "--gptaq", "1"]),
-    "gptaq-gar": Method(["--method", "gptq", "--gptaq", "--act-group-aware"], None, ["--gar", "true", "--gptaq", "0.25"]),
-    # GPTAQ with every Hessian from one float run of the layer (GPTQ's default; GPTAQ's is true-sequential)
-    "gptaq-nots": Method(["--method", "gptq", "--gptaq", "--no-true-sequential"], None),
-    # GPTQModel's GPTQ with its act_group_aware off: plain GPTQ, as quantkit's and llm-compressor's `gptq`
-    "gptq-nogar": Method(None, None, ["--gar", "false"]),
-}
 
 
 @dataclass(frozen=True)
