@@ -18,7 +18,7 @@ from quantkit.config import QuantizeConfig
 from quantkit.errors import QuantkitError
 from quantkit.format.arch import get_submodule
 from quantkit.quant.capture import fold_linear_inputs, fold_paired_linear_inputs
-from quantkit.quant.gptaq import accumulate_cross, asymmetric_target
+from quantkit.quant.gptaq import accumulate_cross, cross_weight, target_from_cross
 from quantkit.quant.gptq import GPTQOptions, accumulate_hessian, empty_hessian, gptq_quantize, split_rows
 from quantkit.quant.methods import LayerContext, LayerResult
 
@@ -54,7 +54,7 @@ class GPTQMethod:
             _dequantize_into_layer(ctx, result, solved)
             statistics = self._collect_statistics(ctx, twin, names)
             for stack in _shared_input_stacks(ctx, names):  # each Hessian let go once its linears are solved
-                self._quantize_stack(ctx, stack, result, *_take(statistics, stack), dequantize=False)
+                self._quantize_stack(ctx, stack, result, statistics=statistics, dequantize=False)
                 solved += stack
         _dequantize_into_layer(ctx, result, solved)
         if twin is not None:
@@ -73,24 +73,29 @@ class GPTQMethod:
             moe.expert_done(result, ex.linears)
         return result
 
-    def _quantize_stack(self, ctx: LayerContext, names: list[str], result: LayerResult, h: torch.Tensor,
-                        cross: torch.Tensor | None = None, dequantize: bool = True) -> None:
+    def _quantize_stack(self, ctx: LayerContext, names: list[str], result: LayerResult, h: torch.Tensor | None = None,
+                        statistics: dict | None = None, dequantize: bool = True) -> None:
         """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
         in one pass (rows are independent given H), so the column loop and the Cholesky run once.
 
-        H and the weights are handed over: gptq_quantize holds the only references (H's storage receives its factor, the
+        H is given, or taken here from `statistics` (_collect_statistics') with its cross term D where GPTAQ made one:
+        taken here, this frame holds their only references, so D goes once GPTAQ's target no longer needs it. H and the
+        weights are handed over: gptq_quantize holds the only references (H's storage receives its factor, the
         weights are worked on in place), and the linears hold no weight until theirs is dequantized back
-        (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again). With `cross` (GPTAQ's
-        D for this H) GPTQ solves for the asymmetric target instead of the weights themselves."""
+        (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again). With D, GPTQ solves
+        for the asymmetric target instead of the weights themselves."""
+        h, cross = (h, None) if statistics is None else _take(statistics, names)
         linears = [get_submodule(ctx.layer, n) for n in names]
         start = time.perf_counter()
         sizes = [lin.weight.shape[0] for lin in linears]
         try:
             w = _hand_over(linears)
-            if cross is not None:
-                w = asymmetric_target(w, h, cross, self.cfg.gptaq_alpha, self.opts.damp, self.opts.max_damp_retries,
-                                      self.opts.factor_dtype)
+            if cross is not None:  # GPTAQ's target; D let go before H's factor is made (quantkit.quant.gptaq)
+                wd = cross_weight(w, cross, self.opts.factor_dtype)
                 del cross
+                w = target_from_cross(w, h, wd, self.cfg.gptaq_alpha, self.opts.damp, self.opts.max_damp_retries,
+                                      self.opts.factor_dtype)
+                del wd
             r = gptq_quantize(w, h, ctx.scheme, self.opts, consume_h=True, consume_w=True)
         except ArithmeticError as exc:
             raise QuantkitError(f"layer {ctx.index} {', '.join(names)}: {exc}") from exc
