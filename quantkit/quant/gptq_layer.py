@@ -163,10 +163,17 @@ def _take(statistics: dict[str, tuple], stack: list[str]) -> tuple:
 
 def _float_twin(ctx: LayerContext) -> LayerContext | None:
     """GPTAQ's float layer (a copy of ctx.layer before any of it is quantized) on the float model's inputs; None
-    without a float stream."""
+    without a float stream. Its linears are held in the compute dtype: autocast would cast their fp32 weights (and
+    biases) to it in every pass anyway, so the runs are the same to the bit and the copy is half the size (0.43 GiB
+    less at an 8B layer); norms and the rest stay fp32, as autocast leaves them."""
     if ctx.float_inputs is None:
         return None
-    return replace(ctx, layer=copy.deepcopy(ctx.layer), inputs=ctx.float_inputs, float_inputs=None)
+    twin = copy.deepcopy(ctx.layer)
+    if ctx.compute_dtype != torch.float32:
+        for module in twin.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.to(ctx.compute_dtype)
+    return replace(ctx, layer=twin, inputs=ctx.float_inputs, float_inputs=None)
 
 
 def _shared_input_stacks(ctx: LayerContext, names: list[str]) -> list[list[str]]:

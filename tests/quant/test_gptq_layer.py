@@ -94,6 +94,30 @@ def test_the_float_stream_is_the_float_models_hidden_states(tiny_llama, tmp_path
             assert not torch.allclose(quant_in, hidden[i], rtol=1e-4, atol=1e-4)
 
 
+def test_the_float_twin_holds_its_linears_in_the_compute_dtype_and_runs_as_the_fp32_layer(tiny_llama, tmp_path,
+                                                                                        monkeypatch):
+    """Under bf16 autocast the twin's linears are stored in bf16 (half the copy) and its outputs are the fp32 layer's
+    copy's to the bit (autocast casts those weights to bf16 in every pass anyway); its norms stay fp32."""
+    import copy
+    from dataclasses import replace
+
+    checked = []
+    make_twin = gptq_layer._float_twin
+
+    def spy(ctx):
+        twin = make_twin(ctx)
+        reference = replace(ctx, layer=copy.deepcopy(ctx.layer), inputs=ctx.float_inputs, float_inputs=None)
+        dtypes = {p.dtype for m in twin.layer.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()}
+        norms = {p.dtype for name, p in twin.layer.named_parameters() if "norm" in name}
+        same = all(torch.equal(a, b) for a, b in zip(twin.run_layer(), reference.run_layer(), strict=True))
+        checked.append((dtypes, norms, same))
+        return twin
+
+    monkeypatch.setattr(gptq_layer, "_float_twin", spy)
+    quantize(tiny_llama, tmp_path, "gptaq", gptaq=True, compute_dtype="bfloat16")
+    assert checked and all(c == ({torch.bfloat16}, {torch.float32}, True) for c in checked)
+
+
 def test_plain_gptq_carries_no_float_stream(tiny_llama, tmp_path, monkeypatch):
     streams = []
     quantize_layer = gptq_layer.GPTQMethod.quantize_layer
