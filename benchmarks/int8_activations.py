@@ -5,7 +5,13 @@ Beside perplexity, each variant's next-token distributions are compared with the
 the mean KL divergence KL(float || variant) per prediction, and how often the two argmax tokens agree (what
 llama.cpp's perplexity tool reports as KLD and "same top p").
 
-  python benchmarks/int8_activations.py [--model tiny|stories] [--method gptq] [--threads 2]
+  python benchmarks/int8_activations.py [--model tiny|stories] [--method gptq] [--threads 2] [--split]
+
+`--split` measures what the engine's `cpu_int8_prefill` costs instead: each window's first half is the prompt, run in
+one forward through one kernel into the KV cache, and its second half the continuation, teacher-forced through the
+other; the 64 predictions of each continuation (the prompt's last position, then the continuation's) are scored, for
+W4A16 / W4A16, W4A8 prompt / W4A16 continuation (the engine's split) and W4A8 / W4A8, beside the float model on the
+same predictions.
 
 The model is quantized as quantkit.bench.vs_llmcompressor does (calibration 32 x 256 tokens of
 wikitext2/valid.txt, seed 0; the GQA model at group 128, stories260K at group 64) and scored on the first
@@ -57,12 +63,47 @@ def window_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def score(model, ids: torch.Tensor, base: torch.Tensor | None = None) -> tuple[Score, torch.Tensor]:
-    """`model` scored on `ids`; against `base` (the float model's log-probs), or against itself when None."""
+def split_logprobs(model, ids: torch.Tensor, prompt_int8: bool, rest_int8: bool) -> torch.Tensor:
+    """fp32 log-probs of each window's continuation predictions, [windows * WINDOW // 2, V]: the first half through
+    the model, its KV cache kept, then the second half; each half's rows named prompt rows (the W4A8 kernel where
+    the linears were repacked with int8_prefill) where its flag says so."""
+    from contextlib import nullcontext
+
+    from quantkit.eval.windows import disjoint_windows
+    from quantkit.model.prompt_rows import PromptRows, prompt_rows
+
+    half, rows = WINDOW // 2, []
+
+    def rows_of(int8: bool):
+        return prompt_rows(PromptRows(half)) if int8 else nullcontext()
+
+    for a, b in disjoint_windows(len(ids), WINDOW):
+        with rows_of(prompt_int8):
+            first = model(ids[a:a + half][None], use_cache=True)
+        with rows_of(rest_int8):
+            rest = model(ids[a + half:b][None], past_key_values=first.past_key_values, use_cache=True)
+        logits = torch.cat([first.logits[0, -1:], rest.logits[0, :-1]]).float()
+        rows.append(F.log_softmax(logits, dim=-1))
+    return torch.cat(rows)
+
+
+def split_targets(ids: torch.Tensor) -> torch.Tensor:
     from quantkit.eval.windows import disjoint_windows
 
-    logp = window_logprobs(model.eval(), ids)
-    targets = torch.cat([ids[a + 1:b] for a, b in disjoint_windows(len(ids), WINDOW)])
+    return torch.cat([ids[a + WINDOW // 2:b] for a, b in disjoint_windows(len(ids), WINDOW)])
+
+
+def score(model, ids: torch.Tensor, base: torch.Tensor | None = None, split: tuple | None = None
+          ) -> tuple[Score, torch.Tensor]:
+    """`model` scored on `ids`; against `base` (the float model's log-probs), or against itself when None.
+    `split`: (prompt_int8, rest_int8) to score the continuations only, as split_logprobs."""
+    from quantkit.eval.windows import disjoint_windows
+
+    if split is not None:
+        logp, targets = split_logprobs(model.eval(), ids, *split), split_targets(ids)
+    else:
+        logp = window_logprobs(model.eval(), ids)
+        targets = torch.cat([ids[a + 1:b] for a, b in disjoint_windows(len(ids), WINDOW)])
     nll = -logp.gather(-1, targets[:, None]).mean()
     kl, top1 = divergence(logp if base is None else base, logp)
     return Score(math.exp(float(nll)), kl, top1), logp
@@ -81,40 +122,69 @@ def main() -> None:
     ap.add_argument("--model", default="tiny", help="tiny, stories or a model of the accuracy suite")
     ap.add_argument("--method", default="gptq", choices=("rtn", "gptq", "awq"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--split", action="store_true", help="the engine's W4A8 prompt / W4A16 continuation instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from quantkit.config import CalibConfig, QuantizeConfig
     from quantkit.eval.perplexity import tokenize_once
     from quantkit.model.loader import load_model, load_tokenizer
-    from quantkit.model.quant_linear import QuantLinear
     from quantkit.quant.pipeline import quantize_model
 
     path, group_size, _ = model_entry(args.model)
     ids, _ = tokenize_once(load_tokenizer(path), PPL_TEXT.read_text(encoding="utf-8"))
     ids = ids[:PPL_TOKENS]
+    split = (False, False) if args.split else None
     with torch.inference_mode():
-        base, base_logp = score(load_model(path, dtype=torch.bfloat16)[0], ids)
-        head8, _ = score(int8_head(load_model(path, dtype=torch.bfloat16)[0]), ids, base_logp)
+        base, base_logp = score(load_model(path, dtype=torch.bfloat16)[0], ids, split=split)
+        head8, _ = score(int8_head(load_model(path, dtype=torch.bfloat16)[0]), ids, base_logp, split=split)
     print(f"# {args.model}: float (bf16) {base.describe()}; with an int8 lm_head {head8.describe()} "
-          f"({head8.ppl / base.ppl:.5f}x)", flush=True)
+          f"({head8.ppl / base.ppl:.5f}x){' (continuations only)' if args.split else ''}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-int8-act-") as tmp:
         out = Path(tmp)
         cfg = QuantizeConfig(model=str(path), out=out, method=args.method, group_size=group_size,
                              calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0))
         quantize_model(cfg, out, show_progress=False)
-        for int8, head in ((False, False), (True, False), (False, True), (True, True)):
-            model, _ = load_model(out, dtype=torch.bfloat16)
-            if head:
-                int8_head(model)
-            linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
-            paths = {m.repack_for_cpu(torch.bfloat16, int8_activations=int8) for m in linears}
-            if int8 and not all(m._direct is not None and m._direct.int8_activations for m in linears):
-                raise SystemExit(f"the int8-activation kernel does not run every linear here: {sorted(paths)}")
-            with torch.inference_mode():
-                got, _ = score(model, ids, base_logp)
-            print(f"{args.method} 4-bit, {'int8' if int8 else 'bf16'} activations, {'int8' if head else 'float'} "
-                  f"lm_head ({', '.join(sorted(paths))}): "
-                  f"{got.describe()} ({got.ppl / base.ppl:.4f}x float)", flush=True)
+        (split_runs if args.split else whole_runs)(args.method, out, ids, base, base_logp)
+
+
+def quantized(out: Path, head: bool, int8: bool, int8_prefill: bool = False):
+    """The 4-bit checkpoint in bf16, its linears repacked for the CPU kernels (W4A8 where `int8`, prompt rows W4A8
+    where `int8_prefill`), the lm_head in int8 where `head`; (model, its QuantLinears, the paths they run)."""
+    from quantkit.model.loader import load_model
+    from quantkit.model.quant_linear import QuantLinear
+
+    model, _ = load_model(out, dtype=torch.bfloat16)
+    if head:
+        int8_head(model)
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    paths = {m.repack_for_cpu(torch.bfloat16, int8_activations=int8, int8_prefill=int8_prefill) for m in linears}
+    return model, linears, paths
+
+
+def whole_runs(method: str, out: Path, ids: torch.Tensor, base: Score, base_logp: torch.Tensor) -> None:
+    for int8, head in ((False, False), (True, False), (False, True), (True, True)):
+        model, linears, paths = quantized(out, head, int8)
+        if int8 and not all(m._direct is not None and m._direct.int8_activations for m in linears):
+            raise SystemExit(f"the int8-activation kernel does not run every linear here: {sorted(paths)}")
+        with torch.inference_mode():
+            got, _ = score(model, ids, base_logp)
+        print(f"{method} 4-bit, {'int8' if int8 else 'bf16'} activations, {'int8' if head else 'float'} "
+              f"lm_head ({', '.join(sorted(paths))}): "
+              f"{got.describe()} ({got.ppl / base.ppl:.4f}x float)", flush=True)
+
+
+def split_runs(method: str, out: Path, ids: torch.Tensor, base: Score, base_logp: torch.Tensor) -> None:
+    """The three prompt / continuation arrangements, the int8 lm_head throughout (the engine's default), on one
+    model whose linears run the rows named prompt rows W4A8 (EngineConfig.cpu_int8_prefill)."""
+    model, linears, paths = quantized(out, head=True, int8=False, int8_prefill=True)
+    if not all(m.prompt_q8 is not None for m in linears):
+        raise SystemExit(f"the int8-activation kernel does not take every linear here: {sorted(paths)}")
+    name = {False: "bf16", True: "int8"}
+    for prompt, rest in ((False, False), (True, False), (True, True)):
+        with torch.inference_mode():
+            got, _ = score(model, ids, base_logp, split=(prompt, rest))
+        print(f"{method} 4-bit, int8 lm_head, prompt in {name[prompt]} activations, continuation in {name[rest]}: "
+              f"{got.describe()} ({got.ppl / base.ppl:.4f}x float)", flush=True)
 
 
 if __name__ == "__main__":

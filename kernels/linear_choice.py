@@ -144,6 +144,18 @@ TABLE: tuple[LinearKernel, ...] = (
 )
 
 
+def prompt_q8_unavailable(default: bool = True) -> str | None:
+    """Why a step's prompt rows cannot run the W4A8 kernel on this CPU (EngineConfig.cpu_int8_prefill), or, with
+    `default`, why they do not by default: where AMX tiles are granted they run prefill in bf16 faster than the
+    VNNI kernel does in int8 (docs/BENCHMARKS.md). None: they do."""
+    ext = int4_cpu.extension()
+    if ext is None:
+        return f"quantkit's int4 kernels: {int4_cpu.unavailable()}"
+    if not hasattr(ext, "int4_linear_q8"):
+        return "the int8-activation kernel not built at this CPU level"
+    return "AMX tiles run prefill in bf16" if default and _amx(LinearCase(4, 128, torch.bfloat16)) is None else None
+
+
 def choose(case: LinearCase) -> Choice:
     """The first row of TABLE that runs `case` (the last, dense, runs anything)."""
     return _choose(case, int4_cpu.extension(), int4_cpu.unavailable())

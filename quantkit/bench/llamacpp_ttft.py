@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.bench.vs_llamacpp import MiB, LlamaCpp, Quantkit, activation_variants, prepare
+from quantkit.bench.vs_llamacpp import MiB, Arithmetic, LlamaCpp, Quantkit, activation_variants, prepare
 
 
 @dataclass
@@ -53,12 +53,12 @@ def ttft_systems(args, tmp: Path, n_ctx: int) -> tuple[dict[str, Held], list]:
     kv = kv_bytes_per_token(dense) * n_ctx
     same = f"{n_ctx} tokens, {kv / MiB:.0f} MiB"
     auto, held, closing = auto_cpu_dtype()[0], {}, []
-    systems = [("4-bit GPTQ, W4A8" if int8 else "4-bit GPTQ", checkpoint, auto, int8)
-               for int8 in activation_variants(args, auto)]
+    systems = [(f"4-bit GPTQ, {a.suffix}", checkpoint, auto, a) for a in activation_variants(args, auto)]
     if args.bf16:
-        systems.append(("bf16", dense, "bfloat16", False))
-    for i, (label, model, dtype, int8) in enumerate(systems):
-        q = Quantkit(model, dtype, args.threads, int8_activations=int8, n_ctx=n_ctx, kv_cache_memory=kv)
+        systems.append(("bf16", dense, "bfloat16", Arithmetic("bf16")))
+    for i, (label, model, dtype, a) in enumerate(systems):
+        q = Quantkit(model, dtype, args.threads, a.int8_activations, n_ctx=n_ctx, kv_cache_memory=kv,
+                     int8_prefill=a.int8_prefill)
         note = "; the process also holds the models above" if i else ""
         held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{same}, {dtype}{note}", rss_bytes())
     python = Path(args.llamacpp_venv) / "bin" / "python"

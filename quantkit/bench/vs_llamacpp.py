@@ -2,7 +2,7 @@
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
                                        [--model DIR --gptq DIR] [--gguf-dir DIR] [--quantized-only] [--int8-activations [only]]
-  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--int8-activations]
+  python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--w4a16] [--int8-activations]
                                        [--vllm-venv VENV] ...
 
 Model: the random Llama of the engine-vs-vLLM benchmark (hidden 1024, intermediate 2816, 8 layers,
@@ -77,12 +77,13 @@ class Quantkit:
     cached prefix would time a few tokens' prefill as the whole prompt's (llama.cpp's worker evaluates it whole)."""
 
     def __init__(self, model: Path, dtype: str, threads: int, int8_activations: bool = False, n_ctx: int = N_CTX,
-                 kv_cache_memory: int | None = None):
+                 kv_cache_memory: int | None = None, int8_prefill: bool | None = None):
         from quantkit.engine import LLM
         from quantkit.engine.weights import WeightMemory
 
         self.llm = LLM(str(model), dtype=dtype, max_model_len=n_ctx, max_num_seqs=1, num_threads=threads,
-                       cpu_int8_activations=int8_activations, kv_cache_memory=kv_cache_memory,
+                       cpu_int8_activations=int8_activations, cpu_int8_prefill=int8_prefill,
+                       kv_cache_memory=kv_cache_memory,
                        enable_prefix_caching=False)
         self.kernel = WeightMemory.of(self.llm.engine.model).describe()
 
@@ -201,12 +202,25 @@ def prepare(args, tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     return dense, gptq, ggufs
 
 
-def activation_variants(args, auto: str) -> list[bool]:
-    """int8_activations of each 4-bit quantkit system to run: W4A16, and W4A8 (activations in int8, as llama.cpp's Q4
-    types) with --int8-activations on a bf16 CPU; W4A8 alone with `--int8-activations only`."""
-    if not args.int8_activations or auto != "bfloat16":
-        return [False]
-    return [True] if args.int8_activations == "only" else [False, True]
+@dataclass(frozen=True)
+class Arithmetic:
+    """How a 4-bit quantkit system computes: its label's suffix and the engine's int8 settings."""
+
+    suffix: str
+    int8_activations: bool = False
+    int8_prefill: bool | None = None  # None: the engine's default for this CPU
+
+
+def activation_variants(args, auto: str) -> list[Arithmetic]:
+    """The 4-bit quantkit systems to run: the engine's default arithmetic (on a bf16 CPU without AMX, prompt tokens
+    W4A8, generated ones W4A16), with --w4a16 also W4A16 throughout, with --int8-activations also W4A8 throughout
+    (activations in int8, as llama.cpp's Q4 types); W4A8 alone with `--int8-activations only`."""
+    default, w4a16, w4a8 = Arithmetic(auto), Arithmetic("W4A16", int8_prefill=False), Arithmetic("W4A8", True)
+    if auto != "bfloat16":
+        return [default]
+    if args.int8_activations == "only":
+        return [w4a8]
+    return [default] + ([w4a16] if args.w4a16 else []) + ([w4a8] if args.int8_activations else [])
 
 
 def compare(args, tmp: Path) -> None:
@@ -221,9 +235,9 @@ def compare(args, tmp: Path) -> None:
     if auto != "float32" and not args.quantized_only:
         ours[f"quantkit {auto} (float model)"] = Quantkit(dense, auto, args.threads)
     for label, path in gptq.items():
-        for int8 in activation_variants(args, auto):
-            name = f"quantkit {label}, W4A8" if int8 else f"quantkit {label}, {auto}"
-            ours[name] = Quantkit(path, auto, args.threads, int8_activations=int8)
+        for a in activation_variants(args, auto):
+            ours[f"quantkit {label}, {a.suffix}"] = Quantkit(path, auto, args.threads, a.int8_activations,
+                                                             int8_prefill=a.int8_prefill)
     peer = LlamaCpp(Path(args.llamacpp_venv) / "bin" / "python", ggufs, args.threads, Path(args.log).resolve())
     systems = {**{n: q.run for n, q in ours.items()},
                **{f"llama.cpp {k}": (lambda p, n, k=k: peer.run(k, p, n)) for k in ggufs}}
@@ -282,6 +296,8 @@ def main() -> None:
     ap.add_argument("--int8-activations", nargs="?", const="also", choices=("also", "only"),
                     help="also (or, `only`, instead of W4A16) each 4-bit checkpoint with --cpu-int8-activations "
                          "(bf16 CPUs): two 8B engines in one process do not fit 24 GiB beside llama.cpp")
+    ap.add_argument("--w4a16", action="store_true",
+                    help="also each 4-bit checkpoint with --no-cpu-int8-prefill (bf16 CPUs: W4A16 prompts too)")
     args = ap.parse_args()
     if bool(args.model) != bool(args.gptq):
         raise SystemExit("--model and --gptq go together")

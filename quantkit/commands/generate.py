@@ -16,7 +16,8 @@ from pathlib import Path
 
 import typer
 
-from quantkit.commands.common import console, cpu_int8_activations_option, cpu_int8_lm_head_option, one_line_errors
+from quantkit.commands.common import (console, cpu_int8_activations_option, cpu_int8_lm_head_option,
+                                      cpu_int8_prefill_option, one_line_errors)
 from quantkit.errors import QuantkitError
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
@@ -130,6 +131,7 @@ def generate(
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
     cpu_int8_activations: bool = cpu_int8_activations_option(),
     cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(),
+    cpu_int8_prefill: bool | None = cpu_int8_prefill_option(),
     json_schema: Path | None = typer.Option(None, "--json-schema", help="A JSON schema file: every output is JSON "
                                             "that matches it (a token mask at each step)."),
     regex: str | None = typer.Option(None, "--regex", help="Every output matches this regular expression."),
@@ -152,7 +154,7 @@ def generate(
               kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
               num_threads=threads, cpu_int8_activations=cpu_int8_activations,
-              cpu_int8_lm_head=cpu_int8_lm_head, speculative_config=parse_json_option(speculative_config,
+              cpu_int8_lm_head=cpu_int8_lm_head, cpu_int8_prefill=cpu_int8_prefill, speculative_config=parse_json_option(speculative_config,
                                                                                       "--speculative-config"))
     console.print(WeightMemory.of(llm.engine.model).describe(), highlight=False, soft_wrap=True)
     if params.structured_outputs is not None:  # a schema that does not compile: one line before any generation

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from quantkit.commands.common import console, cpu_int8_activations_option, cpu_int8_lm_head_option, one_line_errors
+from quantkit.commands.common import (console, cpu_int8_activations_option, cpu_int8_lm_head_option,
+                                      cpu_int8_prefill_option, one_line_errors)
 from quantkit.commands.flags import argument, command, option
 from quantkit.errors import QuantkitError
 from quantkit.memory import bound_kernel_caches
@@ -55,6 +56,7 @@ class ServeFlags:
     threads: int | None = option(None, "--threads", help="CPU threads for torch.")
     cpu_int8_activations: bool = cpu_int8_activations_option(option)
     cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(option)
+    cpu_int8_prefill: bool | None = cpu_int8_prefill_option(option)
     log_level: str = option("info", "--log-level", help="debug, info, warning or error.")
     enable_auto_tool_choice: bool = option(False, "--enable-auto-tool-choice",
                                            help='tool_choice "auto": parse tool calls out of the output.')
@@ -117,7 +119,7 @@ def serve_settings(flags: ServeFlags) -> ServeSettings:
                           kv_cache_memory=None if f.kv_cache_memory is None else parse_size(f.kv_cache_memory),
                           swap_space=f.swap_space, dtype=f.dtype, device=f.device, num_threads=f.threads,
                           cpu_int8_activations=f.cpu_int8_activations, cpu_int8_lm_head=f.cpu_int8_lm_head,
-                          tokenizer=f.tokenizer, max_logprobs=f.max_logprobs,
+                          cpu_int8_prefill=f.cpu_int8_prefill, tokenizer=f.tokenizer, max_logprobs=f.max_logprobs,
                           speculative_config=parse_json_option(f.speculative_config, "--speculative-config"))
     cors = {name: json_list(getattr(f, name), "--" + name.replace("_", "-")) or ANY
             for name in ("allowed_origins", "allowed_methods", "allowed_headers")}

@@ -85,7 +85,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         source = open_model(cfg.model)  # one read of the checkpoint: its path, config, spec, scheme and shards
         self.model, self.quant_info = load_decoder(source, self.dtype, self.device, cfg.cpu_int8_activations,
-                                                   cfg.cpu_int8_lm_head)
+                                                   cfg.cpu_int8_lm_head, cfg.cpu_int8_prefill)
         self.tokenizer = load_tokenizer(cfg.tokenizer or source)
         s = self.model.shape
         self.max_model_len = self._max_model_len(cfg, s)

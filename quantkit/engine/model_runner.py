@@ -10,7 +10,8 @@ import torch
 
 from quantkit.engine.attention import build_metadata, use_cpu_kernel
 from quantkit.engine.decoder import Decoder
-from quantkit.engine.scheduler import SchedulerOutput
+from quantkit.engine.scheduler import ScheduledChunk, SchedulerOutput
+from quantkit.model.prompt_rows import PromptRows, prompt_rows
 
 
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -26,6 +27,8 @@ class ModelRunner:
         # while a server's /health still answers 503: not inside the first request's step.
         use_cpu_kernel(device, dtype)
         self.model = model
+        # some linear runs a step's prompt rows through another kernel (EngineConfig.cpu_int8_prefill): say which
+        self.names_prompt_rows = any(getattr(m, "prompt_q8", None) is not None for m in model.modules())
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
@@ -72,6 +75,15 @@ class ModelRunner:
                               out.block_table)
         pooled = [r for _, span in out.pooling_spans() for r in span]
         dev = self.device
-        return self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches, meta,
-                          torch.tensor(rows, dtype=torch.int64, device=dev),
-                          torch.tensor(pooled, dtype=torch.int64, device=dev) if pooled else None)
+        prompt = PromptRows.of_spans([(c.num_tokens, is_prompt(c)) for c in out.chunks]) \
+            if self.names_prompt_rows else None
+        with prompt_rows(prompt):
+            return self.model(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), self.kv_caches,
+                              meta, torch.tensor(rows, dtype=torch.int64, device=dev),
+                              torch.tensor(pooled, dtype=torch.int64, device=dev) if pooled else None)
+
+
+def is_prompt(chunk: ScheduledChunk) -> bool:
+    """A chunk of a prompt (or of a preempted request's recompute): more than one token and no drafts. A decode is
+    one token, a speculative one its token and drafts."""
+    return chunk.num_tokens > 1 and not chunk.drafts

@@ -31,9 +31,10 @@ EMBED = "model.embed_tokens.weight"
 
 
 def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, int8_activations: bool = False,
-                 int8_lm_head: bool | None = None) -> tuple[Decoder, QuantInfo | None]:
+                 int8_lm_head: bool | None = None, int8_prefill: bool | None = None) -> tuple[Decoder, QuantInfo | None]:
     """The decoder with every weight of the checkpoint `source` loaded, in eval mode on `device`
-    (`int8_activations`: the 4-bit linears run W4A8 on CPU, QuantLinear.repack_for_cpu;
+    (`int8_activations`: the 4-bit linears run W4A8 on CPU, QuantLinear.repack_for_cpu; `int8_prefill`: only
+    prompt tokens do, None: where `int8_prefill_wanted` says;
     `int8_lm_head`: a float lm_head is held in int8 on CPU where `int8_head_unavailable` says nothing;
     None: where the checkpoint's linears are quantized, see `int8_head_wanted`)."""
     path, info, reader = source.path, source.quant, source.reader
@@ -73,7 +74,8 @@ def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, 
         offset_norms(model, spec.norms.offset)
     model = model.to(device).eval()
     if device.type == "cpu":
-        repack_quant_linears(model, dtype, int8_activations)
+        repack_quant_linears(model, dtype, int8_activations,
+                             int8_prefill_wanted(int8_prefill, int8_activations, bool(quantized), dtype))
         fuse_quantized_projections(model)
         stack_moe_experts(model)
         if head_int8:
@@ -148,9 +150,32 @@ def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, comput
     return True
 
 
-def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype, int8_activations: bool = False) -> Counter:
-    """Every QuantLinear into the CPU kernels' layout, checkpoint tensors dropped; counts of each path."""
-    paths = Counter(m.repack_for_cpu(dtype, int8_activations=int8_activations)
+def int8_prefill_wanted(asked: bool | None, int8_activations: bool, quantized: bool, dtype: torch.dtype) -> bool:
+    """Whether the prompt tokens of a 4-bit checkpoint run W4A8 on CPU while generated tokens run W4A16: where asked
+    (a log line says why not, where it cannot be), and by default (`asked` None) where the int8-activation kernel
+    builds and no AMX tiles run prefill in bf16 (kernels/linear_choice.prompt_q8_unavailable). Its accuracy cost
+    and speed: docs/BENCHMARKS.md "Real sizes"."""
+    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+
+    if asked is False or int8_activations or not quantized:
+        return False
+    why = "bf16 activations only" if dtype != torch.bfloat16 else prompt_q8_unavailable(default=asked is None)
+    if why is not None:
+        (log.warning if asked else log.info)("prompt tokens: bf16 activations (%s)", why)
+        return False
+    log.info("prompt tokens: W4A8, activations rounded to int8 per row and group; generated tokens W4A16 (%s)",
+             "--cpu-int8-prefill" if asked else "the default on this CPU; --no-cpu-int8-prefill keeps them bf16")
+    return True
+
+
+def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype, int8_activations: bool = False,
+                         int8_prefill: bool = False) -> Counter:
+    """Every QuantLinear into the CPU kernels' layout, checkpoint tensors dropped; counts of each path.
+    `int8_prefill` for every linear but MoE experts (they see a share of the step's rows)."""
+    experts = {id(m) for block in model.modules() if hasattr(block, "stack_experts")
+               for m in getattr(block, block.spec.experts).modules()}
+    paths = Counter(m.repack_for_cpu(dtype, int8_activations=int8_activations,
+                                     int8_prefill=int8_prefill and id(m) not in experts)
                     for m in model.modules() if isinstance(m, QuantLinear))
     for path, n in paths.items():
         if path.startswith("dense"):

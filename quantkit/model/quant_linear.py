@@ -38,6 +38,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", packed.bias)
         self._cpu = None  # Int4Weight | Int8Weight | dense torch.Tensor [N, K], once repacked
         self._direct = None  # int4_cpu.DirectCall: bf16 activations straight to the kernel
+        self.prompt_q8 = None  # int4_cpu.DirectCall of the W4A8 kernel for the step's prompt rows (int8_prefill)
         self.cpu_path = "not repacked"
 
     @classmethod
@@ -59,6 +60,8 @@ class QuantLinear(nn.Module):
         fused._cpu, fused.cpu_path = w, first.cpu_path
         d = first._direct  # the parts share a group size and no act-order: the same kernel and crossover
         fused._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
+        if all(p.prompt_q8 is not None for p in parts):
+            fused.prompt_q8 = direct_call(w, "q8", first.prompt_q8.max_m)
         return fused
 
     def point_at(self, w) -> None:
@@ -69,6 +72,8 @@ class QuantLinear(nn.Module):
         d = self._direct
         self._cpu = w
         self._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
+        if self.prompt_q8 is not None:
+            self.prompt_q8 = direct_call(w, "q8", self.prompt_q8.max_m)
 
     def int4_kernel(self):
         """(Int4Blocked, DirectCall | None) where this linear runs quantkit's int4 kernel (after repack_for_cpu), else
@@ -82,10 +87,13 @@ class QuantLinear(nn.Module):
                             self.g_idx, self.bias)
 
     def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True,
-                       int8_activations: bool = False) -> str:
+                       int8_activations: bool = False, int8_prefill: bool = False) -> str:
         """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`. `int8_activations`: bf16
         batches below the dense crossover run the W4A8 kernel (x rounded to int8 per row and group) where it
-        builds and takes the weight."""
+        builds and takes the weight. `int8_prefill`: only the prompt rows of a step do (quantkit.model.prompt_rows),
+        where that kernel takes the weight (`prompt_q8`); the rest stay on the path chosen here."""
+        from dataclasses import replace
+
         from quantkit.kernels import int4_cpu
         from quantkit.kernels.cpu_int import int4_unsupported, repack_int4, repack_int8
         from quantkit.kernels.linear_choice import LinearCase, choose
@@ -101,6 +109,8 @@ class QuantLinear(nn.Module):
         if layout == "int4 blocks":
             self._cpu, self.cpu_path = w, choice.cpu_path
             self._direct = int4_cpu.direct_call(w, choice.direct, choice.dense_from_m) if choice.direct else None
+            q8 = choose(replace(case, int8_activations=True)) if int8_prefill and choice.direct == "bf16" else None
+            self.prompt_q8 = int4_cpu.direct_call(w, "q8", q8.dense_from_m) if q8 and q8.direct == "q8" else None
         elif layout == "torch int4pack":
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
         elif layout == "int8":
@@ -127,8 +137,10 @@ class QuantLinear(nn.Module):
         direct = self._direct
         if direct is not None and x.dtype == torch.bfloat16 and not x.is_cuda:
             flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-            if flat.shape[0] < direct.max_m:  # decode-sized: straight to the kernel (which makes x contiguous)
-                out = direct(flat)
+            out = self._prompt_split(flat) if self.prompt_q8 is not None else None
+            if out is None and flat.shape[0] < direct.max_m:  # decode-sized: straight to the kernel
+                out = direct(flat)  # (which makes x contiguous)
+            if out is not None:
                 return out if flat is x else out.view(*x.shape[:-1], self.out_features)
         if x.is_cuda and self.backend != "torch" and self.bits == 4:
             from quantkit.kernels import w4a16_matmul
@@ -139,6 +151,26 @@ class QuantLinear(nn.Module):
                                bias=self.bias, backend=self.backend)
             return out.reshape(*shape[:-1], self.out_features)
         return self._cpu_forward(x)
+
+    def _prompt_split(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """The step's prompt rows through the W4A8 kernel (below its crossover), the other rows as without it; None
+        where the current forward names no prompt rows or `flat` is not the step's rows."""
+        from quantkit.model.prompt_rows import current
+
+        rows, q8 = current(), self.prompt_q8
+        if rows is None or rows.total != flat.shape[0]:
+            return None
+        if rows.every:
+            return q8(flat) if flat.shape[0] < q8.max_m else None
+        out = flat.new_empty(flat.shape[0], self.out_features)
+        prompt = flat.index_select(0, rows.prompt)
+        out[rows.prompt] = q8(prompt) if prompt.shape[0] < q8.max_m else self._bf16_rows(prompt)
+        out[rows.others] = self._bf16_rows(flat.index_select(0, rows.others))
+        return out
+
+    def _bf16_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """bf16 rows [M, K] on the path chosen at repack (the direct call below its crossover, else dense tiles)."""
+        return self._direct(x) if x.shape[0] < self._direct.max_m else self._cpu_forward(x)
 
     def _cpu_forward(self, x: torch.Tensor) -> torch.Tensor:
         from quantkit.kernels.cpu_int import Int4Weight, int4_kernel_max_m, int4_linear, int8_linear

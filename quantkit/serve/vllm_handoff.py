@@ -71,7 +71,8 @@ def vllm_serve_args(s: ServeSettings, tensor_parallel_size: int = 1, pipeline_pa
         argv += ["--tool-call-parser", s.tool_call_parser]
     if e.swap_space:
         notes.append(f"--swap-space {e.swap_space:g} dropped: vLLM's v1 engine preempts by recompute")
-    for flag, on in (("--cpu-int8-activations", e.cpu_int8_activations), ("--cpu-int8-lm-head", e.cpu_int8_lm_head)):
+    for flag, on in (("--cpu-int8-activations", e.cpu_int8_activations), ("--cpu-int8-lm-head", e.cpu_int8_lm_head),
+                     ("--cpu-int8-prefill", e.cpu_int8_prefill)):
         if on:
             notes.append(f"{flag} is quantkit's own CPU kernel: vLLM runs the checkpoint with its own")
     if s.max_queued_requests is not None:

@@ -133,7 +133,9 @@ def test_cpu_int8_flags_reach_the_engine_config(app, stories_dir, monkeypatch):
     for flag, field, want in (("--cpu-int8-activations", "cpu_int8_activations", True),
                               ("--no-cpu-int8-activations", "cpu_int8_activations", False),
                               ("--cpu-int8-lm-head", "cpu_int8_lm_head", True),
-                              ("--no-cpu-int8-lm-head", "cpu_int8_lm_head", False)):
+                              ("--no-cpu-int8-lm-head", "cpu_int8_lm_head", False),
+                              ("--cpu-int8-prefill", "cpu_int8_prefill", True),
+                              ("--no-cpu-int8-prefill", "cpu_int8_prefill", False)):
         res = run(app, stories_dir, "--prompt", "Once upon a time", "--max-tokens", 2, "--threads", 1, flag)
         assert res.exit_code == 0, res.output
         assert getattr(seen[-1], field) is want

@@ -78,7 +78,8 @@ def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir):
     params = SamplingParams(temperature=0, max_tokens=4)
     runs = {}
     for int8 in (False, True):
-        llm = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=16, cpu_int8_activations=int8)
+        llm = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=16, cpu_int8_activations=int8,
+                  cpu_int8_prefill=False)
         linears = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
         assert linears and all(m._direct is not None and m._direct.int8_activations == int8 for m in linears)
         if int8 and not int4_cpu.amx_kernel(linears[0]._cpu):  # without AMX, prefill chunks run W4A8 as well
@@ -86,3 +87,50 @@ def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir):
         runs[int8] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     same_first = sum(a[0] == b[0] for a, b in zip(runs[False], runs[True]))
     assert same_first >= 14, (same_first, runs)
+
+
+class Recorder:
+    """A kernel call that notes the rows of each call it makes."""
+
+    def __init__(self, call, rows: list[int]):
+        self.call, self.rows, self.max_m = call, rows, call.max_m
+
+    def __call__(self, x):
+        self.rows.append(x.shape[0])
+        return self.call(x)
+
+
+@pytest.mark.slow
+def test_int8_prefill_runs_prompt_tokens_w4a8_and_generated_tokens_w4a16(gptq_dir):
+    """EngineConfig.cpu_int8_prefill: every prompt token goes through each 4-bit linear's W4A8 kernel and every
+    generated token through its W4A16 one, also in steps where prompt chunks and decodes share the batch (requests
+    that finish at different steps free room for new prompts beside running decodes); greedy tokens stay the W4A16
+    engine's but for near-ties."""
+    from quantkit.kernels import int4_cpu
+    from quantkit.model.quant_linear import QuantLinear
+
+    if int4_cpu.unavailable() is not None or not hasattr(int4_cpu.extension(), "int4_linear_q8"):
+        pytest.skip("the int8-activation int4 kernel is built only where the compiler targets AVX-512 VNNI, VBMI and BF16")
+    g = torch.Generator().manual_seed(4)
+    prompts = [[1] + torch.randint(3, 512, (4 + 3 * i,), generator=g).tolist() for i in range(12)]
+    params = [SamplingParams(temperature=0, max_tokens=2 + i % 5, ignore_eos=True) for i in range(12)]
+    llm = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4, cpu_int8_prefill=True)
+    linears = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
+    assert linears and llm.engine.runner.names_prompt_rows
+    q8_rows, bf16_rows = [], []
+    for m in linears:
+        assert m.prompt_q8 is not None and not m._direct.int8_activations
+        m.prompt_q8, m._direct = Recorder(m.prompt_q8, q8_rows), Recorder(m._direct, bf16_rows)
+    mixed = []
+    execute = llm.engine.runner.execute
+    llm.engine.runner.execute = lambda out: (mixed.append(len({c.num_tokens > 1 for c in out.chunks}) == 2),
+                                             execute(out))[1]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert any(mixed), "no step held prompt chunks beside decodes"
+    # the last prompt token's logits give the first token: generated tokens past it are fed back one a step
+    assert sum(q8_rows) == len(linears) * sum(len(p) for p in prompts)
+    assert sum(bf16_rows) == len(linears) * sum(p.max_tokens - 1 for p in params)
+    plain = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4, cpu_int8_prefill=False)
+    assert not plain.engine.runner.names_prompt_rows
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert sum(a[0] == b[0] for a, b in zip(got, want)) >= 10, (got, want)

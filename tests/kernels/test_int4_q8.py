@@ -102,3 +102,55 @@ def test_quantlinear_with_int8_activations_runs_the_q8_kernel_fused_or_not(q8, m
     else:  # W4A16 on bf16 tiles of the dequantized weight
         want = torch.cat([int4_blocked_reference(flat, p._cpu, None) for p in parts], dim=-1)
         assert float((out - want).norm() / want.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("m", [3, 40, 300])  # below and above the bf16 path's dense crossover
+def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(q8, m):
+    """QuantLinear.repack_for_cpu(int8_prefill=True): rows the current forward names prompt rows go through the W4A8
+    kernel, the others take the bf16 path exactly as without it; inputs that are not the step's rows (another
+    count) and forwards that name none run W4A16 throughout. Fused projections keep the split."""
+    from quantkit.model.prompt_rows import PromptRows, prompt_rows
+    from quantkit.model.quant_linear import QuantLinear
+
+    def linear(n, seed, prefill):
+        p = checkpoint(n, 256, 64, "gptq", True, seed=seed)
+        p.bias = None
+        q = QuantLinear(p)
+        q.repack_for_cpu(torch.bfloat16, int8_prefill=prefill)
+        return q
+
+    split = [linear(n, n, True) for n in (64, 32)]
+    plain = [linear(n, n, False) for n in (64, 32)]
+    assert all(q.prompt_q8 is not None and not q._direct.int8_activations for q in split)
+    assert all(q.prompt_q8 is None for q in plain)
+    fused, fused_plain = QuantLinear.concat(split), QuantLinear.concat(plain)
+    assert fused.prompt_q8 is not None
+    x = (2 * torch.randn(m, 256, generator=torch.Generator().manual_seed(m))).bfloat16()
+    spans = [(1, False), (m - 2, True), (1, False)]  # a decode, a prompt chunk, a decode
+    rows = PromptRows.of_spans(spans)
+    assert rows.prompt.tolist() == list(range(1, m - 1)) and rows.others.tolist() == [0, m - 1]
+    w4a16 = fused_plain(x)
+    torch.testing.assert_close(fused(x), w4a16, rtol=0, atol=0)  # no prompt rows named: as without
+    with prompt_rows(rows):
+        got = fused(x)
+        torch.testing.assert_close(fused(x[:-1]), fused_plain(x[:-1]), rtol=0, atol=0)  # not the step's rows
+    # the other rows: the bf16 path's call on them alone (a kernel's sums may group differently at another M)
+    torch.testing.assert_close(got[rows.others], fused_plain(x[rows.others]), rtol=0, atol=0)
+    prompt = x[rows.prompt]
+    if prompt.shape[0] < fused.prompt_q8.max_m:
+        want = torch.cat([int4_q8_reference(prompt.float(), q._cpu) for q in split], dim=-1)
+        torch.testing.assert_close(got[rows.prompt].float(), want, rtol=8e-3, atol=2e-2)
+        assert not torch.equal(got[rows.prompt], w4a16[rows.prompt])
+    else:  # AMX: the dense tiles take prompts this long in bf16
+        torch.testing.assert_close(got[rows.prompt], fused_plain(prompt), rtol=0, atol=0)
+    with prompt_rows(PromptRows(m)):  # every row a prompt's: one call
+        torch.testing.assert_close(fused(x[None])[0], fused.prompt_q8(x) if m < fused.prompt_q8.max_m else w4a16,
+                                   rtol=0, atol=0)
+
+
+def test_prompt_q8_by_default_only_without_amx(q8):
+    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+
+    amx = hasattr(q8, "has_amx") and q8.has_amx()
+    assert prompt_q8_unavailable(default=False) is None
+    assert (prompt_q8_unavailable() is None) == (not amx)

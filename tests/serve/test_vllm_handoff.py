@@ -169,11 +169,13 @@ def test_serve_engine_vllm_on_loopback_matches_our_engine_and_plan(tmp_path):
 
 
 def test_quantkit_cpu_kernel_flags_are_noted_not_passed():
-    s = ServeSettings(EngineConfig("m", cpu_int8_activations=True, cpu_int8_lm_head=True))
+    s = ServeSettings(EngineConfig("m", cpu_int8_activations=True, cpu_int8_lm_head=True, cpu_int8_prefill=True))
     h = vllm_serve_args(s)
     assert not any("int8" in a for a in h.argv)
     assert [n.split()[0] for n in h.notes if "quantkit's own CPU kernel" in n] == ["--cpu-int8-activations",
-                                                                                  "--cpu-int8-lm-head"]
+                                                                                  "--cpu-int8-lm-head",
+                                                                                  "--cpu-int8-prefill"]
+    assert not any("int8" in n for n in vllm_serve_args(ServeSettings(EngineConfig("m"))).notes)  # auto: no note
 
 
 def test_issue_37_flags_map_by_vllms_names():
