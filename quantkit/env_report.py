@@ -31,6 +31,8 @@ class EnvReport:
     gpus: list[str] = field(default_factory=list)
     # kernels/linear_choice.py's table for a 4-bit g128 linear without bias: activations -> [(row, verdict)]
     linear_choice: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    # the prompt tokens of a 4-bit checkpoint in bf16 by default: "W4A8" or "W4A16 (why)" (EngineConfig.cpu_int8_prefill)
+    prompt_arithmetic: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,7 +91,15 @@ def collect() -> EnvReport:
         machine_level=choice.machine.name if choice.machine else "none",
         cpu_flags={f: f in flags for f in wanted}, amx_granted=cpu_isa.request_amx(),
         threads=torch.get_num_threads(), kernels=cpu_status.as_dicts(kernels), kernel_files=files, gpus=gpus(),
-        linear_choice=linear_choices())
+        linear_choice=linear_choices(), prompt_arithmetic=prompt_arithmetic())
+
+
+def prompt_arithmetic() -> str:
+    """How the engine computes a 4-bit bf16 checkpoint's prompt tokens on this CPU by default."""
+    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+
+    why = prompt_q8_unavailable()
+    return "W4A8" if why is None else f"W4A16 ({why})"
 
 
 def linear_choices() -> dict[str, list[tuple[str, str]]]:

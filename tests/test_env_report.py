@@ -51,9 +51,23 @@ def test_the_linear_kernel_table_is_printed_as_it_chooses():
                     assert "not built at this CPU level" in rows["int4 (quantkit AVX-512 BF16 kernel)"]
 
 
+def test_the_prompt_arithmetic_is_the_engines_default():
+    import torch
+
+    from quantkit.engine.weights import int8_prefill_wanted
+
+    for level in ("avx2", None):
+        with cpu_ext.at_level(level) if level else contextlib.nullcontext():
+            said = collect().prompt_arithmetic
+            assert (said == "W4A8") == int8_prefill_wanted(None, False, True, torch.bfloat16)
+            if level == "avx2":
+                assert said.startswith("W4A16 (") and "not built" in said
+
+
 def test_the_command_prints_it_and_json_parses():
     code, text = run_cli("env")
     assert code == 0 and "CPU level:" in text and "paged attention" in text and "linear_choice.py" in text
+    assert "prompt tokens W4A" in text
     code, out = run_cli("env", "--json")
     assert code == 0 and [k["kernel"] for k in json.loads(out)["kernels"]] == KERNELS
 
