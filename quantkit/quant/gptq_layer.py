@@ -54,7 +54,7 @@ class GPTQMethod:
             _dequantize_into_layer(ctx, result, solved)
             statistics = self._collect_statistics(ctx, twin, names)
             for stack in _shared_input_stacks(ctx, names):  # each Hessian let go once its linears are solved
-                self._quantize_stack(ctx, stack, result, statistics=statistics, dequantize=False)
+                self._quantize_stack(ctx, stack, result, statistics, dequantize=False)
                 solved += stack
         _dequantize_into_layer(ctx, result, solved)
         if twin is not None:
@@ -68,23 +68,24 @@ class GPTQMethod:
         ctx = moe.layer
         result = LayerResult(weights={})
         for ex in moe.experts():
-            self._quantize_stack(ctx, list(ex.inputs), result, ex.hessian())
-            self._quantize_stack(ctx, [ex.down], result, ex.hessian(ex.module.hidden))
+            for stack, through in ((list(ex.inputs), None), ([ex.down], ex.module.hidden)):  # down after gate/up
+                self._quantize_stack(ctx, stack, result, dict.fromkeys(stack, (ex.hessian(through), None)))
             moe.expert_done(result, ex.linears)
         return result
 
-    def _quantize_stack(self, ctx: LayerContext, names: list[str], result: LayerResult, h: torch.Tensor | None = None,
-                        statistics: dict | None = None, dequantize: bool = True) -> None:
+    def _quantize_stack(self, ctx: LayerContext, names: list[str], result: LayerResult, statistics: dict,
+                        dequantize: bool = True) -> None:
         """GPTQ on the linears `names`, which read one input (one H): their rows stacked and quantized
         in one pass (rows are independent given H), so the column loop and the Cholesky run once.
 
-        H is given, or taken here from `statistics` (_collect_statistics') with its cross term D where GPTAQ made one:
-        taken here, this frame holds their only references, so D goes once GPTAQ's target no longer needs it. H and the
+        H is taken here from `statistics` (name -> (H, cross term D or None), as _collect_statistics' makes them) with D
+        where GPTAQ made one: taken here, this frame holds their only references, so D goes once GPTAQ's target no
+        longer needs it. H and the
         weights are handed over: gptq_quantize holds the only references (H's storage receives its factor, the
         weights are worked on in place), and the linears hold no weight until theirs is dequantized back
         (now, or with `dequantize=False` by _dequantize_into_layer before the layer runs again). With D, GPTQ solves
         for the asymmetric target instead of the weights themselves."""
-        h, cross = (h, None) if statistics is None else _take(statistics, names)
+        h, cross = _take(statistics, names)
         linears = [get_submodule(ctx.layer, n) for n in names]
         start = time.perf_counter()
         sizes = [lin.weight.shape[0] for lin in linears]

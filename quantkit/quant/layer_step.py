@@ -78,6 +78,31 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
     spec = plan.spec
     prefix = f"{spec.layers}.{i}"
     layer = layers[i]
+    ctx, dtypes, later = _read_layer(cfg, method, plan, reader, layer, i, hf_cfg, inputs, layer_kwargs, device, dtype,
+                                     float_inputs)
+    linears, experts = ctx.linears, ctx.experts
+    result = method.quantize_layer(ctx)
+    if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
+        linears += tuple(sorted(experts, key=spec.order_of))
+        propagate = bool(inputs) and i < plan.num_layers - 1
+        result = merge_results(result, _experts_step(ctx, method, reader, writer, prefix, later, propagate))
+    missing = set(linears) - result.quantized
+    if missing:
+        raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
+    outputs, float_outputs = _next_inputs(ctx, result, last=i == plan.num_layers - 1)
+    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix, later)
+               | _packed(result.weights, cfg.layout, prefix))
+    layers[i] = layer.to("meta")
+    report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
+    return LayerOutcome(report, result.plan, outputs, float_outputs)
+
+
+def _read_layer(cfg, method, plan: QuantizePlan, reader, layer, i, hf_cfg, inputs, layer_kwargs, device,
+                dtype: torch.dtype, float_inputs) -> tuple[LayerContext, dict, set[str]]:
+    """Layer i's tensors read into `layer` and its LayerContext; also the stored dtype of each tensor read, and the
+    names (under the layer) of the streamed experts' tensors, read later on each expert's turn."""
+    spec = plan.spec
+    prefix = f"{spec.layers}.{i}"
     linears = tuple(n for n in spec.linears if f"{prefix}.{n}" in plan.quantized_set)
     moe = moe_shape(spec, hf_cfg)
     experts = frozenset(n for n in spec.expert_linears(moe.num_experts if moe else 0)
@@ -99,20 +124,7 @@ def quantize_one_layer(cfg, method, plan: QuantizePlan, reader, layers, i, hf_cf
         skipped={n: plan.skipped[f"{prefix}.{n}"] for n in spec.linears if f"{prefix}.{n}" in plan.skipped},
         device=device, compute_dtype=dtype, experts=experts, experts_streamed=bool(streamed), float_inputs=float_inputs,
     )
-    result = method.quantize_layer(ctx)
-    if spec.experts is not None:  # then the experts, one at a time, on the block's input with attention quantized
-        linears += tuple(sorted(experts, key=spec.order_of))
-        propagate = bool(inputs) and i < plan.num_layers - 1
-        result = merge_results(result, _experts_step(ctx, method, reader, writer, prefix, later, propagate))
-    missing = set(linears) - result.quantized
-    if missing:
-        raise RuntimeError(f"method {cfg.method} did not quantize {sorted(missing)} in layer {i}")
-    outputs, float_outputs = _next_inputs(ctx, result, last=i == plan.num_layers - 1)
-    writer.add(_float_tensors(layer, result.quantized, dtypes, prefix, later)
-               | _packed(result.weights, cfg.layout, prefix))
-    layers[i] = layer.to("meta")
-    report = LayerReport(i, round(time.perf_counter() - t0, 3), result.losses, result.stats)
-    return LayerOutcome(report, result.plan, outputs, float_outputs)
+    return ctx, dtypes, later
 
 
 def _experts_step(ctx: LayerContext, method, reader, writer: ShardWriter, prefix: str, later: set[str],
