@@ -154,8 +154,8 @@ def generate(
               kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
               swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
               num_threads=threads, cpu_int8_activations=cpu_int8_activations,
-              cpu_int8_lm_head=cpu_int8_lm_head, cpu_int8_prefill=cpu_int8_prefill, speculative_config=parse_json_option(speculative_config,
-                                                                                      "--speculative-config"))
+              cpu_int8_lm_head=cpu_int8_lm_head, cpu_int8_prefill=cpu_int8_prefill,
+              speculative_config=parse_json_option(speculative_config, "--speculative-config"))
     console.print(WeightMemory.of(llm.engine.model).describe(), highlight=False, soft_wrap=True)
     if params.structured_outputs is not None:  # a schema that does not compile: one line before any generation
         llm.engine.grammars.compile(params.structured_outputs)

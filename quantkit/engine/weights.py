@@ -157,11 +157,12 @@ def int8_prefill_wanted(asked: bool | None, int8_activations: bool, quantized: b
     and speed: docs/BENCHMARKS.md "Real sizes"."""
     from quantkit.kernels.linear_choice import prompt_q8_unavailable
 
-    if asked is False or int8_activations or not quantized:
+    if asked is False or int8_activations or (asked is None and not quantized):
         return False
-    why = "bf16 activations only" if dtype != torch.bfloat16 else prompt_q8_unavailable(default=asked is None)
+    why = "no quantized linears" if not quantized else "the W4A8 kernel takes bf16 activations" \
+        if dtype != torch.bfloat16 else prompt_q8_unavailable(default=asked is None)
     if why is not None:
-        (log.warning if asked else log.info)("prompt tokens: bf16 activations (%s)", why)
+        (log.warning if asked else log.info)("prompt tokens: the linears' own arithmetic (%s)", why)
         return False
     log.info("prompt tokens: W4A8, activations rounded to int8 per row and group; generated tokens W4A16 (%s)",
              "--cpu-int8-prefill" if asked else "the default on this CPU; --no-cpu-int8-prefill keeps them bf16")

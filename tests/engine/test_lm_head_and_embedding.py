@@ -200,3 +200,21 @@ def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(ca
         assert caplog.text == ""  # the default is silent where the kernel cannot run
         assert not int8_head_wanted(True, True, gpu, bf16, 64)
     assert "lm_head: kept in float (the int8 lm_head runs on CPU in bfloat16" in caplog.text
+
+
+def test_int8_prefill_wanted_where_asked_or_by_default_without_amx(caplog):
+    """EngineConfig.cpu_int8_prefill: None follows the CPU (linear_choice.prompt_q8_unavailable), True asks (and
+    warns where it cannot be), False and W4A8 throughout leave nothing to split, a float checkpoint neither."""
+    from quantkit.engine.weights import int8_prefill_wanted
+    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert int8_prefill_wanted(None, False, True, bf16) is (prompt_q8_unavailable() is None)
+    assert int8_prefill_wanted(True, False, True, bf16) is (prompt_q8_unavailable(default=False) is None)
+    assert not int8_prefill_wanted(False, False, True, bf16) and not int8_prefill_wanted(True, True, True, bf16)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="quantkit.engine"):
+        assert not int8_prefill_wanted(None, False, False, bf16) and not int8_prefill_wanted(None, False, True, fp32)
+        assert caplog.text == ""  # the default is silent where it does not apply
+        assert not int8_prefill_wanted(True, False, True, fp32) and not int8_prefill_wanted(True, False, False, bf16)
+    assert "the W4A8 kernel takes bf16 activations" in caplog.text and "no quantized linears" in caplog.text
