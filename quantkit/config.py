@@ -18,8 +18,10 @@ AWQ_NEXT_INPUTS = ("quantized", "float")
 # weight statistic too (duo scaling), or both searched and the lower loss kept
 DUO_SCALINGS = ("false", "true", "both")
 # how RTN and GPTQ choose each group's scale and zero (quantkit.quant.scale_search): min-max, a search minimizing
-# the weight error (data-free), or the error weighted by the calibration inputs' mean square per input channel
-SCALE_SEARCHES = ("minmax", "mse", "imatrix")
+# the weight error (data-free), the error weighted by the calibration inputs' mean square per input channel, or
+# (RTN) weighted by an estimate of that mean square read off the model's own weights (quantkit.quant.weight_prior:
+# data-free)
+SCALE_SEARCHES = ("minmax", "mse", "imatrix", "prior")
 GPTAQ_ALPHA = 0.25  # GPTAQ's reference code's and GPTQModel's share of the asymmetric correction (--gptaq-alpha)
 
 
@@ -141,6 +143,8 @@ class QuantizeConfig:
             raise QuantkitError(f"unknown --scale-search {self.scale_search!r}; expected one of {', '.join(SCALE_SEARCHES)}")
         if self.scale_search != "minmax" and self.method == "awq":
             raise QuantkitError("--scale-search applies to --method rtn and gptq (AWQ searches its own clip)")
+        if self.scale_search == "prior" and self.method != "rtn":
+            raise QuantkitError("--scale-search prior applies to --method rtn (GPTQ measures its inputs: use imatrix)")
         if self.awq_next_inputs not in AWQ_NEXT_INPUTS:
             raise QuantkitError(f"unknown --awq-next-inputs {self.awq_next_inputs!r}; expected one of {', '.join(AWQ_NEXT_INPUTS)}")
         if self.load_plan is not None and self.method != "awq":

@@ -39,6 +39,7 @@ METHODS = {
     # layout), and its min-max baseline
     "rtn-sym": Method(["--method", "rtn"], None),
     "rtn-mse-sym": Method(["--method", "rtn", "--scale-search", "mse"], None),
+    "rtn-prior": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "prior"], None),
     "rtn-imatrix": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "imatrix"], None),
     "gptq-imatrix": Method(["--method", "gptq", "--scale-search", "imatrix"], None),
     # quantkit's GPTQ with group-aware act-order (GAR), as GPTQModel's `gptq` runs by default

@@ -42,7 +42,7 @@ class QuantizeFlags:
     compute_dtype: str = option("auto", "--compute-dtype",
                                 help="dtype of the calibration forward passes: auto (bfloat16 on a GPU with bf16 and on a CPU "
                                      "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32.")
-    scale_search: str = option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib).")
+    scale_search: str = option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib), prior (RTN, data-free: weighted by an estimate of that mean square from the model's own norms and weights).")
     awq_duo_scaling: str = option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept).")
     awq_search_tokens: int = option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all).")
     load_plan: Path = option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching.")

@@ -82,11 +82,11 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     the moment it arises (cfg.strict turns it into a QuantkitError); the plan keeps it too.
 
     The report's seconds (quantkit_meta.json's wall_seconds) start after transformers' code for
-    the model is imported (import_seconds, kept apart), as llm-compressor's `oneshot` call, which
-    the benchmarks time, starts after its imports. `source`: cfg.model already opened (open_model)."""
+    the model and the method's own modules are imported (import_seconds, kept apart), as llm-compressor's `oneshot`
+    call, which the benchmarks time, starts after its imports. `source`: cfg.model already opened (open_model)."""
     source = open_model(cfg.model if source is None else source)
     path, config_dict = source.path, source.config
-    import_seconds = 0.0 if cfg.dry_run or out_dir is None else import_model_code(source)
+    import_seconds = 0.0 if cfg.dry_run or out_dir is None else import_model_code(source) + import_method_code(cfg)
     start = time.perf_counter()
     plan = plan_quantization(cfg, source)
     reader = source.reader
@@ -189,6 +189,13 @@ def _copy_outside_layers(cfg: QuantizeConfig, reader: ShardReader, writer: Shard
             writer.add(quantize_lm_head(reader.get(key), cfg.scheme, cfg.layout).tensors)
             continue
         writer.add_stored(key, reader.entry(key), reader.path)
+
+
+def import_method_code(cfg: QuantizeConfig) -> float:
+    """Import the module of cfg.method (METHOD_CLASSES) and what it imports; returns the seconds it took."""
+    t0 = time.perf_counter()
+    importlib.import_module(METHOD_CLASSES[cfg.method][0])
+    return time.perf_counter() - t0
 
 
 def import_model_code(source: ModelSource) -> float:

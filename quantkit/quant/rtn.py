@@ -8,7 +8,12 @@ import torch
 from quantkit.config import QuantizeConfig
 from quantkit.format.arch import get_submodule
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
+from quantkit.quant.imatrix import collect_importance
 from quantkit.quant.methods import LayerContext, LayerResult
+from quantkit.quant.scale_search import searched_quantize_many
+from quantkit.quant.weight_prior import layer_mean_squares
+
+WEIGHTED_SEARCHES = ("imatrix", "prior")  # the searches that weight each input channel's error
 
 
 def quantize_weights(ws: list[torch.Tensor], scheme: QuantScheme, scale_search: str = "minmax",
@@ -19,9 +24,7 @@ def quantize_weights(ws: list[torch.Tensor], scheme: QuantScheme, scale_search: 
     call's overhead, not one per linear)."""
     if scale_search == "minmax":
         return [rtn_quantize(w, scheme) for w in ws]
-    from quantkit.quant.scale_search import searched_quantize_many
-
-    return searched_quantize_many(ws, scheme, importance if scale_search == "imatrix" else None)
+    return searched_quantize_many(ws, scheme, importance if scale_search in WEIGHTED_SEARCHES else None)
 
 
 def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: LayerResult, scale_search: str = "minmax",
@@ -52,9 +55,10 @@ class RTNMethod:
         result = LayerResult(weights={})
         importance = None
         if self.cfg.scale_search == "imatrix":
-            from quantkit.quant.imatrix import collect_importance
-
             importance = collect_importance(ctx, list(ctx.linears))
+        elif self.cfg.scale_search == "prior":
+            found = layer_mean_squares(ctx.layer, ctx.spec, ctx.model_config, ctx.linears)
+            importance = {n: found.get(n, torch.ones(get_submodule(ctx.layer, n).weight.shape[1])) for n in ctx.linears}
         rtn_linears(ctx.layer, ctx.linears, ctx.scheme, result, self.cfg.scale_search, importance)
         return result
 

@@ -244,6 +244,21 @@ def test_rtn_scale_search_mse_is_data_free_and_below_minmax_on_every_linear(tiny
     assert minmax.keys() == mse.keys() and all(mse[k] < minmax[k] for k in mse), (mse, minmax)
 
 
+def test_rtn_scale_search_prior_is_data_free_and_weights_the_search(tiny_llama, tmp_path):
+    """--scale-search prior reads no calibration, and its importance changes what the search picks: its codes
+    differ from the unweighted search's, and its weight error (unweighted) is at or above that search's, which
+    minimizes exactly that error."""
+    calib = synthetic_calib(tmp_path / "c.txt")
+    quantize(tiny_llama, tmp_path / "mse", "--method", "rtn", "--scale-search", "mse", calib=calib)
+    output = quantize(tiny_llama, tmp_path / "prior", "--method", "rtn", "--scale-search", "prior", calib=calib)
+    assert "uses no calibration data" in output
+    _, mse = _layer_losses(tmp_path / "mse")
+    meta, prior = _layer_losses(tmp_path / "prior")
+    assert meta["config"]["scale_search"] == "prior" and meta["calibration_token_sha256"] is None
+    assert prior.keys() == mse.keys()
+    assert sum(prior.values()) > sum(mse.values()) and all(prior[k] >= mse[k] * 0.999 for k in prior), (prior, mse)
+
+
 @pytest.mark.parametrize("method", ["rtn", "gptq"])
 def test_scale_search_imatrix_reads_the_calibration(tiny_llama, tmp_path, method):
     out = tmp_path / "q"

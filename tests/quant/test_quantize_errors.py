@@ -68,7 +68,8 @@ def test_truncated_and_corrupt_safetensors(model_copy, tmp_path):
                                           (("--method", "rtn", "--act-group-aware"), "--method gptq only"),
                                           (("--method", "awq", "--awq-duo-scaling", "maybe"), "--awq-duo-scaling"),
                                           (("--scale-search", "hqq"), "unknown --scale-search"),
-                                          (("--method", "awq", "--scale-search", "mse"), "applies to --method rtn and gptq")])
+                                          (("--method", "awq", "--scale-search", "mse"), "applies to --method rtn and gptq"),
+                                          (("--method", "gptq", "--scale-search", "prior"), "applies to --method rtn")])
 def test_unsupported_options(tiny_llama, tmp_path, args, pattern):
     out = tmp_path / "q"
     assert_clean_failure(*quantize(tiny_llama, out, *args), out, pattern)
