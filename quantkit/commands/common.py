@@ -13,34 +13,32 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from quantkit.commands.flags import option
 from quantkit.errors import QuantkitError
 
 console = Console(stderr=True)
 
 
-def cpu_int8_activations_option(make: Callable = typer.Option):
-    """`--cpu-int8-activations` of generate and serve (EngineConfig.cpu_int8_activations); `make`: typer.Option, or
-    flags.option for a field of a flags dataclass."""
-    return make(False, "--cpu-int8-activations/--no-cpu-int8-activations",
-                        help="CPU, bf16, 4-bit checkpoints: the 4-bit linears round activations to int8 per row and "
-                             "group (W4A8 on AVX-512 VNNI, as llama.cpp), prefill too except on AMX CPUs. Off: W4A16, "
-                             "the checkpoint's arithmetic.")
+# The CPU arithmetic switches that generate and serve share, EngineConfig's fields of the same names: each one's
+# default (None: the engine decides) and help.
+ENGINE_SWITCHES = {
+    "cpu_int8_activations": (False, "CPU, bf16, 4-bit checkpoints: the 4-bit linears round activations to int8 per "
+                                    "row and group (W4A8 on AVX-512 VNNI, as llama.cpp), prefill too except on AMX "
+                                    "CPUs. Off: W4A16, the checkpoint's arithmetic."),
+    "cpu_int8_lm_head": (None, "CPU, bf16, AVX-512 VNNI: hold a float lm_head in int8 (symmetric, groups of 128, as "
+                               "llama.cpp's Q8_0): half the bytes each decode step reads for it. Default: on for "
+                               "quantized checkpoints, off for float ones. Off: the checkpoint's float head."),
+    "cpu_int8_prefill": (None, "CPU, bf16, 4-bit checkpoints: prompt tokens run W4A8 (activations rounded to int8 "
+                               "per row and group, about 1.5x the prefill speed), generated tokens W4A16. Default: on "
+                               "where the int8 kernel builds and the CPU has no AMX. Off: W4A16 throughout."),
+}
 
 
-def cpu_int8_prefill_option(make: Callable = typer.Option):
-    """`--cpu-int8-prefill` of generate and serve (EngineConfig.cpu_int8_prefill); `make` as above."""
-    return make(None, "--cpu-int8-prefill/--no-cpu-int8-prefill", show_default=False,
-                        help="CPU, bf16, 4-bit checkpoints: prompt tokens run W4A8 (activations rounded to int8 per row "
-                             "and group, about 1.5x the prefill speed), generated tokens W4A16. Default: on where the "
-                             "int8 kernel builds and the CPU has no AMX. Off: W4A16 throughout.")
-
-
-def cpu_int8_lm_head_option(make: Callable = typer.Option):
-    """`--cpu-int8-lm-head` of generate and serve (EngineConfig.cpu_int8_lm_head); `make` as above."""
-    return make(None, "--cpu-int8-lm-head/--no-cpu-int8-lm-head", show_default=False,
-                        help="CPU, bf16, AVX-512 VNNI: hold a float lm_head in int8 (symmetric, groups of 128, as "
-                             "llama.cpp's Q8_0): half the bytes each decode step reads for it. Default: on for "
-                             "quantized checkpoints, off for float ones. Off: the checkpoint's float head.")
+def engine_switch(name: str):
+    """The flags-dataclass field (quantkit.commands.flags.option) of ENGINE_SWITCHES[name]: --name/--no-name."""
+    default, text = ENGINE_SWITCHES[name]
+    flag = name.replace("_", "-")
+    return option(default, f"--{flag}/--no-{flag}", show_default=default is not None, help=text)
 
 
 def one_line_errors(fn: Callable) -> Callable:

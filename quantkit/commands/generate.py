@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
-from quantkit.commands.common import (console, cpu_int8_activations_option, cpu_int8_lm_head_option,
-                                      cpu_int8_prefill_option, one_line_errors)
+from quantkit.commands.common import console, engine_switch, one_line_errors
+from quantkit.commands.flags import argument, command, option
 from quantkit.errors import QuantkitError
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
@@ -25,7 +26,7 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "
 
 
 def register(app: typer.Typer) -> None:
-    app.command("generate")(generate)
+    app.command("generate")(command(GenerateFlags, generate))
 
 
 def parse_size(text: str) -> int:
@@ -109,73 +110,92 @@ def output_row(out, note: str | None = None) -> dict:
     return row
 
 
-@one_line_errors
-def generate(
-    model: str = typer.Argument(..., help="Checkpoint folder (float, GPTQ or AWQ) or hub id."),
-    prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
-    prompts_file: Path | None = typer.Option(None, "--prompts-file", help="One prompt per line, or JSONL with \"prompt\"."),
-    output: Path | None = typer.Option(None, "--output", help="Write one JSON line per prompt here."),
-    max_tokens: int = typer.Option(64, "--max-tokens", min=1),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    seed: int | None = typer.Option(None, "--seed", help="Per-request seed for reproducible sampling."),
-    max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
-    max_model_len: int | None = typer.Option(None, "--max-model-len"),
-    kv_cache_memory: str | None = typer.Option(None, "--kv-cache-memory", help="KV pool size on CPU, e.g. 512MiB."),
-    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks"),
-    swap_space: float = typer.Option(0.0, "--swap-space", help="GiB of CPU swap for preempted requests."),
-    prefix_caching: bool = typer.Option(True, "--prefix-caching/--no-prefix-caching"),
-    dtype: str = typer.Option("auto", "--dtype", help=("auto (float16 on GPU; on CPU bfloat16 where it computes "
-                                                       "natively, else float32), float32, bfloat16 or float16 (GPU).")),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest)."),
-    cpu_int8_activations: bool = cpu_int8_activations_option(),
-    cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(),
-    cpu_int8_prefill: bool | None = cpu_int8_prefill_option(),
-    json_schema: Path | None = typer.Option(None, "--json-schema", help="A JSON schema file: every output is JSON "
-                                            "that matches it (a token mask at each step)."),
-    regex: str | None = typer.Option(None, "--regex", help="Every output matches this regular expression."),
-    speculative_config: str | None = typer.Option(
+@dataclass(frozen=True)
+class GenerateFlags:
+    """`quantkit generate`'s command line as typed (vLLM's flag names where they exist)."""
+
+    model: str = argument(..., help="Checkpoint folder (float, GPTQ or AWQ) or hub id.")
+    prompt: str | None = option(None, "--prompt", help="One prompt.")
+    prompts_file: Path | None = option(None, "--prompts-file", help="One prompt per line, or JSONL with \"prompt\".")
+    output: Path | None = option(None, "--output", help="Write one JSON line per prompt here.")
+    max_tokens: int = option(64, "--max-tokens", min=1)
+    temperature: float = option(0.0, "--temperature", help="0 = greedy.")
+    top_p: float = option(1.0, "--top-p")
+    top_k: int = option(0, "--top-k", help="0 = off.")
+    seed: int | None = option(None, "--seed", help="Per-request seed for reproducible sampling.")
+    max_num_seqs: int = option(64, "--max-num-seqs")
+    max_model_len: int | None = option(None, "--max-model-len")
+    kv_cache_memory: str | None = option(None, "--kv-cache-memory", help="KV pool size on CPU, e.g. 512MiB.")
+    num_kv_blocks: int | None = option(None, "--num-kv-blocks")
+    swap_space: float = option(0.0, "--swap-space", help="GiB of CPU swap for preempted requests.")
+    prefix_caching: bool = option(True, "--prefix-caching/--no-prefix-caching")
+    dtype: str = option("auto", "--dtype", help=("auto (float16 on GPU; on CPU bfloat16 where it computes natively, "
+                                                "else float32), float32, bfloat16 or float16 (GPU)."))
+    threads: int | None = option(None, "--threads", help="CPU threads for torch (small models: 1 is fastest).")
+    cpu_int8_activations: bool = engine_switch("cpu_int8_activations")
+    cpu_int8_lm_head: bool | None = engine_switch("cpu_int8_lm_head")
+    cpu_int8_prefill: bool | None = engine_switch("cpu_int8_prefill")
+    json_schema: Path | None = option(None, "--json-schema", help="A JSON schema file: every output is JSON that "
+                                      "matches it (a token mask at each step).")
+    regex: str | None = option(None, "--regex", help="Every output matches this regular expression.")
+    speculative_config: str | None = option(
         None, "--speculative-config", help="vLLM's JSON, n-gram prompt lookup: '{\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (greedy output unchanged, fewer steps where the "
-        "output repeats its prompt)."),
-) -> None:
+        "output repeats its prompt).")
+
+
+def make_llm(f: GenerateFlags):
+    """The engine the flags ask for."""
+    from quantkit.engine import LLM
+
+    return LLM(f.model, max_num_seqs=f.max_num_seqs, max_model_len=f.max_model_len, num_kv_blocks=f.num_kv_blocks,
+               kv_cache_memory=None if f.kv_cache_memory is None else parse_size(f.kv_cache_memory),
+               swap_space=f.swap_space, enable_prefix_caching=f.prefix_caching, dtype=f.dtype,
+               num_threads=f.threads, cpu_int8_activations=f.cpu_int8_activations,
+               cpu_int8_lm_head=f.cpu_int8_lm_head, cpu_int8_prefill=f.cpu_int8_prefill,
+               speculative_config=parse_json_option(f.speculative_config, "--speculative-config"))
+
+
+def print_rows(rows: list[dict], one_prompt: bool, output: Path | None) -> None:
+    """Each row's warning or note on the console; the rows to `output` (JSONL), or the one completion's text, or
+    every row as a JSON line on stdout."""
+    for i, row in enumerate(rows, 1):
+        if "error" in row or "note" in row:
+            what = f"[yellow]warning:[/] {row['error']}" if "error" in row else f"note: {row['note']}"
+            console.print(what if one_prompt else f"prompt {i}: {what}", highlight=False)
+    if output is not None:
+        write_jsonl(output, rows)
+        console.print(f"wrote {len(rows)} completions to {output}", highlight=False)
+    elif one_prompt:
+        typer.echo(rows[0]["text"])
+    else:
+        for row in rows:
+            typer.echo(json.dumps(row, ensure_ascii=False))
+
+
+@one_line_errors
+def generate(ctx: typer.Context, flags: GenerateFlags) -> None:
     """Generate text for one prompt or a file of prompts, batched on the paged-KV engine."""
-    if (prompt is None) == (prompts_file is None):
+    f = flags
+    if (f.prompt is None) == (f.prompts_file is None):
         raise QuantkitError("give exactly one of --prompt or --prompts-file")
-    prompts = [prompt] if prompt is not None else read_prompts(prompts_file)
-    from quantkit.engine import LLM, SamplingParams
+    prompts = [f.prompt] if f.prompt is not None else read_prompts(f.prompts_file)
+    from quantkit.engine import SamplingParams
     from quantkit.engine.llm import context_limit_note
     from quantkit.engine.weights import WeightMemory
 
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens,
-                            structured_outputs=structured_outputs(json_schema, regex))
-    llm = LLM(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
-              kv_cache_memory=None if kv_cache_memory is None else parse_size(kv_cache_memory),
-              swap_space=swap_space, enable_prefix_caching=prefix_caching, dtype=dtype,
-              num_threads=threads, cpu_int8_activations=cpu_int8_activations,
-              cpu_int8_lm_head=cpu_int8_lm_head, cpu_int8_prefill=cpu_int8_prefill,
-              speculative_config=parse_json_option(speculative_config, "--speculative-config"))
+    params = SamplingParams(temperature=f.temperature, top_p=f.top_p, top_k=f.top_k, seed=f.seed,
+                            max_tokens=f.max_tokens, structured_outputs=structured_outputs(f.json_schema, f.regex))
+    llm = make_llm(f)
     console.print(WeightMemory.of(llm.engine.model).describe(), highlight=False, soft_wrap=True)
     if params.structured_outputs is not None:  # a schema that does not compile: one line before any generation
         llm.engine.grammars.compile(params.structured_outputs)
     console.print(llm.engine.kv_plan.describe(), highlight=False)
     outs = _run_with_progress(llm, prompts, params)
-    if prompt is not None and outs[0].error:
+    if f.prompt is not None and outs[0].error:
         raise QuantkitError(f"--prompt: {outs[0].error}")
     rows = [output_row(o, context_limit_note(o, params, llm.engine.max_model_len)) for o in outs]
-    for i, row in enumerate(rows, 1):
-        if "error" in row or "note" in row:
-            what = f"[yellow]warning:[/] {row['error']}" if "error" in row else f"note: {row['note']}"
-            console.print(f"prompt {i}: {what}" if prompt is None else what, highlight=False)
-    if output is not None:
-        write_jsonl(output, rows)
-        console.print(f"wrote {len(rows)} completions to {output}", highlight=False)
-    elif prompt is not None:
-        typer.echo(rows[0]["text"])
-    else:
-        for row in rows:
-            typer.echo(json.dumps(row, ensure_ascii=False))
+    print_rows(rows, f.prompt is not None, f.output)
     failed = sum("error" in row for row in rows)
     if failed:
         console.print(f"[bold red]{failed} of {len(rows)} prompts failed[/] (their records carry the error)",

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from quantkit.commands.common import (console, cpu_int8_activations_option, cpu_int8_lm_head_option,
-                                      cpu_int8_prefill_option, one_line_errors)
+from quantkit.commands.common import console, engine_switch, one_line_errors
 from quantkit.commands.flags import argument, command, option
 from quantkit.errors import QuantkitError
 from quantkit.memory import bound_kernel_caches
@@ -54,9 +53,9 @@ class ServeFlags:
     shutdown_timeout: float = option(30.0, "--shutdown-timeout",
                                      help="Seconds requests in flight may take to finish on SIGTERM.")
     threads: int | None = option(None, "--threads", help="CPU threads for torch.")
-    cpu_int8_activations: bool = cpu_int8_activations_option(option)
-    cpu_int8_lm_head: bool | None = cpu_int8_lm_head_option(option)
-    cpu_int8_prefill: bool | None = cpu_int8_prefill_option(option)
+    cpu_int8_activations: bool = engine_switch("cpu_int8_activations")
+    cpu_int8_lm_head: bool | None = engine_switch("cpu_int8_lm_head")
+    cpu_int8_prefill: bool | None = engine_switch("cpu_int8_prefill")
     log_level: str = option("info", "--log-level", help="debug, info, warning or error.")
     enable_auto_tool_choice: bool = option(False, "--enable-auto-tool-choice",
                                            help='tool_choice "auto": parse tool calls out of the output.')
