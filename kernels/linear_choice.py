@@ -144,16 +144,25 @@ TABLE: tuple[LinearKernel, ...] = (
 )
 
 
-def prompt_q8_unavailable(default: bool = True) -> str | None:
-    """Why a step's prompt rows cannot run the W4A8 kernel on this CPU (EngineConfig.cpu_int8_prefill), or, with
-    `default`, why they do not by default: where AMX tiles are granted they run prefill in bf16 faster than the
-    VNNI kernel does in int8 (docs/BENCHMARKS.md). None: they do."""
+def prompt_q8_unavailable() -> str | None:
+    """Why a step's prompt rows cannot run the W4A8 kernel on this CPU (EngineConfig.cpu_int8_prefill asked); None:
+    they can."""
     ext = int4_cpu.extension()
     if ext is None:
         return f"quantkit's int4 kernels: {int4_cpu.unavailable()}"
     if not hasattr(ext, "int4_linear_q8"):
         return "the int8-activation kernel not built at this CPU level"
-    return "AMX tiles run prefill in bf16" if default and _amx(LinearCase(4, 128, torch.bfloat16)) is None else None
+    return None
+
+
+def prompt_q8_not_default() -> str | None:
+    """Why a step's prompt rows do not run the W4A8 kernel by default (EngineConfig.cpu_int8_prefill None): they
+    cannot, or AMX tiles are granted, which run prefill in bf16 faster than the VNNI kernel does in int8
+    (docs/BENCHMARKS.md). None: they do."""
+    why = prompt_q8_unavailable()
+    if why is None and _amx(LinearCase(4, 128, torch.bfloat16)) is None:
+        return "AMX tiles run prefill in bf16"
+    return why
 
 
 def choose(case: LinearCase) -> Choice:

@@ -96,9 +96,9 @@ def collect() -> EnvReport:
 
 def prompt_arithmetic() -> str:
     """How the engine computes a 4-bit bf16 checkpoint's prompt tokens on this CPU by default."""
-    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+    from quantkit.kernels.linear_choice import prompt_q8_not_default
 
-    why = prompt_q8_unavailable()
+    why = prompt_q8_not_default()
     return "W4A8" if why is None else f"W4A16 ({why})"
 
 

@@ -215,9 +215,13 @@ def activation_variants(args, auto: str) -> list[Arithmetic]:
     """The 4-bit quantkit systems to run: the engine's default arithmetic (on a bf16 CPU without AMX, prompt tokens
     W4A8, generated ones W4A16), with --w4a16 also W4A16 throughout, with --int8-activations also W4A8 throughout
     (activations in int8, as llama.cpp's Q4 types); W4A8 alone with `--int8-activations only`."""
-    default, w4a16, w4a8 = Arithmetic(auto), Arithmetic("W4A16", int8_prefill=False), Arithmetic("W4A8", True)
     if auto != "bfloat16":
-        return [default]
+        return [Arithmetic(auto)]
+    from quantkit.kernels.linear_choice import prompt_q8_not_default
+
+    prompts = "W4A8 prompts" if prompt_q8_not_default() is None else "W4A16"
+    default, w4a16, w4a8 = Arithmetic(f"default: {prompts}"), Arithmetic("W4A16", int8_prefill=False), \
+        Arithmetic("W4A8", True)
     if args.int8_activations == "only":
         return [w4a8]
     return [default] + ([w4a16] if args.w4a16 else []) + ([w4a8] if args.int8_activations else [])

@@ -153,14 +153,14 @@ def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, comput
 def int8_prefill_wanted(asked: bool | None, int8_activations: bool, quantized: bool, dtype: torch.dtype) -> bool:
     """Whether the prompt tokens of a 4-bit checkpoint run W4A8 on CPU while generated tokens run W4A16: where asked
     (a log line says why not, where it cannot be), and by default (`asked` None) where the int8-activation kernel
-    builds and no AMX tiles run prefill in bf16 (kernels/linear_choice.prompt_q8_unavailable). Its accuracy cost
+    builds and no AMX tiles run prefill in bf16 (kernels/linear_choice.prompt_q8_not_default). Its accuracy cost
     and speed: docs/BENCHMARKS.md "Real sizes"."""
-    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+    from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     if asked is False or int8_activations or (asked is None and not quantized):
         return False
     why = "no quantized linears" if not quantized else "the W4A8 kernel takes bf16 activations" \
-        if dtype != torch.bfloat16 else prompt_q8_unavailable(default=asked is None)
+        if dtype != torch.bfloat16 else prompt_q8_not_default() if asked is None else prompt_q8_unavailable()
     if why is not None:
         (log.warning if asked else log.info)("prompt tokens: the linears' own arithmetic (%s)", why)
         return False

@@ -10,7 +10,7 @@ from quantkit.format.arch import get_submodule
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantize
 from quantkit.quant.imatrix import collect_importance
 from quantkit.quant.methods import LayerContext, LayerResult
-from quantkit.quant.scale_search import searched_quantize_many
+from quantkit.quant.scale_search import SearchGrid, searched_quantize_many
 from quantkit.quant.weight_prior import layer_mean_squares
 
 WEIGHTED_SEARCHES = ("imatrix", "prior")  # the searches that weight each input channel's error
@@ -19,12 +19,14 @@ WEIGHTED_SEARCHES = ("imatrix", "prior")  # the searches that weight each input 
 def quantize_weights(ws: list[torch.Tensor], scheme: QuantScheme, scale_search: str = "minmax",
                      importance: list[torch.Tensor] | None = None) -> list[QuantizedWeight]:
     """Each W [N, K] rounded to nearest, its group scales and zeros from min-max or searched
-    (quantkit.quant.scale_search: `mse` on the weight error, `imatrix` weighted by each weight's importance [K]);
+    (quantkit.quant.scale_search: `mse` on the weight error, `imatrix` and `prior` weighted by each weight's
+    importance [K], measured or estimated: quantkit.quant.weight_prior);
     searched weights together, in one search over all their groups (a layer of small linears then costs about one
     call's overhead, not one per linear)."""
     if scale_search == "minmax":
         return [rtn_quantize(w, scheme) for w in ws]
-    return searched_quantize_many(ws, scheme, importance if scale_search in WEIGHTED_SEARCHES else None)
+    return searched_quantize_many(ws, scheme, importance if scale_search in WEIGHTED_SEARCHES else None,
+                                  SearchGrid(data_free=scale_search == "prior"))
 
 
 def rtn_linears(layer: torch.nn.Module, names, scheme: QuantScheme, result: LayerResult, scale_search: str = "minmax",

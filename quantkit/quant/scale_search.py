@@ -52,7 +52,9 @@ REFINE_ELEMENTS = 2**19
 # grid cut at 0.8 (llm-compressor's MSE observer's maxshrink) chooses the same scales and zeros bit for bit
 # (benchmarks/scale_search.py's digests, docs/BENCHMARKS.md) in 5 coarse points instead of 11. A symmetric group's
 # codes are fixed around zero (its best points reach 0.69), and importance-weighted errors (imatrix) moved picks past
-# 0.8: those grids go on to 0.5.
+# 0.8: those grids go on to 0.5. The data-free importance (`prior`, quantkit.quant.weight_prior) keeps the data-free
+# grid: on the suite its picks at 0.8 gave the same perplexity as at 0.5 on five models of seven and within 2e-5 on
+# the other two (docs/BENCHMARKS.md), in half the candidates.
 DATA_FREE_ASYM_MAX_SHRINK = 0.2
 MAX_SHRINK = 0.5
 
@@ -66,12 +68,13 @@ class SearchGrid:
     max_shrink: float | None = None  # the smallest range tried is (1 - max_shrink) of min-max's; None: see shrink
     coarse: int = 5  # the coarse pass's stride, in grid points
     refine: int = 2  # weighted least-squares rounds after the grid
+    data_free: bool = False  # the importance is estimated without data: the data-free grid (see shrink)
 
     def shrink(self, sym: bool, weighted: bool) -> float:
         """max_shrink where set, else by the search's kind (DATA_FREE_ASYM_MAX_SHRINK, MAX_SHRINK)."""
         if self.max_shrink is not None:
             return self.max_shrink
-        return MAX_SHRINK if sym or weighted else DATA_FREE_ASYM_MAX_SHRINK
+        return MAX_SHRINK if sym or (weighted and not self.data_free) else DATA_FREE_ASYM_MAX_SHRINK
 
     def coarse_shrinks(self, sym: bool, weighted: bool) -> list[float]:
         last = int(round(self.shrink(sym, weighted) * self.steps))

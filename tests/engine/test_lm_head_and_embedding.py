@@ -203,14 +203,14 @@ def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(ca
 
 
 def test_int8_prefill_wanted_where_asked_or_by_default_without_amx(caplog):
-    """EngineConfig.cpu_int8_prefill: None follows the CPU (linear_choice.prompt_q8_unavailable), True asks (and
+    """EngineConfig.cpu_int8_prefill: None follows the CPU (linear_choice.prompt_q8_not_default), True asks (and
     warns where it cannot be), False and W4A8 throughout leave nothing to split, a float checkpoint neither."""
     from quantkit.engine.weights import int8_prefill_wanted
-    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+    from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert int8_prefill_wanted(None, False, True, bf16) is (prompt_q8_unavailable() is None)
-    assert int8_prefill_wanted(True, False, True, bf16) is (prompt_q8_unavailable(default=False) is None)
+    assert int8_prefill_wanted(None, False, True, bf16) is (prompt_q8_not_default() is None)
+    assert int8_prefill_wanted(True, False, True, bf16) is (prompt_q8_unavailable() is None)
     assert not int8_prefill_wanted(False, False, True, bf16) and not int8_prefill_wanted(True, True, True, bf16)
     caplog.clear()
     with caplog.at_level("WARNING", logger="quantkit.engine"):

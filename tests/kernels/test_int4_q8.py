@@ -149,8 +149,8 @@ def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(q8, m):
 
 
 def test_prompt_q8_by_default_only_without_amx(q8):
-    from quantkit.kernels.linear_choice import prompt_q8_unavailable
+    from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     amx = hasattr(q8, "has_amx") and q8.has_amx()
-    assert prompt_q8_unavailable(default=False) is None
-    assert (prompt_q8_unavailable() is None) == (not amx)
+    assert prompt_q8_unavailable() is None
+    assert (prompt_q8_not_default() is None) == (not amx)

@@ -275,3 +275,5 @@ def test_the_default_grid_goes_to_0_8_of_the_range_for_data_free_asymmetric_grou
         assert grid.coarse_shrinks(sym, weighted)[-1] == pytest.approx(0.5)
         assert len(grid.coarse_shrinks(sym, weighted)) == 11
     assert SearchGrid(max_shrink=0.3).shrink(False, False) == SearchGrid(max_shrink=0.3).shrink(True, True) == 0.3
+    # an importance estimated without data (--scale-search prior) keeps the data-free grid
+    assert SearchGrid(data_free=True).shrink(False, True) == 0.2 and SearchGrid(data_free=True).shrink(True, True) == 0.5
