@@ -11,7 +11,7 @@ from quantkit.format.primitives import QuantizedWeight, QuantScheme, rtn_quantiz
 from quantkit.quant.imatrix import collect_importance
 from quantkit.quant.methods import LayerContext, LayerResult
 from quantkit.quant.scale_search import SearchGrid, searched_quantize_many
-from quantkit.quant.weight_prior import layer_mean_squares
+from quantkit.quant.weight_prior import expert_mean_squares, layer_mean_squares
 
 WEIGHTED_SEARCHES = ("imatrix", "prior")  # the searches that weight each input channel's error
 
@@ -59,17 +59,25 @@ class RTNMethod:
         if self.cfg.scale_search == "imatrix":
             importance = collect_importance(ctx, list(ctx.linears))
         elif self.cfg.scale_search == "prior":
-            found = layer_mean_squares(ctx.layer, ctx.spec, ctx.model_config, ctx.linears)
-            importance = {n: found.get(n, torch.ones(get_submodule(ctx.layer, n).weight.shape[1])) for n in ctx.linears}
+            importance = _every(ctx.layer, ctx.linears, layer_mean_squares(ctx.layer, ctx.spec, ctx.model_config,
+                                                                            ctx.linears))
         rtn_linears(ctx.layer, ctx.linears, ctx.scheme, result, self.cfg.scale_search, importance)
         return result
 
     def quantize_experts(self, moe) -> LayerResult:
-        """Every quantized expert's linears (quantkit.quant.moe_experts.MoEContext), one expert at a time (min-max
-        or the data-free search: the experts' own inputs are not collected here)."""
+        """Every quantized expert's linears (quantkit.quant.moe_experts.MoEContext), one expert at a time (min-max,
+        or a data-free search: `imatrix` takes `mse` here, the experts' own inputs are not collected)."""
         result = LayerResult(weights={})
-        search = "mse" if self.cfg.scale_search != "minmax" else "minmax"
+        search = {"minmax": "minmax", "prior": "prior"}.get(self.cfg.scale_search, "mse")
+        ctx = moe.layer
         for _, names in moe.expert_linears():
-            rtn_linears(moe.layer.layer, names, moe.layer.scheme, result, search)
+            importance = None if search != "prior" else \
+                _every(ctx.layer, names, expert_mean_squares(ctx.layer, ctx.spec, ctx.model_config, names))
+            rtn_linears(ctx.layer, names, ctx.scheme, result, search, importance)
             moe.expert_done(result, names)
         return result
+
+
+def _every(layer: torch.nn.Module, names, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`found` for each linear in `names`, ones (the plain weight error) for a linear it lacks."""
+    return {n: found[n] if n in found else torch.ones(get_submodule(layer, n).weight.shape[1]) for n in names}

@@ -10,9 +10,12 @@ channels of unit mean square:
     E[y_j^2] = sum_k F[j, k]^2 E[x_k^2], F's own inputs' estimate carried through;
   - under GQA each v_proj row feeds every query head of its group;
   - a gated MLP's down_proj reads act(gate) * up: the up rows' estimate times E[act(g)^2] for g Gaussian with the
-    gate rows' estimated variance (Gauss-Hermite quadrature), gate and up taken as independent.
+    gate rows' estimated variance (Gauss-Hermite quadrature), gate and up taken as independent; so does each expert
+    of an MoE block, whose gate and up read the MLP norm's output.
 
-The architecture knowledge (which op feeds which linears) is the spec's LinearGroups, as AWQ reads it.
+The architecture knowledge (which op feeds which linears) is the spec's LinearGroups, as AWQ reads it, and its
+ExpertsSpec. gpt-oss's experts (one gate_up projection, down reading (clamp(up) + 1) * glu(gate)) get the norm's
+estimate for gate_up and none for down.
 """
 
 from __future__ import annotations
@@ -61,10 +64,16 @@ def over_query_heads(imp_v: torch.Tensor, o_in: int, kv_heads: int) -> torch.Ten
     return imp_v.view(kv_heads, -1).repeat_interleave(o_in // imp_v.numel(), dim=0).reshape(-1)
 
 
-def _activation(model_config):
+def gated_mean_square(up: torch.Tensor, gate: torch.Tensor | None, act) -> torch.Tensor:
+    """E[(act(g) * u)^2] [N] for independent u and Gaussian g of mean squares up, gate [N]; up alone where the
+    gate or the activation is unknown."""
+    return up if gate is None or act is None else up * activation_mean_square(act, gate)
+
+
+def _activation(model_config, name: str | None = None):
     from transformers.activations import ACT2FN
 
-    name = getattr(model_config, "hidden_act", None) or getattr(model_config, "hidden_activation", None)
+    name = name or getattr(model_config, "hidden_act", None) or getattr(model_config, "hidden_activation", None)
     return ACT2FN[name] if name in ACT2FN else None
 
 
@@ -87,10 +96,7 @@ def _fed_by_linear(layer, spec: ArchSpec, model_config, group: LinearGroup, esti
     else:  # the other linear of the feeder's own group: gate beside up
         siblings = [n for g in spec.groups if group.feeder in g.linears for n in g.linears if n != group.feeder]
         gate = output_mean_square(_weight(layer, siblings[0]), estimates[siblings[0]]) if len(siblings) == 1 else None
-    act = _activation(model_config)
-    if gate is None or act is None:
-        return up
-    return up * activation_mean_square(act, gate)
+    return gated_mean_square(up, gate, _activation(model_config))
 
 
 def layer_mean_squares(layer, spec: ArchSpec, model_config, names) -> dict[str, torch.Tensor]:
@@ -105,3 +111,16 @@ def layer_mean_squares(layer, spec: ArchSpec, model_config, names) -> dict[str, 
         for name in group.linears:
             estimates[name] = imp
     return {name: estimates[name] for name in names if name in estimates}
+
+
+def expert_mean_squares(layer, spec: ArchSpec, model_config, names) -> dict[str, torch.Tensor]:
+    """The estimate [K] of one expert's linears `names` (ExpertsSpec.linears_of, relative to the layer): its gate
+    and up (or gate_up) read the MLP norm's output, its down act(gate) * up (none for a fused gate_up's down)."""
+    x = spec.experts
+    roles = {x.parse(n)[1]: n for n in names if x.parse(n) is not None}
+    imp = norm_mean_square(_weight(layer, spec.norms.mlp_in), spec.norms.offset)
+    out = {roles[r]: imp for r in ("gate", "up", "gate_up") if r in roles}
+    if {"gate", "up", "down"} <= roles.keys():
+        up, gate = (output_mean_square(_weight(layer, roles[r]), imp) for r in ("up", "gate"))
+        out[roles["down"]] = gated_mean_square(up, gate, _activation(model_config, x.act))
+    return out

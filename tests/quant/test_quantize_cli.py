@@ -259,6 +259,22 @@ def test_rtn_scale_search_prior_is_data_free_and_weights_the_search(tiny_llama, 
     assert sum(prior.values()) > sum(mse.values()) and all(prior[k] >= mse[k] * 0.999 for k in prior), (prior, mse)
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_rtn_scale_search_prior_weights_an_moe_layers_experts_too(family, tiny_family, tmp_path):
+    """Under --scale-search prior the experts' searches are weighted as well (expert_mean_squares): their weight
+    errors move off the unweighted search's, as the dense linears' do. gpt-oss's experts get the MLP norm's estimate
+    for gate_up only, and the tiny model's norms are all ones: there the search is the unweighted one, to the bit."""
+    model, calib = tiny_family(family), synthetic_calib(tmp_path / "c.txt")
+    quantize(model, tmp_path / "mse", "--method", "rtn", "--scale-search", "mse", calib=calib)
+    quantize(model, tmp_path / "prior", "--method", "rtn", "--scale-search", "prior", calib=calib)
+    _, mse = _layer_losses(tmp_path / "mse")
+    _, prior = _layer_losses(tmp_path / "prior")
+    experts = [k for k in prior if ".experts." in k[1]]
+    assert experts and prior.keys() == mse.keys()
+    moved = sum(prior[k] for k in experts) > sum(mse[k] for k in experts)
+    assert moved if family == "qwen3_moe" else all(prior[k] == mse[k] for k in experts)
+
+
 @pytest.mark.parametrize("method", ["rtn", "gptq"])
 def test_scale_search_imatrix_reads_the_calibration(tiny_llama, tmp_path, method):
     out = tmp_path / "q"
