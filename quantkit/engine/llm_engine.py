@@ -5,19 +5,17 @@ back an output for every request that changed."""
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from quantkit.devices import auto_cpu_dtype
 from quantkit.engine.config import EngineConfig
 from quantkit.engine.detokenizer import IncrementalDetokenizer, find_stop
 from quantkit.engine.kv_cache_manager import KVCacheManager
 from quantkit.engine.kv_sizing import plan_kv
+from quantkit.engine.loaded_model import load_engine_model
 from quantkit.engine.model_runner import ModelRunner, kv_block_bytes
 from quantkit.engine.logprobs import check_logprobs_limit, logprob_dicts
 from quantkit.engine.parallel_sampling import RequestGroup, child_id, child_params
@@ -31,35 +29,9 @@ from quantkit.engine.stats import EngineStats, StatsCollector, StepStats
 from quantkit.engine.structured_outputs import GrammarMatchers
 from quantkit.engine.swap import SwapSpace
 from quantkit.engine.token_text import MAX_CONTEXT, TokenTexts
-from quantkit.engine.weights import load_decoder
-from quantkit.devices import resolve_device
 from quantkit.errors import QuantkitError
 
 log = logging.getLogger("quantkit.engine")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto" and device.type == "cpu":
-        name, why = auto_cpu_dtype()
-        log.info("dtype %s: %s", name, why)
-    if name == "auto":
-        return torch.float16
-    if name == "float16" and device.type == "cpu":
-        raise QuantkitError("float16 on CPU is too slow to serve; use float32 or bfloat16")
-    return DTYPES[name]
-
-
-def eos_token_ids(path: Path, config_eos, tokenizer) -> frozenset[int]:
-    """EOS ids as HF generate takes them: generation_config.json, else config.json, else the tokenizer."""
-    gen = path / "generation_config.json"
-    gen_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
-    for value in (gen_eos, config_eos, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            return frozenset([value])
-        if isinstance(value, list) and value:
-            return frozenset(int(v) for v in value)
-    return frozenset()
 
 
 def non_finite_rows(logits: torch.Tensor) -> list[int]:
@@ -71,26 +43,12 @@ def non_finite_rows(logits: torch.Tensor) -> list[int]:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
-        from quantkit.model.loader import load_tokenizer
-        from quantkit.model.source import open_model
-
         self.cfg = cfg
-        if cfg.num_threads is not None:
-            torch.set_num_threads(cfg.num_threads)  # asked for explicitly: a process-wide torch setting
-        self.device = resolve_device(cfg.device)
-        if self.device.type == "cpu":
-            from quantkit.kernels.cpu_status import kernel_statuses, one_line
-
-            log.info(one_line(kernel_statuses()))  # which C++ kernels this start runs, as `quantkit env` says
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
-        source = open_model(cfg.model)  # one read of the checkpoint: its path, config, spec, scheme and shards
-        self.model, self.quant_info = load_decoder(source, self.dtype, self.device, cfg.cpu_int8_activations,
-                                                   cfg.cpu_int8_lm_head, cfg.cpu_int8_prefill)
-        self.tokenizer = load_tokenizer(cfg.tokenizer or source)
+        loaded = load_engine_model(cfg)
+        self.device, self.dtype, self.model, self.quant_info = loaded.device, loaded.dtype, loaded.model, \
+            loaded.quant_info
+        self.tokenizer, self.eos_ids, self.max_model_len = loaded.tokenizer, loaded.eos_ids, loaded.max_model_len
         s = self.model.shape
-        self.max_model_len = self._max_model_len(cfg, s)
-        self.model.use_rope_table(self.max_model_len)
-        self.eos_ids = eos_token_ids(source.path, getattr(source.hf_config, "eos_token_id", None), self.tokenizer)
         block_bytes = kv_block_bytes(s.num_layers, cfg.block_size, s.num_kv_heads, s.head_dim, self.dtype)
         self.kv_plan = plan_kv(cfg, block_bytes, self.max_model_len, self.device)
         self.kv = KVCacheManager(self.kv_plan.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
@@ -111,14 +69,6 @@ class LLMEngine:
         self.last_step = StepStats()
         self.last_error: Exception | None = None  # what failed the last step, if it failed
         log.info(self.kv_plan.describe())
-
-    @staticmethod
-    def _max_model_len(cfg: EngineConfig, s) -> int:
-        limit = s.max_position_embeddings
-        n = cfg.max_model_len or limit
-        if n > limit:
-            raise QuantkitError(f"max_model_len {n} exceeds the model's max_position_embeddings {limit}")
-        return n
 
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt (text or ids), checked; a bad prompt raises QuantkitError."""

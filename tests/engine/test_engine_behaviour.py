@@ -162,7 +162,7 @@ def test_eos_ids_follow_hf_generate_precedence(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from quantkit.engine.llm_engine import eos_token_ids
+    from quantkit.engine.loaded_model import eos_token_ids
 
     tok = SimpleNamespace(eos_token_id=9)
     assert eos_token_ids(tmp_path, None, tok) == {9}
