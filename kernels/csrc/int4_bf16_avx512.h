@@ -227,6 +227,7 @@ void lane_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
         for (int m = 0; m < MT; ++m) acc[u][c][m] = _mm512_setzero_ps();
     auto step = [&](int u, int64_t k) {
       __m512bh wv[4];
+      prefetch_ahead(w + k * 8);  // one 64-byte line a step
       unpack_eight(w + k * 8, wv);
       for (int m = 0; m < MT; ++m) {
         const __m512bh xv = quad(x[m] + k);

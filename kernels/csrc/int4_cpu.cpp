@@ -297,6 +297,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   dev.def("set_eight_columns", [](bool on) { return std::exchange(int4bf16::eight_columns(), on); },
         "the 8-row tile: 8 columns a step where the group size allows (True, the default) or a pair; returns the "
         "previous setting");
+  dev.def("set_stream_ahead", [](int64_t bytes) { return std::exchange(tiles512::stream_ahead(), bytes); },
+        "1-2 rows of x (1-3 in the int8-activation kernel): prefetch the codes this many bytes "
+        "ahead of the loads (0: none); returns the previous setting");
   dev.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
 #if defined(QUANTKIT_INT4_AMX)

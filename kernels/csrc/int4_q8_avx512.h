@@ -123,7 +123,11 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     const int64_t k0 = g * a.gs, k1 = k0 + a.gs;
     int64_t k = k0;
     for (; k + 4 * U <= k1; k += 4 * U) {
-      if constexpr (MT >= 4) tiles512::prefetch_next_block(w, a.K, k);
+      if constexpr (MT >= 4) {
+        tiles512::prefetch_next_block(w, a.K, k);
+      } else {  // 1-3 rows stream: a 64-byte line every two quads (tiles512::prefetch_ahead)
+        for (int u = 0; u < U; u += 2) tiles512::prefetch_ahead(w + (k + 4 * u) * 8);
+      }
       for (int u = 0; u < U; ++u) {
         const __m512i codes = unpack_quad(w + (k + 4 * u) * 8, index);
         for (int m = 0; m < MT; ++m) acc[u][m] = _mm512_dpbusd_epi32(acc[u][m], codes, quad(x[m] + k + 4 * u));
