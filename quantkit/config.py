@@ -17,11 +17,36 @@ AWQ_NEXT_INPUTS = ("quantized", "float")
 # AWQ's scale formulas per smoothing group (quantkit.quant.awq_search.scale_candidates): activations only, with the
 # weight statistic too (duo scaling), or both searched and the lower loss kept
 DUO_SCALINGS = ("false", "true", "both")
-# how RTN and GPTQ choose each group's scale and zero (quantkit.quant.scale_search): min-max, a search minimizing
-# the weight error (data-free), the error weighted by the calibration inputs' mean square per input channel, or
-# (RTN) weighted by an estimate of that mean square read off the model's own weights (quantkit.quant.weight_prior:
-# data-free)
-SCALE_SEARCHES = ("minmax", "mse", "imatrix", "prior")
+
+
+@dataclass(frozen=True)
+class ScaleSearch:
+    """One way RTN and GPTQ choose each group's scale and zero (--scale-search; quantkit.quant.scale_search)."""
+
+    searched: bool  # False: min-max
+    # each input channel's error weighted by the calibration inputs' mean square ("measured": RTN then reads
+    # --calib, GPTQ its Hessian's diagonal) or by an estimate of it read off the model's own weights ("estimated":
+    # quantkit.quant.weight_prior, data-free); None: the plain weight error
+    weighting: str | None = None
+    methods: tuple[str, ...] = ("rtn", "gptq")
+
+    @property
+    def weighted(self) -> bool:
+        return self.weighting is not None
+
+    @property
+    def measures_inputs(self) -> bool:
+        return self.weighting == "measured"
+
+
+SCALE_SEARCHES = {
+    "minmax": ScaleSearch(searched=False),
+    "mse": ScaleSearch(searched=True),
+    "imatrix": ScaleSearch(searched=True, weighting="measured"),
+    "prior": ScaleSearch(searched=True, weighting="estimated", methods=("rtn",)),  # GPTQ measures its inputs
+}
+# the data-free search a mode falls back to where its inputs are not measured (an MoE's experts under RTN)
+DATA_FREE_FALLBACK = "mse"
 GPTAQ_ALPHA = 0.25  # GPTAQ's reference code's and GPTQModel's share of the asymmetric correction (--gptaq-alpha)
 
 
@@ -141,10 +166,11 @@ class QuantizeConfig:
             raise QuantkitError(f"unknown --awq-duo-scaling {self.awq_duo_scaling!r}; expected one of {', '.join(DUO_SCALINGS)}")
         if self.scale_search not in SCALE_SEARCHES:
             raise QuantkitError(f"unknown --scale-search {self.scale_search!r}; expected one of {', '.join(SCALE_SEARCHES)}")
-        if self.scale_search != "minmax" and self.method == "awq":
-            raise QuantkitError("--scale-search applies to --method rtn and gptq (AWQ searches its own clip)")
-        if self.scale_search == "prior" and self.method != "rtn":
-            raise QuantkitError("--scale-search prior applies to --method rtn (GPTQ measures its inputs: use imatrix)")
+        if self.method not in self.search.methods and self.search.searched:
+            clip = " (AWQ searches its own clip)" if self.method == "awq" else ""
+            hint = " (GPTQ measures its inputs: use imatrix)" if self.method == "gptq" else ""
+            raise QuantkitError(f"--scale-search {self.scale_search} applies to --method "
+                                f"{' and '.join(self.search.methods)}{clip}{hint}")
         if self.awq_next_inputs not in AWQ_NEXT_INPUTS:
             raise QuantkitError(f"unknown --awq-next-inputs {self.awq_next_inputs!r}; expected one of {', '.join(AWQ_NEXT_INPUTS)}")
         if self.load_plan is not None and self.method != "awq":
@@ -156,6 +182,11 @@ class QuantizeConfig:
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise QuantkitError(f"unknown --compute-dtype {self.compute_dtype!r}; expected one of {', '.join(COMPUTE_DTYPES)}")
         refuse_out_over_source(self.model, self.out)
+
+    @property
+    def search(self) -> ScaleSearch:
+        """What --scale-search does (SCALE_SEARCHES)."""
+        return SCALE_SEARCHES[self.scale_search]
 
     @property
     def awq_weight_statistic(self) -> bool:

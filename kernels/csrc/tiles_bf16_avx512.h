@@ -76,9 +76,10 @@ inline int64_t& stream_ahead() {
   return bytes;
 }
 
-// The line stream_ahead() bytes past p (nothing where the switch is 0).
-inline void prefetch_ahead(const void* p) {
-  if (stream_ahead() > 0) _mm_prefetch(static_cast<const char*>(p) + stream_ahead(), _MM_HINT_T0);
+// The line `ahead` bytes past p (nothing where it is 0): a tile reads stream_ahead() once, into a local, so that
+// its hot loop holds the distance in a register.
+inline void prefetch_ahead(const void* p, int64_t ahead) {
+  if (ahead > 0) _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 }
 
 // Independent vdpbf16ps chains for a tile of MT rows: U * MT >= 16 (two issue a cycle at a latency of about 6 on

@@ -268,3 +268,12 @@ def write_gguf(model_dir: Path, out: Path, file_type: str = "f32") -> Path:
         raise
     os.replace(tmp, out)
     return out
+
+
+def gguf_read_per_token(path: Path) -> int:
+    """Bytes a batch-1 decode token of a GGUF model reads: every tensor but the token embedding, of which it reads one
+    row, unless the model has no `output.weight` (the embedding is then the output layer, read whole)."""
+    import gguf
+
+    sizes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    return sum(sizes.values()) - (sizes.get("token_embd.weight", 0) if "output.weight" in sizes else 0)

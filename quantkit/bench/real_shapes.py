@@ -243,6 +243,31 @@ def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5, loop: str =
     return stream_read_bandwidth(threads, gib, repeats)
 
 
+def best_read(threads: int, gib: float = 2.0, repeats: int = 2) -> tuple[float, str]:
+    """(bytes read per second, by which loop): the fastest reader of this moment, the streaming kernel at each prefetch
+    distance and torch's sum, the bound a decode's rate is held against (falls back to the sum alone where the
+    kernel is not built)."""
+    from quantkit.kernels.stream_read import stream_read_rates, unavailable
+
+    rates = {"torch's sum": sum_bandwidth(threads, gib, repeats)}
+    if unavailable() is None:
+        for ahead, rate in stream_read_rates(threads, gib, repeats).items():
+            rates[f"stream kernel, {ahead // 1024} KiB ahead" if ahead else "stream kernel, no prefetch"] = rate
+    name = max(rates, key=rates.get)
+    return rates[name], name
+
+
+def _rate(loop: str, threads: int, gib: float, repeats: int) -> str:
+    """One loop's rate, one line: the streaming kernel's at its best prefetch distance, with every distance's."""
+    if loop != "stream":
+        return f"{read_bandwidth(threads, gib, repeats, loop) / 1e9:.1f} GB/s"
+    from quantkit.kernels.stream_read import stream_read_rates
+
+    rates = stream_read_rates(threads, gib, repeats)
+    each = ", ".join(f"{a // 1024} KiB ahead {r / 1e9:.1f}" if a else f"none {r / 1e9:.1f}" for a, r in rates.items())
+    return f"{max(rates.values()) / 1e9:.1f} GB/s (prefetch {each})"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -263,7 +288,7 @@ def main(argv=None) -> None:
     if args.command == "bandwidth":
         for loop in args.loop or list(BANDWIDTH_LOOPS):
             try:
-                rate = f"{read_bandwidth(args.threads, args.gib, args.repeats, loop) / 1e9:.1f} GB/s"
+                rate = _rate(loop, args.threads, args.gib, args.repeats)
             except RuntimeError as e:
                 rate = f"not measured ({e})"
             print(f"read bandwidth, {args.threads} threads, {args.gib:g} GiB buffer, best of {args.repeats}, "

@@ -2,6 +2,7 @@
 
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV [--threads 2] [--rounds 3] [--quants Q4_0,Q4_K_M]
                                        [--model DIR --gptq DIR] [--gguf-dir DIR] [--quantized-only] [--int8-activations [only]]
+                                       [--bound]
   python -m quantkit.bench.vs_llamacpp --llamacpp-venv VENV --ttft 512,2048 [--bf16] [--w4a16] [--int8-activations]
                                        [--vllm-venv VENV] ...
 
@@ -21,6 +22,11 @@ tokens against quantkit fp32's, and its logits after the prompt against transfor
 --gguf-dir keeps the GGUFs (4.7 GB F32 at the 1B shape) for the next run of the same --model.
 --quantized-only (8B shapes): only the 4-bit systems, no float rows or conversion check, llama.cpp's types quantized
 from a streamed F16 GGUF rather than an F32 one.
+--bound: after each round, the machine's read bandwidth of that moment (the fastest of the streaming kernel at each
+prefetch distance and torch's sum, quantkit.bench.real_shapes.best_read), and each system's decode in that round as
+a fraction of bandwidth / bytes its token reads (quantkit: every resident weight but the untied embedding table;
+llama.cpp: the GGUF's tensors but token_embd where output.weight exists): the host's bandwidth drifts from minute to
+minute, so each round is held against its own.
 
 --ttft: the time-to-first-token table instead. Batch 1, one fresh random prompt of each length a round (no prefix
 cache can answer it), max_tokens 1, every system once a round in alternating order: quantkit's engine on the 4-bit
@@ -45,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from quantkit.bench.gguf_export import gguf_read_per_token
 from quantkit.bench.llamacpp_process import WORKER, WorkerProcess, peer_env
 
 MiB = 1024**2
@@ -85,7 +92,8 @@ class Quantkit:
                        cpu_int8_activations=int8_activations, cpu_int8_prefill=int8_prefill,
                        kv_cache_memory=kv_cache_memory,
                        enable_prefix_caching=False)
-        self.kernel = WeightMemory.of(self.llm.engine.model).describe()
+        weights = WeightMemory.of(self.llm.engine.model)
+        self.kernel, self.read_per_token = weights.describe(), weights.read_per_token
 
     def run(self, prompt: list[int], max_tokens: int) -> Run:
         from quantkit.engine import SamplingParams
@@ -250,15 +258,49 @@ def compare(args, tmp: Path) -> None:
     for run in systems.values():  # warm-up, not counted
         run(prompt[:16], 4)
     tallies = {n: Tally() for n in systems}
+    bound = Bound({**{n: q.read_per_token for n, q in ours.items()},
+                   **{f"llama.cpp {k}": gguf_read_per_token(p) for k, p in ggufs.items()}}) if args.bound else None
     loads = [os.getloadavg()[0]]
     for i in range(args.rounds):
         for name, run in systems.items():
             tallies[name].add(run(prompt, NEW_TOKENS))
         loads.append(os.getloadavg()[0])
+        line = f" ({bound.measure(args.threads, tallies)})" if bound else ""
         print(f"round {i + 1}: " + ", ".join(f"{n} {t.decode[-1]:.1f}" for n, t in tallies.items())
-              + f" decode tok/s; load {loads[-1]:.1f}", flush=True)
+              + f" decode tok/s; load {loads[-1]:.1f}{line}", flush=True)
     peer.close()
     report(args, tallies, loads, ours, peer)
+    if bound:
+        print(bound.report())
+
+
+@dataclass
+class Bound:
+    """Each round's read bandwidth and each system's decode as a fraction of it (--bound)."""
+
+    read_per_token: dict[str, int]  # bytes a decode token reads, by system
+    gib: float = 2.0  # the read loops' buffer
+    rates: list[tuple[float, str]] = field(default_factory=list)  # (bytes/s, loop) a round
+    fractions: dict[str, list[float]] = field(default_factory=dict)
+
+    def measure(self, threads: int, tallies: dict[str, Tally]) -> str:
+        """The bound after a round; each system's last decode against it. A one-line summary."""
+        from quantkit.bench.real_shapes import best_read
+
+        rate, loop = best_read(threads, self.gib)
+        self.rates.append((rate, loop))
+        for name, t in tallies.items():
+            self.fractions.setdefault(name, []).append(t.decode[-1] * self.read_per_token[name] / rate)
+        return f"bound {rate / 1e9:.1f} GB/s, {loop}"
+
+    def report(self) -> str:
+        rates = [r for r, _ in self.rates]
+        lines = [f"\n== against the bound: {min(rates) / 1e9:.1f}-{max(rates) / 1e9:.1f} GB/s over the rounds "
+                 f"(the fastest loop of each round: {', '.join(sorted({loop for _, loop in self.rates}))})"]
+        for name, f in self.fractions.items():
+            lines.append(f"{name:46s} {self.read_per_token[name] / MiB:7.1f} MiB a token, decode at "
+                         f"{statistics.median(f):.3g}x the bound (rounds {', '.join(f'{x:.3g}' for x in f)})")
+        return "\n".join(lines)
 
 
 def report(args, tallies: dict[str, Tally], loads: list[float], ours: dict, peer: LlamaCpp) -> None:
@@ -293,6 +335,8 @@ def main() -> None:
     ap.add_argument("--gguf-dir", help="where the GGUFs are written, and reused from by later runs of the same --model")
     ap.add_argument("--quantized-only", action="store_true",
                     help="only the 4-bit systems: no float rows, the GGUFs quantized from an F16 file (8B shapes)")
+    ap.add_argument("--bound", action="store_true",
+                    help="after each round, the read bandwidth of the moment, and each decode as a fraction of its bound")
     ap.add_argument("--ttft", metavar="N,N", help="instead: time to first token at these prompt lengths (with RSS)")
     ap.add_argument("--bf16", action="store_true", help="--ttft: also quantkit's engine on the float model in bf16")
     ap.add_argument("--vllm-venv", help="--ttft: also vLLM's CPU build (in this venv) on the 4-bit checkpoint")

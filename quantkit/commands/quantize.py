@@ -108,20 +108,21 @@ def quantize_config(flags: QuantizeFlags, given: frozenset[str]):
 
         torch.set_num_threads(p.threads)
     calib = o["calib"]
-    if calib is not None and o["method"] == "rtn" and o["scale_search"] != "imatrix":
-        console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {calib} is ignored",
-                      highlight=False, soft_wrap=True)
     calib = CalibConfig(source=DEFAULT_CALIB if calib is None else calib, nsamples=o["nsamples"], seqlen=o["seqlen"],
                         seed=o["seed"])
     same = ("method", "format", "bits", "group_size", "sym", "desc_act", "act_group_aware", "static_groups", "damp",
             "true_sequential", "gptaq", "gptaq_alpha", "awq_duo_scaling", "awq_search_tokens", "scale_search")
-    return QuantizeConfig(
+    cfg = QuantizeConfig(
         model=p.model, out=p.out, calib=calib, device=p.device, compute_dtype=p.compute_dtype,
         low_memory=_low_memory(p.low_memory, p.dry_run, source), force=p.force, dry_run=p.dry_run,
         max_shard_size=int(o["max_shard_size_gb"] * 1024**3), load_plan=p.load_plan,
         quantize_lm_head=p.quantize_lm_head, recipe=None if recipe is None else recipe.to_dict(), strict=p.strict,
         **{k: o[k] for k in same},
-    ), source
+    )
+    if o["calib"] is not None and cfg.method == "rtn" and not cfg.search.measures_inputs:
+        console.print(f"[yellow]warning:[/] --method rtn uses no calibration data: --calib {o['calib']} is ignored",
+                      highlight=False, soft_wrap=True)
+    return cfg, source
 
 
 # oneDNN's and ideep's kernel caches under --low-memory (entries each): an MoE layer's experts each see their own

@@ -7,6 +7,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,9 @@ from quantkit.engine.decoder import Decoder
 from quantkit.engine.weights import load_decoder
 from quantkit.model.quant_format import QuantInfo
 from quantkit.errors import QuantkitError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("quantkit.engine")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,7 +31,7 @@ class LoadedModel:
     dtype: torch.dtype
     model: Decoder
     quant_info: QuantInfo | None
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     eos_ids: frozenset[int]
     max_model_len: int
 

@@ -323,6 +323,13 @@ class WeightMemory:
         return cls(resident, dense, dict(Counter(m.cpu_path for m in quant)), quantized, quantized_bf16,
                    e_bytes, h_bytes, parts)
 
+    @property
+    def read_per_token(self) -> int:
+        """Bytes a dense model's batch-1 decode token reads: every resident weight but the embedding table, of which
+        it reads one row, unless the table is the tied lm_head (then read whole). An MoE model reads less (top-k
+        experts a layer)."""
+        return self.resident - (self.embedding if self.lm_head else 0)
+
     def describe(self) -> str:
         mib = 1024**2
         text = (f"weights: {self.resident / mib:.1f} MiB resident, {self.resident / self.bf16_equivalent:.2f}x "

@@ -40,6 +40,9 @@ class LinearGroup:
     # the group reads only the feeder's last output rows: Phi-3's o_proj reads the v rows of qkv_proj [q | k | v],
     # its down_proj the up rows of gate_up_proj [gate | up]; AWQ divides those rows only
     feeder_tail: bool = False
+    # a gated MLP's down_proj reads act(gate's output) * the feeder's: the gate linear, or the feeder itself where
+    # it is fused [gate | up] (feeder_tail: the gate is its head rows); None where nothing gates the feeder
+    gate: str | None = None
 
     @property
     def inspects_its_linear(self) -> bool:
@@ -203,7 +206,8 @@ class ArchSpec:
         if not x.down_scales_through_up:
             return (joint,)
         downs = tuple(LinearGroup(f"{x.expert(e)}.down", (x.linears_of(e)[2],), feeder=x.linears_of(e)[1],
-                                  feeder_is_norm=False, inspect=x.linears_of(e)[2]) for e in range(num_experts))
+                                  feeder_is_norm=False, inspect=x.linears_of(e)[2], gate=x.linears_of(e)[0])
+                      for e in range(num_experts))
         return (joint, *downs)
 
     def awq_groups(self, config) -> tuple[LinearGroup, ...]:
@@ -247,7 +251,8 @@ def _llama_groups(mlp_in: str = "post_attention_layernorm", mlp: bool = True) ->
     return attention + (
         LinearGroup("gate_up", ("mlp.gate_proj", "mlp.up_proj"),
                     feeder=mlp_in, feeder_is_norm=True, inspect="mlp", fused="mlp.gate_up_proj"),
-        LinearGroup("down", ("mlp.down_proj",), feeder="mlp.up_proj", feeder_is_norm=False, inspect="mlp.down_proj"),
+        LinearGroup("down", ("mlp.down_proj",), feeder="mlp.up_proj", feeder_is_norm=False, inspect="mlp.down_proj",
+                    gate="mlp.gate_proj"),
     )
 
 
@@ -260,7 +265,7 @@ _PHI3_GROUPS = (
     LinearGroup("gate_up", ("mlp.gate_up_proj",), feeder="post_attention_layernorm", feeder_is_norm=True,
                 inspect="mlp"),
     LinearGroup("down", ("mlp.down_proj",), feeder="mlp.gate_up_proj", feeder_is_norm=False,
-                inspect="mlp.down_proj", feeder_tail=True),
+                inspect="mlp.down_proj", feeder_tail=True, gate="mlp.gate_up_proj"),
 )
 _PHI3_DIMS = {"self_attn.qkv_proj": ("qkv", "hidden"), "self_attn.o_proj": ("hidden", "q"),
               "mlp.gate_up_proj": ("2intermediate", "hidden"), "mlp.down_proj": ("hidden", "intermediate")}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.config import SCALE_SEARCHES
 from quantkit.format.primitives import QuantizedWeight, QuantScheme, minmax_params, quantize_codes
 from quantkit.quant.column_order import group_aware_perm, walk_groups
 
@@ -212,13 +213,15 @@ def invert_lower_in_place(t: torch.Tensor) -> None:
 
 def group_params_fn(scheme: QuantScheme, search: str, diag: torch.Tensor):
     """params(w_cols [N, L], start) -> scale, zero [N] of the group of columns start .. start + L (in the order
-    `diag` [K], H's diagonal, is given): min-max, or searched, weighted by diag with `imatrix`."""
-    if search == "minmax":
+    `diag` [K], H's diagonal, is given): min-max, or searched, weighted by diag where the search measures the inputs
+    (`imatrix`)."""
+    kind = SCALE_SEARCHES[search]
+    if not kind.searched:
         return lambda w_cols, start: minmax_params(w_cols, scheme.bits, scheme.sym)
     from quantkit.quant.scale_search import search_params
 
     def params(w_cols: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        imp = diag[start:start + w_cols.shape[1]] if search == "imatrix" else None
+        imp = diag[start:start + w_cols.shape[1]] if kind.measures_inputs else None
         return search_params(w_cols, scheme.bits, scheme.sym, imp)
     return params
 

@@ -100,34 +100,14 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     method = make_method(cfg)
     hf_cfg = source.hf_config
     model = build_skeleton(hf_cfg, torch.float32)
-    spec = plan.spec
-    layers = get_submodule(model, spec.layers)
-
     calib = None
-    inputs, layer_kwargs = [], [{} for _ in range(plan.num_layers)]
     if method.needs_calibration:
         calib = _calibration(cfg, path, plan, show_progress)
         _check_calibration_amount(cfg, plan, reader, calib, warn)
         plan.notes.extend(calib.notes)
         plan.notes.append(f"calibration forward passes in {str(dtype).removeprefix('torch.')}: {why}")
-        inputs, layer_kwargs = _first_layer_inputs(model, reader, spec, calib.input_ids, device)
-
-    # the float model's stream beside the quantized one (GPTAQ): the same tensors into layer 0
-    float_inputs = list(inputs) if method.needs_float_stream and inputs else None
-    reports, plan_tensors = [], {}
-    with ShardWriter(out_dir, cfg.max_shard_size) as writer, \
-            progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
-        for i in range(plan.num_layers):
-            step = quantize_one_layer(cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i], device,
-                                      writer, dtype, float_inputs)
-            inputs, float_inputs = step.outputs, step.float_outputs
-            plan_tensors.update({layer_prefix(i) + k: v for k, v in step.plan.items()})
-            reports.append(step.report)
-            if cfg.low_memory:
-                release_freed_memory()
-            advance()
-        _copy_outside_layers(cfg, reader, writer, spec.layers)
-        writer.finish()
+    reports, plan_tensors = _quantize_layers(cfg, method, plan, reader, model, hf_cfg, calib, device, dtype, out_dir,
+                                             show_progress)
     reader.close()
     if plan_tensors:
         save_plan(plan_tensors, out_dir / PLAN_FILE)
@@ -138,6 +118,35 @@ def quantize_model(cfg: QuantizeConfig, out_dir: Path | None = None, show_progre
     write_metadata(out_dir, path, config_dict, qconfig, meta)
     report.output_bytes = sum(f.stat().st_size for f in out_dir.iterdir() if f.suffix == ".safetensors")
     return report
+
+
+def _quantize_layers(cfg: QuantizeConfig, method, plan: QuantizePlan, reader: ShardReader, model, hf_cfg, calib,
+                     device, dtype, out_dir: Path, show_progress: bool) -> tuple[list, dict]:
+    """Each layer in turn, written as it is done, then the tensors outside the layers: (the layers' reports, the
+    search's plan tensors by checkpoint name). Layer 0 reads the calibration windows' hidden states (none without
+    `calib`); each layer's inputs are let go once its outputs exist (this frame holds the only reference)."""
+    spec = plan.spec
+    layers = get_submodule(model, spec.layers)
+    inputs, layer_kwargs = [], [{} for _ in range(plan.num_layers)]
+    if calib is not None:
+        inputs, layer_kwargs = _first_layer_inputs(model, reader, spec, calib.input_ids, device)
+    # the float model's stream beside the quantized one (GPTAQ): the same tensors into layer 0
+    float_inputs = list(inputs) if method.needs_float_stream and inputs else None
+    reports, plan_tensors = [], {}
+    with ShardWriter(out_dir, cfg.max_shard_size) as writer, \
+            progress_bar(f"{cfg.method} layers", plan.num_layers, show_progress) as advance:
+        for i in range(plan.num_layers):
+            step = quantize_one_layer(cfg, method, plan, reader, layers, i, hf_cfg, inputs, layer_kwargs[i],
+                                      device, writer, dtype, float_inputs)
+            inputs, float_inputs = step.outputs, step.float_outputs
+            plan_tensors.update({layer_prefix(i) + k: v for k, v in step.plan.items()})
+            reports.append(step.report)
+            if cfg.low_memory:
+                release_freed_memory()
+            advance()
+        _copy_outside_layers(cfg, reader, writer, spec.layers)
+        writer.finish()
+    return reports, plan_tensors
 
 
 def _check_calibration_amount(cfg: QuantizeConfig, plan: QuantizePlan, reader: ShardReader, calib, warn) -> None:

@@ -13,8 +13,8 @@ channels of unit mean square:
     gate rows' estimated variance (Gauss-Hermite quadrature), gate and up taken as independent; so does each expert
     of an MoE block, whose gate and up read the MLP norm's output.
 
-The architecture knowledge (which op feeds which linears) is the spec's LinearGroups, as AWQ reads it, and its
-ExpertsSpec. gpt-oss's experts (one gate_up projection, down reading (clamp(up) + 1) * glu(gate)) get the norm's
+The architecture knowledge (which op feeds which linears, which gates down_proj) is the spec's LinearGroups, as AWQ
+reads it, and its ExpertsSpec. gpt-oss's experts (one gate_up projection, down reading (clamp(up) + 1) * glu(gate)) get the norm's
 estimate for gate_up and none for down.
 """
 
@@ -81,7 +81,12 @@ def _weight(layer, name: str) -> torch.Tensor:
     return get_submodule(layer, name).weight.data
 
 
-def _fed_by_linear(layer, spec: ArchSpec, model_config, group: LinearGroup, estimates: dict[str, torch.Tensor]):
+def _unweighted(layer, name: str) -> torch.Tensor:
+    """Ones [K]: every input channel alike, the plain weight error."""
+    return torch.ones(_weight(layer, name).shape[1])
+
+
+def _fed_by_linear(layer, model_config, group: LinearGroup, estimates: dict[str, torch.Tensor]):
     """The estimate for a group fed by a linear's output rows (its tail where the feeder is fused)."""
     feeder = _weight(layer, group.feeder)
     o_in = _weight(layer, group.linears[0]).shape[1]
@@ -91,31 +96,32 @@ def _fed_by_linear(layer, spec: ArchSpec, model_config, group: LinearGroup, esti
         v_rows = kv_heads * (o_in // heads)
         return over_query_heads(rows[-v_rows:] if group.feeder_tail else rows, o_in, kv_heads)
     up = rows[-o_in:] if group.feeder_tail else rows
-    if group.feeder_tail:
+    if group.gate is None:
+        gate = None
+    elif group.gate == group.feeder:  # fused [gate | up]
         gate = rows[:o_in]
-    else:  # the other linear of the feeder's own group: gate beside up
-        siblings = [n for g in spec.groups if group.feeder in g.linears for n in g.linears if n != group.feeder]
-        gate = output_mean_square(_weight(layer, siblings[0]), estimates[siblings[0]]) if len(siblings) == 1 else None
+    else:
+        gate = output_mean_square(_weight(layer, group.gate), estimates[group.gate])
     return gated_mean_square(up, gate, _activation(model_config))
 
 
 def layer_mean_squares(layer, spec: ArchSpec, model_config, names) -> dict[str, torch.Tensor]:
-    """The estimate [K] of each dense linear in `names` (relative to the layer), from the layer's weights as they
-    are now (call before quantizing them). Linears outside the spec's groups (experts) get none."""
+    """The estimate [K] of each linear in `names` (relative to the layer), from the layer's weights as they are now
+    (call before quantizing them). A linear outside the spec's groups gets ones: the plain weight error."""
     estimates: dict[str, torch.Tensor] = {}
     for group in spec.groups:
         if group.feeder_is_norm:
             imp = norm_mean_square(_weight(layer, group.feeder), spec.norms.offset)
         else:
-            imp = _fed_by_linear(layer, spec, model_config, group, estimates)
+            imp = _fed_by_linear(layer, model_config, group, estimates)
         for name in group.linears:
             estimates[name] = imp
-    return {name: estimates[name] for name in names if name in estimates}
+    return {name: estimates[name] if name in estimates else _unweighted(layer, name) for name in names}
 
 
 def expert_mean_squares(layer, spec: ArchSpec, model_config, names) -> dict[str, torch.Tensor]:
     """The estimate [K] of one expert's linears `names` (ExpertsSpec.linears_of, relative to the layer): its gate
-    and up (or gate_up) read the MLP norm's output, its down act(gate) * up (none for a fused gate_up's down)."""
+    and up (or gate_up) read the MLP norm's output, its down act(gate) * up (ones for a fused gate_up's down)."""
     x = spec.experts
     roles = {x.parse(n)[1]: n for n in names if x.parse(n) is not None}
     imp = norm_mean_square(_weight(layer, spec.norms.mlp_in), spec.norms.offset)
@@ -123,4 +129,4 @@ def expert_mean_squares(layer, spec: ArchSpec, model_config, names) -> dict[str,
     if {"gate", "up", "down"} <= roles.keys():
         up, gate = (output_mean_square(_weight(layer, roles[r]), imp) for r in ("up", "gate"))
         out[roles["down"]] = gated_mean_square(up, gate, _activation(model_config, x.act))
-    return out
+    return {name: out[name] if name in out else _unweighted(layer, name) for name in names}

@@ -105,6 +105,19 @@ def field(reader, key: str):
     return bytes(value).decode() if f.types[0] == gguf.GGUFValueType.STRING else value[0]
 
 
+def test_a_decode_token_reads_every_tensor_but_an_untied_embedding(tiny_llama, tmp_path):
+    from quantkit.bench.gguf_export import gguf_read_per_token
+
+    out = write_gguf(tiny_llama, tmp_path / "m.gguf", "f32")
+    sizes = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(out).tensors}
+    assert "output.weight" in sizes  # the tiny Llama is untied: one row of token_embd a token
+    assert gguf_read_per_token(out) == sum(sizes.values()) - sizes["token_embd.weight"]
+    from safetensors.torch import load_file
+
+    hf = load_file(tiny_llama / "model.safetensors")  # F32: 4 bytes a parameter
+    assert gguf_read_per_token(out) == 4 * sum(t.numel() for k, t in hf.items() if "embed_tokens" not in k)
+
+
 @pytest.mark.parametrize("file_type,matrix_type", [("f32", "F32"), ("f16", "F16")])
 def test_written_gguf_reads_back_with_llamas_metadata_and_reordered_weights(tiny_llama, tmp_path, file_type,
                                                                             matrix_type):

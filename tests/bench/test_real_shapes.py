@@ -78,6 +78,18 @@ def test_bandwidth_is_a_plausible_rate():
     assert 1e8 < rs.read_bandwidth(threads=1, gib=0.25, repeats=2, loop="sum") < 1e13
 
 
+def test_the_bandwidth_command_prints_each_loop_and_the_kernels_distances(capsys):
+    from quantkit.kernels import stream_read
+
+    rs.main(["bandwidth", "--threads", "1", "--gib", "0.125", "--repeats", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "torch's fp32 sum: " in out[1] and out[1].endswith("GB/s")
+    if stream_read.unavailable() is not None:
+        assert "not measured" in out[0]
+    else:
+        assert "prefetch none " in out[0] and "4 KiB ahead " in out[0] and "8 KiB ahead " in out[0]
+
+
 @pytest.mark.slow
 def test_the_4_bit_path_is_greedy_exact_at_the_1b_shape(tmp_path):
     """Llama-3.2-1B's shape (hidden 2048, 32/8 heads, intermediate 8192, vocab 128256, tied, Llama 3.1 RoPE) cut to

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.bench.llamacpp_ttft import kv_bytes_per_token, random_prompt
-from quantkit.bench.vs_llamacpp import PROMPT_LEN, Run, Tally, common_prefix
+from quantkit.bench.vs_llamacpp import PROMPT_LEN, Bound, Run, Tally, common_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("QUANTKIT_LLAMACPP_VENV", REPO.parent / ".venvs" / "llamacpp"))
@@ -33,6 +33,23 @@ def test_tally_rates_prefill_from_the_prompt_and_decode_from_the_tokens_after_th
     t.add(Run(prefill_s=0.25, decode_s=1.0, tokens=list(range(9))))
     t.add(Run(prefill_s=1.0, decode_s=4.0, tokens=list(range(9))))
     assert t.medians() == (4.0, PROMPT_LEN / 0.5)
+
+
+def test_each_round_is_held_against_its_own_bound():
+    tallies = {"ours": Tally(decode=[10.0]), "peer": Tally(decode=[5.0])}
+    bound = Bound({"ours": 2**30, "peer": 2**29}, gib=0.0625)
+    line = bound.measure(1, tallies)
+    rate, loop = bound.rates[0]
+    assert line == f"bound {rate / 1e9:.1f} GB/s, {loop}" and 1e8 < rate < 1e13
+    assert loop == "torch's sum" or loop.startswith("stream kernel, ")
+    assert bound.fractions == {"ours": [10.0 * 2**30 / rate], "peer": [5.0 * 2**29 / rate]}
+    tallies["ours"].decode.append(20.0)
+    tallies["peer"].decode.append(5.0)
+    bound.measure(1, tallies)
+    text = bound.report()
+    assert "1024.0 MiB a token" in text and "512.0 MiB a token" in text
+    want = (10.0 * 2**30 / bound.rates[0][0] + 20.0 * 2**30 / bound.rates[1][0]) / 2  # the median of two
+    assert f"decode at {want:.3g}x the bound" in text
 
 
 def test_the_kv_cache_of_a_token_is_k_and_v_of_every_layer_in_16_bit(tmp_path):
@@ -60,7 +77,7 @@ def test_llamacpp_runs_the_converted_model_like_quantkit(tiny_llama, tmp_path):
     gptq = make_gptq(tiny_llama, tmp_path)
     cmd = [sys.executable, "-m", "quantkit.bench.vs_llamacpp", "--llamacpp-venv", str(VENV), "--model",
            str(tiny_llama), "--gptq", str(gptq), "--rounds", "1", "--quants", "Q4_0", "--threads", "2",
-           "--log", str(tmp_path / "llamacpp.log")]
+           "--log", str(tmp_path / "llamacpp.log"), "--bound"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -74,6 +91,9 @@ def test_llamacpp_runs_the_converted_model_like_quantkit(tiny_llama, tmp_path):
         rate = float(re.search(rf"{re.escape(system)}.*? decode +(\S+) tok/s", out).group(1))
         assert rate > 0, out
     assert "decode ratio quantkit 4-bit" in out
+    assert "== against the bound: " in out  # --bound: each system's decode against the round's read bandwidth
+    for system in ("llama.cpp Q4_0", "quantkit 4-bit GPTQ"):
+        assert float(re.search(rf"{re.escape(system)}.*? MiB a token, decode at (\S+)x the bound", out).group(1)) > 0
 
 
 @pytest.mark.interop

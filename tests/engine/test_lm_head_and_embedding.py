@@ -72,6 +72,14 @@ def test_quantized_lm_head_round_trip(lm_head_dir):
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.cpu_path.startswith("int4")
     memory = WeightMemory.of(model)
     assert memory.lm_head == model.lm_head.weight_bytes() and "lm_head" in memory.parts and "packed" in memory.parts
+    # a decode token reads every module's weights but the embedding table's (one row of it): the packed lm_head too
+    def own_bytes(m):  # a module's own tensors, not its children's; a packed linear's packed form
+        if isinstance(m, QuantLinear):
+            return m.weight_bytes()
+        return sum(t.numel() * t.element_size() for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)])
+
+    read = sum(own_bytes(m) for n, m in model.named_modules() if not n.endswith("embed_tokens"))
+    assert memory.read_per_token == read > memory.lm_head > 0
     prompts = _prompts()
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))]
     assert got == _greedy_hf(_dequantized_reference(lm_head_dir), prompts)
@@ -145,6 +153,7 @@ def test_int8_lm_head(tiny_llama, tmp_path, tie):
     assert torch.equal(head8.wsum, expected.wsum) and head8.group_size == 128
     memory = WeightMemory.of(model)
     assert memory.lm_head == model.lm_head.weight_bytes() and "int8" in memory.parts and memory.embedding == 0
+    assert memory.read_per_token == memory.resident  # the mapped table is not resident, the int8 head read whole
     assert memory.resident < memory.bf16_equivalent - 2 * head.numel() - head.numel() // 2
     outs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outs)

@@ -45,6 +45,8 @@ def test_the_spec_names_every_linear_of_transformers_layer_with_its_shape(family
     assert present == named | set(spec.float_linears())
     for group in spec.awq_groups(config):
         assert get_submodule(layer, group.feeder) is not None and get_submodule(layer, group.inspect) is not None
+        if not group.feeder_is_norm and not group.feeder_repeats_kv:  # a down_proj: act(gate) * up, gate named
+            assert group.gate in named, group.name
     norms = [spec.norms.attn_in, spec.norms.mlp_in, spec.norms.attn_out, spec.norms.mlp_out]
     assert all(hasattr(layer, n) for n in norms if n is not None)
 
