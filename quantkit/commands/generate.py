@@ -135,6 +135,7 @@ class GenerateFlags:
     cpu_int8_activations: bool = engine_switch("cpu_int8_activations")
     cpu_int8_lm_head: bool | None = engine_switch("cpu_int8_lm_head")
     cpu_int8_prefill: bool | None = engine_switch("cpu_int8_prefill")
+    cpu_huge_pages: bool = engine_switch("cpu_huge_pages")
     json_schema: Path | None = option(None, "--json-schema", help="A JSON schema file: every output is JSON that "
                                       "matches it (a token mask at each step).")
     regex: str | None = option(None, "--regex", help="Every output matches this regular expression.")
@@ -153,6 +154,7 @@ def make_llm(f: GenerateFlags):
                swap_space=f.swap_space, enable_prefix_caching=f.prefix_caching, dtype=f.dtype,
                num_threads=f.threads, cpu_int8_activations=f.cpu_int8_activations,
                cpu_int8_lm_head=f.cpu_int8_lm_head, cpu_int8_prefill=f.cpu_int8_prefill,
+               cpu_huge_pages=f.cpu_huge_pages,
                speculative_config=parse_json_option(f.speculative_config, "--speculative-config"))
 
 

@@ -56,6 +56,7 @@ class ServeFlags:
     cpu_int8_activations: bool = engine_switch("cpu_int8_activations")
     cpu_int8_lm_head: bool | None = engine_switch("cpu_int8_lm_head")
     cpu_int8_prefill: bool | None = engine_switch("cpu_int8_prefill")
+    cpu_huge_pages: bool = engine_switch("cpu_huge_pages")
     log_level: str = option("info", "--log-level", help="debug, info, warning or error.")
     enable_auto_tool_choice: bool = option(False, "--enable-auto-tool-choice",
                                            help='tool_choice "auto": parse tool calls out of the output.')
@@ -118,7 +119,8 @@ def serve_settings(flags: ServeFlags) -> ServeSettings:
                           kv_cache_memory=None if f.kv_cache_memory is None else parse_size(f.kv_cache_memory),
                           swap_space=f.swap_space, dtype=f.dtype, device=f.device, num_threads=f.threads,
                           cpu_int8_activations=f.cpu_int8_activations, cpu_int8_lm_head=f.cpu_int8_lm_head,
-                          cpu_int8_prefill=f.cpu_int8_prefill, tokenizer=f.tokenizer, max_logprobs=f.max_logprobs,
+                          cpu_int8_prefill=f.cpu_int8_prefill, cpu_huge_pages=f.cpu_huge_pages,
+                          tokenizer=f.tokenizer, max_logprobs=f.max_logprobs,
                           speculative_config=parse_json_option(f.speculative_config, "--speculative-config"))
     cors = {name: json_list(getattr(f, name), "--" + name.replace("_", "-")) or ANY
             for name in ("allowed_origins", "allowed_methods", "allowed_headers")}

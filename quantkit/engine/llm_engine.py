@@ -48,6 +48,7 @@ class LLMEngine:
         self.device, self.dtype, self.model, self.quant_info = loaded.device, loaded.dtype, loaded.model, \
             loaded.quant_info
         self.tokenizer, self.eos_ids, self.max_model_len = loaded.tokenizer, loaded.eos_ids, loaded.max_model_len
+        self.huge_pages = loaded.huge_pages
         s = self.model.shape
         block_bytes = kv_block_bytes(s.num_layers, cfg.block_size, s.num_kv_heads, s.head_dim, self.dtype)
         self.kv_plan = plan_kv(cfg, block_bytes, self.max_model_len, self.device)

@@ -14,7 +14,8 @@ import torch
 from quantkit.devices import auto_cpu_dtype, resolve_device
 from quantkit.engine.config import EngineConfig
 from quantkit.engine.decoder import Decoder
-from quantkit.engine.weights import load_decoder
+from quantkit.engine.huge_pages import HugePages, move_to_huge_pages
+from quantkit.engine.weights import MappedEmbedding, load_decoder
 from quantkit.model.quant_format import QuantInfo
 from quantkit.errors import QuantkitError
 
@@ -34,6 +35,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     eos_ids: frozenset[int]
     max_model_len: int
+    huge_pages: HugePages  # where the weights were moved into transparent huge pages (CPU)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -83,8 +85,13 @@ def load_engine_model(cfg: EngineConfig) -> LoadedModel:
     source = open_model(cfg.model)
     model, quant_info = load_decoder(source, dtype, device, cfg.cpu_int8_activations, cfg.cpu_int8_lm_head,
                                      cfg.cpu_int8_prefill)
+    if not cfg.cpu_huge_pages or device.type != "cpu":
+        huge_pages = HugePages(skipped="--no-cpu-huge-pages" if device.type == "cpu" else f"weights on {device}")
+    else:
+        huge_pages = move_to_huge_pages(model, skip=(MappedEmbedding,))  # after repacking: the tensors decode reads
+        log.info(huge_pages.describe())
     tokenizer = load_tokenizer(cfg.tokenizer or source)
     max_model_len = context_length(cfg.max_model_len, model.shape.max_position_embeddings)
     model.use_rope_table(max_model_len)
     eos = eos_token_ids(source.path, getattr(source.hf_config, "eos_token_id", None), tokenizer)
-    return LoadedModel(device, dtype, model, quant_info, tokenizer, eos, max_model_len)
+    return LoadedModel(device, dtype, model, quant_info, tokenizer, eos, max_model_len, huge_pages)
