@@ -52,14 +52,17 @@ def read_sum(buf: torch.Tensor, threads: int, ahead: int = 1024) -> int:
 
 
 def stream_read_rates(threads: int, gib: float = 2.0, repeats: int = 5,
-                      distances: tuple[int, ...] = PREFETCH_DISTANCES) -> dict[int, float]:
-    """{prefetch distance: bytes read per second} by the kernel over `gib` GiB with `threads` threads, best of
-    `repeats` rounds, each round every distance once (so that a drift of the host's bandwidth reaches them alike).
-    Raises RuntimeError where the kernel is not built (the reference is no measure of speed)."""
+                      distances: tuple[int, ...] = PREFETCH_DISTANCES, buf: torch.Tensor | None = None
+                      ) -> dict[int, float]:
+    """{prefetch distance: bytes read per second} by the kernel over `gib` GiB (or `buf`, uint8, every page touched:
+    one in huge pages, say) with `threads` threads, best of `repeats` rounds, each round every distance once (so that
+    a drift of the host's bandwidth reaches them alike). Raises RuntimeError where the kernel is not built (the
+    reference is no measure of speed)."""
     ext = extension()
     if ext is None:
         raise RuntimeError(f"the streaming-read kernel is not built: {unavailable()}")
-    buf = torch.full((int(gib * GiB) // 64 * 64,), 1, dtype=torch.uint8)  # every page touched before timing
+    if buf is None:
+        buf = torch.full((int(gib * GiB) // 64 * 64,), 1, dtype=torch.uint8)  # every page touched before timing
     ext.read_sum(buf, threads, 0)
     best = dict.fromkeys(distances, float("inf"))
     for _ in range(repeats):

@@ -18,9 +18,10 @@ num_hidden_layers N; the embeddings, lm_head and every layer as the full shape's
 NAME-Nlayers: a layer of the 8B shape for quantization work without the 16 GB model.
 
 `bandwidth` times a streaming read over a buffer far larger than the caches at the given threads (quantkit.kernels.
-stream_read, as STREAM's and likwid-bench's read kernels; beside it torch's fp32 sum, the first measure, which
-understates the machine's peak): bytes read per second, the ceiling of a decode step that reads every weight once
-(tokens/s <= bandwidth / bytes read per token).
+stream_read, as STREAM's and likwid-bench's read kernels, at several prefetch distances; beside it torch's fp32 sum),
+on 4 KiB pages and on transparent huge pages (as the engine holds its weights, quantkit.engine.huge_pages): bytes
+read per second, the ceiling of a decode step that reads every weight once (tokens/s <= bandwidth / bytes read per
+token).
 """
 
 from __future__ import annotations
@@ -211,13 +212,13 @@ def build_4bit(float_dir: Path, layout: str, threads: int) -> Path:
     return out
 
 
-def sum_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5) -> float:
-    """Bytes read per second (best of `repeats`) by torch's sum over `gib` GiB of fp32, with `threads` torch threads:
-    the first measure of the bound, which understates it (kernels/stream_read.py says why)."""
+def sum_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5, buf: torch.Tensor | None = None) -> float:
+    """Bytes read per second (best of `repeats`) by torch's sum over `gib` GiB of fp32 (or `buf`'s bytes as fp32),
+    with `threads` torch threads: the first measure of the bound (kernels/stream_read.py says how it compares)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        buf = torch.ones(int(gib * GiB) // 4, dtype=torch.float32)
+        buf = torch.ones(int(gib * GiB) // 4, dtype=torch.float32) if buf is None else buf.view(torch.float32)
         buf.sum()  # pages touched once before timing
         best = float("inf")
         for _ in range(repeats):
@@ -245,25 +246,36 @@ def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5, loop: str =
 
 def best_read(threads: int, gib: float = 2.0, repeats: int = 2) -> tuple[float, str]:
     """(bytes read per second, by which loop): the fastest reader of this moment, the streaming kernel at each prefetch
-    distance and torch's sum, the bound a decode's rate is held against (falls back to the sum alone where the
-    kernel is not built)."""
+    distance and torch's sum, each on 4 KiB pages and (where THP is available) on huge pages, as the engine holds its
+    weights: the bound a decode's rate is held against (the sum alone where the kernel is not built)."""
+    from quantkit.engine.huge_pages import huge_page_buffer, thp_unavailable
     from quantkit.kernels.stream_read import stream_read_rates, unavailable
 
-    rates = {"torch's sum": sum_bandwidth(threads, gib, repeats)}
-    if unavailable() is None:
-        for ahead, rate in stream_read_rates(threads, gib, repeats).items():
-            rates[f"stream kernel, {ahead // 1024} KiB ahead" if ahead else "stream kernel, no prefetch"] = rate
+    rates = {}
+    for pages in ("4 KiB pages", "huge pages"):
+        if pages == "huge pages" and thp_unavailable() is not None:
+            continue
+        buf = huge_page_buffer(int(gib * GiB) // 64 * 64) if pages == "huge pages" else None
+        rates[f"torch's sum, {pages}"] = sum_bandwidth(threads, gib, repeats, buf)
+        if unavailable() is None:
+            for ahead, rate in stream_read_rates(threads, gib, repeats, buf=buf).items():
+                rates[f"stream kernel {f'{ahead // 1024} KiB ahead' if ahead else 'no prefetch'}, {pages}"] = rate
+        del buf
     name = max(rates, key=rates.get)
     return rates[name], name
 
 
-def _rate(loop: str, threads: int, gib: float, repeats: int) -> str:
-    """One loop's rate, one line: the streaming kernel's at its best prefetch distance, with every distance's."""
+def _rate(loop: str, threads: int, gib: float, repeats: int, huge: bool) -> str:
+    """One loop's rate, one line: the streaming kernel's at its best prefetch distance, with every distance's; on
+    4 KiB pages or, `huge`, on transparent huge pages (RuntimeError where THP is unavailable)."""
+    from quantkit.engine.huge_pages import huge_page_buffer
+
+    buf = huge_page_buffer(int(gib * GiB) // 64 * 64) if huge else None
     if loop != "stream":
-        return f"{read_bandwidth(threads, gib, repeats, loop) / 1e9:.1f} GB/s"
+        return f"{sum_bandwidth(threads, gib, repeats, buf) / 1e9:.1f} GB/s"
     from quantkit.kernels.stream_read import stream_read_rates
 
-    rates = stream_read_rates(threads, gib, repeats)
+    rates = stream_read_rates(threads, gib, repeats, buf=buf)
     each = ", ".join(f"{a // 1024} KiB ahead {r / 1e9:.1f}" if a else f"none {r / 1e9:.1f}" for a, r in rates.items())
     return f"{max(rates.values()) / 1e9:.1f} GB/s (prefetch {each})"
 
@@ -286,13 +298,15 @@ def main(argv=None) -> None:
     w.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     if args.command == "bandwidth":
-        for loop in args.loop or list(BANDWIDTH_LOOPS):
-            try:
-                rate = _rate(loop, args.threads, args.gib, args.repeats)
-            except RuntimeError as e:
-                rate = f"not measured ({e})"
-            print(f"read bandwidth, {args.threads} threads, {args.gib:g} GiB buffer, best of {args.repeats}, "
-                  f"{BANDWIDTH_LOOPS[loop]}: {rate}", flush=True)
+        for huge in (False, True):
+            for loop in args.loop or list(BANDWIDTH_LOOPS):
+                try:
+                    rate = _rate(loop, args.threads, args.gib, args.repeats, huge)
+                except RuntimeError as e:
+                    rate = f"not measured ({e})"
+                print(f"read bandwidth, {args.threads} threads, {args.gib:g} GiB buffer in "
+                      f"{'huge' if huge else '4 KiB'} pages, best of {args.repeats}, {BANDWIDTH_LOOPS[loop]}: {rate}",
+                      flush=True)
         return
     shape = with_layers(SHAPES[args.shape], args.layers)
     start = time.perf_counter()

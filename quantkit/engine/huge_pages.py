@@ -70,6 +70,17 @@ def arena_offsets(sizes: list[int], align: int = ALIGN) -> tuple[list[int], int]
     return offsets, -(-end // HUGE_PAGE) * HUGE_PAGE
 
 
+def huge_page_buffer(nbytes: int) -> torch.Tensor:
+    """uint8 [nbytes] in an anonymous mapping advised MADV_HUGEPAGE, zero-filled (every page touched), for a
+    bandwidth loop to read as decode reads moved weights. Raises RuntimeError where THP is unavailable."""
+    if (why := thp_unavailable()) is not None:
+        raise RuntimeError(why)
+    arena = mmap.mmap(-1, -(-nbytes // HUGE_PAGE) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arena.madvise(mmap.MADV_HUGEPAGE)
+    buf = torch.frombuffer(arena, dtype=torch.uint8, count=nbytes)  # holds the mapping alive
+    return buf.fill_(0)
+
+
 def weight_tensors(model: torch.nn.Module, skip: tuple[type, ...] = ()) -> list[torch.Tensor]:
     """Every CPU tensor the model's modules hold, once each: parameters, buffers and attributes, including those
     inside dataclass values (a repacked weight, a prebound kernel call) and lists, tuples and dicts of them;

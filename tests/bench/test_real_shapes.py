@@ -82,12 +82,17 @@ def test_the_bandwidth_command_prints_each_loop_and_the_kernels_distances(capsys
     from quantkit.kernels import stream_read
 
     rs.main(["bandwidth", "--threads", "1", "--gib", "0.125", "--repeats", "1"])
+    from quantkit.engine.huge_pages import thp_unavailable
+
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 and "torch's fp32 sum: " in out[1] and out[1].endswith("GB/s")
-    if stream_read.unavailable() is not None:
-        assert "not measured" in out[0]
-    else:
-        assert "prefetch none " in out[0] and "4 KiB ahead " in out[0] and "8 KiB ahead " in out[0]
+    assert len(out) == 4 and all("4 KiB pages" in x for x in out[:2]) and all("huge pages" in x for x in out[2:])
+    assert "torch's fp32 sum: " in out[1] and out[1].endswith("GB/s")
+    assert out[3].endswith("GB/s") if thp_unavailable() is None else thp_unavailable() in out[3]
+    for line in (out[0], out[2]):
+        if stream_read.unavailable() is not None or ("huge" in line and thp_unavailable() is not None):
+            assert "not measured" in line
+        else:
+            assert "prefetch none " in line and "4 KiB ahead " in line and "8 KiB ahead " in line
 
 
 @pytest.mark.slow

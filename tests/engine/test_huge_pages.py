@@ -125,3 +125,13 @@ def test_an_engine_with_its_weights_in_huge_pages_decodes_the_same(tmp_path):
         else:
             assert hp.thp_unavailable() is not None and moved.moved_bytes == 0
     assert outs[True] == outs[False]
+
+
+def test_a_bandwidth_buffer_in_huge_pages():
+    if (why := hp.thp_unavailable()) is not None:
+        with pytest.raises(RuntimeError, match="huge pages"):
+            hp.huge_page_buffer(1 << 20)
+        pytest.skip(why)
+    buf = hp.huge_page_buffer(3 * hp.HUGE_PAGE + 64)
+    assert buf.dtype == torch.uint8 and buf.numel() == 3 * hp.HUGE_PAGE + 64 and int(buf.sum()) == 0
+    assert "hg" in _mapping_flags(buf.data_ptr())
