@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from quantkit.memory import release_freed_memory
+
 log = logging.getLogger("quantkit.engine")
 
 HUGE_PAGE = 2 * 1024**2
@@ -139,4 +141,5 @@ def move_to_huge_pages(model: torch.nn.Module, skip: tuple[type, ...] = (), min_
             for t in tensors:
                 t.set_(copy.untyped_storage(), t.storage_offset(), t.size(), t.stride())
             del old
+    release_freed_memory()  # the old storages' heap pages back to the system, not kept by malloc beside the arena
     return HugePages(sum(sizes), len(groups))
