@@ -33,6 +33,8 @@ class EnvReport:
     linear_choice: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     # the prompt tokens of a 4-bit checkpoint in bf16 by default: "W4A8" or "W4A16 (why)" (EngineConfig.cpu_int8_prefill)
     prompt_arithmetic: str = ""
+    # where the engine holds its weights on CPU by default: "transparent huge pages" or "4 KiB pages (why)"
+    weight_pages: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,7 +93,15 @@ def collect() -> EnvReport:
         machine_level=choice.machine.name if choice.machine else "none",
         cpu_flags={f: f in flags for f in wanted}, amx_granted=cpu_isa.request_amx(),
         threads=torch.get_num_threads(), kernels=cpu_status.as_dicts(kernels), kernel_files=files, gpus=gpus(),
-        linear_choice=linear_choices(), prompt_arithmetic=prompt_arithmetic())
+        linear_choice=linear_choices(), prompt_arithmetic=prompt_arithmetic(), weight_pages=weight_pages())
+
+
+def weight_pages() -> str:
+    """Where the engine's weights go on this machine by default (EngineConfig.cpu_huge_pages)."""
+    from quantkit.engine.huge_pages import thp_unavailable
+
+    why = thp_unavailable()
+    return "transparent huge pages" if why is None else f"4 KiB pages ({why})"
 
 
 def prompt_arithmetic() -> str:

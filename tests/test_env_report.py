@@ -64,10 +64,18 @@ def test_the_prompt_arithmetic_is_the_engines_default():
                 assert said.startswith("W4A16 (") and "not built" in said
 
 
+def test_the_weight_pages_follow_the_thp_mode():
+    from quantkit.engine.huge_pages import thp_unavailable
+
+    said = collect().weight_pages
+    why = thp_unavailable()
+    assert said == "transparent huge pages" if why is None else said == f"4 KiB pages ({why})"
+
+
 def test_the_command_prints_it_and_json_parses():
     code, text = run_cli("env")
     assert code == 0 and "CPU level:" in text and "paged attention" in text and "linear_choice.py" in text
-    assert "prompt tokens W4A" in text
+    assert "prompt tokens W4A" in text and "engine weights on CPU: " in text
     code, out = run_cli("env", "--json")
     assert code == 0 and [k["kernel"] for k in json.loads(out)["kernels"]] == KERNELS
 

@@ -54,6 +54,7 @@ def _print(r) -> None:
     out.print(choice)
     out.print(f"4-bit checkpoints in bf16: prompt tokens {r.prompt_arithmetic} by default, generated tokens W4A16 "
               "(--cpu-int8-prefill/--no-cpu-int8-prefill, --cpu-int8-activations)")
+    out.print(f"engine weights on CPU: {r.weight_pages} (--cpu-huge-pages/--no-cpu-huge-pages)")
     for name, where in r.kernel_files.items():
         out.print(f"{name}: {where}")
     out.print("GPUs: " + ("; ".join(r.gpus) if r.gpus else "none"))
