@@ -244,18 +244,27 @@ def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 5, loop: str =
     return stream_read_bandwidth(threads, gib, repeats)
 
 
+def _read_buffer(gib: float, huge: bool) -> torch.Tensor:
+    """uint8, every page touched, for the read loops: on 4 KiB pages, or on transparent huge pages (RuntimeError
+    where THP is unavailable)."""
+    from quantkit.engine.huge_pages import huge_page_buffer
+
+    n = int(gib * GiB) // 64 * 64
+    return huge_page_buffer(n) if huge else torch.full((n,), 1, dtype=torch.uint8)
+
+
 def best_read(threads: int, gib: float = 2.0, repeats: int = 2) -> tuple[float, str]:
     """(bytes read per second, by which loop): the fastest reader of this moment, the streaming kernel at each prefetch
     distance and torch's sum, each on 4 KiB pages and (where THP is available) on huge pages, as the engine holds its
     weights: the bound a decode's rate is held against (the sum alone where the kernel is not built)."""
-    from quantkit.engine.huge_pages import huge_page_buffer, thp_unavailable
+    from quantkit.engine.huge_pages import thp_unavailable
     from quantkit.kernels.stream_read import stream_read_rates, unavailable
 
     rates = {}
     for pages in ("4 KiB pages", "huge pages"):
         if pages == "huge pages" and thp_unavailable() is not None:
             continue
-        buf = huge_page_buffer(int(gib * GiB) // 64 * 64) if pages == "huge pages" else None
+        buf = _read_buffer(gib, pages == "huge pages")  # one buffer for every loop of this kind of page
         rates[f"torch's sum, {pages}"] = sum_bandwidth(threads, gib, repeats, buf)
         if unavailable() is None:
             for ahead, rate in stream_read_rates(threads, gib, repeats, buf=buf).items():
@@ -268,9 +277,7 @@ def best_read(threads: int, gib: float = 2.0, repeats: int = 2) -> tuple[float, 
 def _rate(loop: str, threads: int, gib: float, repeats: int, huge: bool) -> str:
     """One loop's rate, one line: the streaming kernel's at its best prefetch distance, with every distance's; on
     4 KiB pages or, `huge`, on transparent huge pages (RuntimeError where THP is unavailable)."""
-    from quantkit.engine.huge_pages import huge_page_buffer
-
-    buf = huge_page_buffer(int(gib * GiB) // 64 * 64) if huge else None
+    buf = _read_buffer(gib, huge)
     if loop != "stream":
         return f"{sum_bandwidth(threads, gib, repeats, buf) / 1e9:.1f} GB/s"
     from quantkit.kernels.stream_read import stream_read_rates

@@ -72,14 +72,20 @@ def arena_offsets(sizes: list[int], align: int = ALIGN) -> tuple[list[int], int]
     return offsets, -(-end // HUGE_PAGE) * HUGE_PAGE
 
 
+def _advised_mapping(nbytes: int) -> mmap.mmap:
+    """An anonymous mapping of whole huge pages holding `nbytes`, advised MADV_HUGEPAGE before any page is touched
+    (the faults then take whole huge pages)."""
+    arena = mmap.mmap(-1, -(-nbytes // HUGE_PAGE) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arena.madvise(mmap.MADV_HUGEPAGE)
+    return arena
+
+
 def huge_page_buffer(nbytes: int) -> torch.Tensor:
     """uint8 [nbytes] in an anonymous mapping advised MADV_HUGEPAGE, zero-filled (every page touched), for a
     bandwidth loop to read as decode reads moved weights. Raises RuntimeError where THP is unavailable."""
     if (why := thp_unavailable()) is not None:
         raise RuntimeError(why)
-    arena = mmap.mmap(-1, -(-nbytes // HUGE_PAGE) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    arena.madvise(mmap.MADV_HUGEPAGE)
-    buf = torch.frombuffer(arena, dtype=torch.uint8, count=nbytes)  # holds the mapping alive
+    buf = torch.frombuffer(_advised_mapping(nbytes), dtype=torch.uint8, count=nbytes)  # holds the mapping alive
     return buf.fill_(0)
 
 
@@ -127,12 +133,11 @@ def move_to_huge_pages(model: torch.nn.Module, skip: tuple[type, ...] = (), min_
         if t.untyped_storage().nbytes() >= min_bytes and t.untyped_storage().data_ptr() not in kept:
             by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
     if not by_storage:
-        return HugePages(skipped="no weight storage of 2 MiB or more")
+        return HugePages(skipped=f"no weight storage of {min_bytes / 1024**2:g} MiB or more")
     groups = list(by_storage.values())
     sizes = [g[0].untyped_storage().nbytes() for g in groups]
     offsets, length = arena_offsets(sizes)
-    arena = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    arena.madvise(mmap.MADV_HUGEPAGE)  # before any page is touched: the faults then take whole huge pages
+    arena = _advised_mapping(length)
     with torch.no_grad():
         for tensors, offset, n in zip(groups, offsets, sizes):
             old = tensors[0].untyped_storage()
