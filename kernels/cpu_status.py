@@ -50,8 +50,9 @@ def kernel_statuses() -> list[KernelStatus]:
     return [
         _status("int4 linear", "quantkit_int4", int4, None, int4_path, ""),
         _status("bf16 linear", "quantkit_bf16", bf16, None, bf16_path, ""),
-        _status("int8 lm_head", "quantkit_int4", int4, "int8_linear_bf16",
-                "AMX-INT8" if _amx(int4) else "AVX-512 VNNI", below),
+        _status("int8 lm_head", "quantkit_int4", int4, "int8_linear_f32",
+                ("AMX-INT8" if _amx(int4) else "AVX-512 VNNI") + " (bf16), AVX2 (fp32)"
+                if hasattr(int4, "int8_linear_bf16") else "AVX2 (fp32 activations)", ""),
         _status("W4A8 linear", "quantkit_int4", int4, "int4_linear_q8", "AVX-512 VNNI + VBMI",
                 "needs the avx512_bf16 level (AVX-512 VNNI + VBMI + BF16)"),
         _status("paged attention", "quantkit_attn", attn, None, attn_path, ""),

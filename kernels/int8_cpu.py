@@ -1,20 +1,22 @@
-"""An int8-weight linear for bf16 activations on CPU (kernels/csrc/int8_bf16_avx512.h, AVX-512 VNNI), its layout,
-and the pure-torch reference of both.
+"""An int8-weight linear on CPU, for bf16 activations (kernels/csrc/int8_bf16_avx512.h, AVX-512 VNNI) and for fp32
+ones (kernels/csrc/int8_f32_avx2.h, AVX2 + FMA), its layout, and the pure-torch reference of both.
 
 The engine holds a 4-bit checkpoint's float lm_head this way on CPU (`EngineConfig.cpu_int8_lm_head`): a
 decode step reads the whole head, 32000 x 1024 here, and in bf16 it is as many bytes as all the 4-bit layers
-together. Int8 halves them. The rounding is symmetric per row and group of input columns, as llama.cpp's
-Q8_0: W[n, k] = q[n, k] * s[n, g], q = round(W / s) in [-127, 127], s = max |W| over the group / 127.
+together; at Llama 3's vocabulary (128256) and hidden 2048 it is 1 GiB in fp32, twice the 4-bit layers. Int8 halves
+the bf16 bytes and quarters the fp32 ones. The rounding is symmetric per row and group of input columns, as
+llama.cpp's Q8_0: W[n, k] = q[n, k] * s[n, g], q = round(W / s) in [-127, 127], s = max |W| over the group / 127.
 
 Layout (`Int8Blocked`), for W [N, K]:
   packed  int8  [NB, K / 4, 16, 4]   NB = ceil(N / 16) blocks of 16 output rows; for each 4 input columns the
                                      16 rows' four codes side by side (padded rows: 0)
   scales  fp32  [NB, G, 16]          per group and row
   wsum    int32 [NB, G, 16]          per group and row, the sum of its codes
-The kernel multiplies the codes by x written as 16-bit fixed point per row and group (two vpdpbusd, one per
-byte; `quantize_activations16_reference`), so no weight is converted. On CPUs with AMX tiles, from 8 rows, the same
-codes are TDPBUSD B tiles as stored (kernels/csrc/int8_amx.h): the same integer sums, so the same bits. torch's own `_weight_int8pack_mm`
-(per-row scales) was measured against oneDNN's prepacked bf16 on the lm_head's shape: ahead at M = 1, well
+Both kernels multiply the codes by x written as 16-bit fixed point per row and group
+(`quantize_activations16_reference`): the bf16 one by two vpdpbusd (one per byte of x, no weight converted), the
+fp32 one by vpmaddwd on the codes widened to 16 bits; their integer sums are exact, so they give the same bits. On
+CPUs with AMX tiles, from 8 rows, the same codes are TDPBUSD B tiles as stored (kernels/csrc/int8_amx.h): the same
+integer sums, so the same bits. torch's own `_weight_int8pack_mm` (per-row scales) was measured against oneDNN's prepacked bf16 on the lm_head's shape: ahead at M = 1, well
 behind at M = 8 (docs/cpu-kernels.md has the figures), so quantkit reads its own layout.
 """
 
@@ -93,26 +95,33 @@ def int8_blocked_reference(x: torch.Tensor, w: Int8Blocked) -> torch.Tensor:
     return xd @ dequantize_int8_blocked(w).T
 
 
-def int8_kernel_available() -> bool:
-    """Whether the int8 kernel is built on this machine (AVX-512 VNNI and BF16)."""
-    return hasattr(extension(), "int8_linear_bf16")
+def int8_kernel_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the int8 kernel for activations of `dtype` is built on this machine: bf16 where the extension targets
+    AVX-512 VNNI and BF16, fp32 at every level it builds for (AVX2 + FMA and up)."""
+    return hasattr(extension(), _KERNELS.get(dtype, ""))
+
+
+_KERNELS = {torch.bfloat16: "int8_linear_bf16", torch.float32: "int8_linear_f32"}  # activation dtype -> the op
+_NEEDS = {torch.bfloat16: "AVX-512 VNNI and BF16", torch.float32: "AVX2 and FMA"}
 
 
 def int8_head_unavailable(device: torch.device, dtype: torch.dtype, in_features: int | None = None) -> str | None:
-    """Why a float lm_head cannot be held in int8 here (None: it can): the int8 kernel computes on CPU, with
-    bf16 activations, where it is built (AVX-512 VNNI and BF16), over an input size that is a multiple of 4."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
-        return f"the int8 lm_head runs on CPU in bfloat16 (here: {device.type}, {dtype})"
-    if not int8_kernel_available():
-        return "the int8 kernel (AVX-512 VNNI and BF16) is not built on this machine"
+    """Why a float lm_head cannot be held in int8 here (None: it can): the int8 kernels compute on CPU, with bf16
+    or fp32 activations, where they are built (bf16: AVX-512 VNNI and BF16; fp32: AVX2 and FMA), over an input
+    size that is a multiple of 4."""
+    if device.type != "cpu" or dtype not in _KERNELS:
+        return f"the int8 lm_head runs on CPU in bfloat16 or float32 (here: {device.type}, {dtype})"
+    if not int8_kernel_available(dtype):
+        return f"the int8 kernel for {str(dtype).removeprefix('torch.')} activations ({_NEEDS[dtype]}) is not " \
+               "built on this machine"
     if in_features is not None and group_size_for(in_features) is None:
         return f"the int8 kernel takes input columns in fours (hidden size {in_features})"
     return None
 
 
 class Int8Linear(nn.Module):
-    """A bias-free linear for bf16 activations holding its weight as Int8Blocked: x [..., K] bf16 -> [..., N]
-    bf16 (the kernel's fp32 sums rounded as it stores them). Needs `int8_kernel_available()`."""
+    """A bias-free linear holding its weight as Int8Blocked: x [..., K] bf16 -> [..., N] bf16 (the kernel's fp32
+    sums rounded as it stores them), or fp32 -> fp32. Needs `int8_kernel_available(x.dtype)`."""
 
     def __init__(self, w: Int8Blocked):
         super().__init__()
@@ -122,7 +131,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("packed", w.packed)
         self.register_buffer("scales", w.scales)
         self.register_buffer("wsum", w.wsum)
-        self._op = extension().int8_linear_bf16
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE) -> Int8Linear:
@@ -135,6 +143,10 @@ class Int8Linear(nn.Module):
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.wsum))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = self._op(flat, self.packed, self.scales, self.wsum, self.out_features, self.group_size, True)
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype == torch.float32:
+            out = extension().int8_linear_f32(flat, self.packed, self.scales, self.out_features, self.group_size)
+        else:
+            out = extension().int8_linear_bf16(flat.to(torch.bfloat16), self.packed, self.scales, self.wsum,
+                                               self.out_features, self.group_size, True)
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -27,7 +27,9 @@ def test_a_level_without_a_kernel_says_which_level_it_needs():
     with cpu_ext.at_level("avx2"):
         report = collect()
     off = {k["kernel"]: k["detail"] for k in report.kernels if not k["active"]}
-    assert "avx512_bf16" in off["int8 lm_head"] and "avx512_bf16" in off["W4A8 linear"]
+    assert "avx512_bf16" in off["W4A8 linear"]
+    on = {k["kernel"]: k["detail"] for k in report.kernels if k["active"]}  # the int8 lm_head: fp32 from AVX2 on
+    assert on.get("int8 lm_head") == "AVX2 (fp32 activations)" or "int4 linear" in off
 
 
 def test_the_linear_kernel_table_is_printed_as_it_chooses():

@@ -36,6 +36,7 @@
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 #include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
 #include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
+#include "int8_f32_avx2.h"  // the int8-weight kernel for fp32 activations (AVX2 + FMA)
 #include "moe_int4.h"  // a mixture-of-experts block's 4-bit experts in one call, where QUANTKIT_INT4_BF16
 
 namespace {
@@ -53,6 +54,19 @@ void check(const torch::Tensor& packed, const torch::Tensor& sz, int64_t k, int6
                   sz.size(0) == packed.size(0) && sz.size(1) == k / gs && sz.size(2) == 2 && sz.size(3) == kRows,
               "scale_zero must be fp16 or fp32 [ceil(N/16), K/group, 2, 16]");
   TORCH_CHECK(packed.is_contiguous() && sz.is_contiguous(), "packed and scale_zero must be contiguous");
+}
+
+// The int8 layout (kernels/int8_cpu.py, Int8Blocked) checked for K input columns, N output rows, groups of gs.
+void check_int8(const torch::Tensor& packed, const torch::Tensor& scales, int64_t k, int64_t n, int64_t gs) {
+  TORCH_CHECK(gs > 0 && gs % 4 == 0 && gs <= int8f::kMaxGroup && k % gs == 0,
+              "the group size must be a multiple of 4, at most 128, and divide K");
+  TORCH_CHECK(packed.dtype() == torch::kInt8 && packed.dim() == 4 && packed.size(1) * 4 == k &&
+                  packed.size(2) == kRows && packed.size(3) == 4,
+              "packed must be int8 [ceil(N/16), K/4, 16, 4]");
+  TORCH_CHECK(packed.size(0) * kRows >= n && packed.size(0) * kRows < n + kRows, "packed has the wrong row blocks");
+  TORCH_CHECK(scales.dtype() == torch::kFloat && scales.sizes() == std::vector<int64_t>({packed.size(0), k / gs, kRows}),
+              "scales must be fp32 [ceil(N/16), K/group, 16]");
+  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous(), "packed and scales must be contiguous");
 }
 
 }  // namespace
@@ -89,18 +103,31 @@ void dequantize_rows(const uint8_t* p, const T* sz, int64_t k, int64_t gs, int64
   });
 }
 
+// What the fp32-activation ops start from: x fp32 [M, K] checked and contiguous, the output fp32 [M, N] allocated.
+struct F32Call {
+  torch::Tensor x, out;
+  int64_t m, k;
+
+  F32Call(torch::Tensor x_, int64_t n) {
+    TORCH_CHECK(x_.dtype() == torch::kFloat && x_.dim() == 2, "x must be fp32 [M, K]");
+    x = x_.contiguous();
+    m = x.size(0);
+    k = x.size(1);
+    out = torch::empty({m, n}, x.options());
+  }
+};
+
 }  // namespace
 
 // x fp32 [M, K] (columns already permuted for act-order) -> fp32 [M, N].
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs) {
-  TORCH_CHECK(x.dtype() == torch::kFloat && x.dim() == 2, "x must be fp32 [M, K]");
-  x = x.contiguous();
-  const int64_t m = x.size(0), k = x.size(1);
+  F32Call c(x, n);
+  const int64_t m = c.m, k = c.k;
   check(packed, sz, k, n, gs);
-  auto out = torch::empty({m, n}, x.options());
+  auto out = c.out;
   if (m == 0) return out;
-  const auto xsum = x.view({m, k / gs, gs}).sum(-1).contiguous();  // [M, G]
-  const float* xp = x.data_ptr<float>();
+  const auto xsum = c.x.view({m, k / gs, gs}).sum(-1).contiguous();  // [M, G]
+  const float* xp = c.x.data_ptr<float>();
   const float* xs = xsum.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
   if (sz.dtype() == torch::kHalf)
@@ -208,18 +235,9 @@ inline int64_t& int8_amx_from_m() {
 torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor wsum,
                                int64_t n, int64_t gs, bool out_bf16) {
   Bf16Call c(x, n, out_bf16);
-  TORCH_CHECK(gs > 0 && gs % 4 == 0 && gs <= int8w::kMaxGroup && c.k % gs == 0,
-              "the group size must be a multiple of 4, at most 128, and divide K");
-  TORCH_CHECK(packed.dtype() == torch::kInt8 && packed.dim() == 4 && packed.size(1) * 4 == c.k &&
-                  packed.size(2) == kRows && packed.size(3) == 4,
-              "packed must be int8 [ceil(N/16), K/4, 16, 4]");
-  TORCH_CHECK(packed.size(0) * kRows >= n && packed.size(0) * kRows < n + kRows, "packed has the wrong row blocks");
-  const std::vector<int64_t> per_group{packed.size(0), c.k / gs, kRows};
-  TORCH_CHECK(scales.dtype() == torch::kFloat && scales.sizes() == per_group,
-              "scales must be fp32 [ceil(N/16), K/group, 16]");
-  TORCH_CHECK(wsum.dtype() == torch::kInt && wsum.sizes() == per_group, "wsum must be int32 [ceil(N/16), K/group, 16]");
-  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && wsum.is_contiguous(),
-              "packed, scales and wsum must be contiguous");
+  check_int8(packed, scales, c.k, n, gs);
+  TORCH_CHECK(wsum.dtype() == torch::kInt && wsum.sizes() == scales.sizes() && wsum.is_contiguous(),
+              "wsum must be int32 [ceil(N/16), K/group, 16], contiguous");
   if (c.m == 0) return c.out;
   const int64_t groups = c.k / gs;
 #if defined(QUANTKIT_INT8_AMX)
@@ -243,6 +261,21 @@ torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
   return c.out;
 }
 #endif
+
+// x fp32 [M, K] @ W8.T -> fp32 [M, N], W8 int8 [ceil(N/16), K/4, 16, 4] with fp32 scales [ceil(N/16), K/gs, 16]
+// (int8_f32_avx2.h).
+torch::Tensor int8_linear_f32(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t n, int64_t gs) {
+  F32Call c(x, n);
+  check_int8(packed, scales, c.k, n, gs);
+  if (c.m == 0) return c.out;
+  std::vector<int16_t> xq(c.m * c.k);
+  std::vector<float> sx(c.m * (c.k / gs));
+  int8f::quantize16(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data());
+  const int8f::Args args{xq.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                         c.out.data_ptr<float>(), c.m, c.k, n, c.k / gs, gs};
+  over_blocks(packed.size(0), [&](int64_t b) { int8f::block(args, b); });
+  return c.out;
+}
 
 #if defined(QUANTKIT_INT4_Q8)
 // x bf16 [M, K] (columns already permuted for act-order), quantized per row and group to int8 -> fp32 (or bf16)
@@ -289,6 +322,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("chosen"), py::arg("weights"), py::arg("w1"), py::arg("s1"), py::arg("gs1"), py::arg("w2"),
         py::arg("s2"), py::arg("gs2"));
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
+  m.def("int8_linear_f32", &int8_linear_f32, "x fp32 [M, K] @ W8.T -> fp32 [M, N] (AVX2/FMA; int8_f32_avx2.h)");
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_dequantize_pairs", &int4_dequantize_pairs,
         "rows n0..n1 of W4 as bf16 in the bf16 kernel's pair layout [ceil((n1 - n0) / 16), K / 2, 16, 2]");

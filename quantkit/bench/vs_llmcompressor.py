@@ -63,6 +63,7 @@ DEFAULT_GPTQMODEL = ROOT.parent / "venvs" / "gptqmodel" / "bin" / "python"  # do
 CALIB = SHARED / "wikitext2" / "valid.txt"
 PPL_TEXT = SHARED / "wikitext2" / "test.txt"
 NSAMPLES, SEQLEN, PPL_TOKENS, PPL_SEQLEN = 32, 256, 20_000, 256
+FP32_PASSES = ("--compute-dtype", "float32")  # the calibration passes of a scored model, on every CPU
 REAL_SHAPE_GROUP = 128  # group size for the real shapes (SHAPE:N): the checkpoints' default
 GiB = 1024**3
 
@@ -188,9 +189,11 @@ def score_checkpoint(path: Path, ref: FloatReference | None) -> dict:
 
 def run_ours(model: Path, out: Path, method: str, group: int, threads: int, ref: FloatReference | None, seed: int = 0,
              windows: Windows = Windows()) -> dict:
-    """`quantkit quantize` in a child; its checkpoint scored against `ref` (unless None)."""
+    """`quantkit quantize` in a child; its checkpoint scored against `ref` (unless None). A scored model calibrates
+    in fp32, as the peers do on the suite's fp32 models, so that its checkpoint does not depend on whether this CPU
+    computes bf16 (auto would take it there); a real shape (timed only) in the CLI's auto dtype."""
     args = METHODS[method].ours + ["--group-size", str(group), *windows.args(), "--seed", str(seed),
-                                   "--threads", str(threads)]
+                                   "--threads", str(threads), *(FP32_PASSES if ref is not None else ())]
     run = quantize_in_child(model, out, args, threads)
     meta = json.loads((out / "quantkit_meta.json").read_text())
     return {"wall_s": run.quantize_s, "process_s": round(run.process_s, 2), **score_checkpoint(out, ref),

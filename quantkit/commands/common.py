@@ -25,8 +25,8 @@ ENGINE_SWITCHES = {
     "cpu_int8_activations": (False, "CPU, bf16, 4-bit checkpoints: the 4-bit linears round activations to int8 per "
                                     "row and group (W4A8 on AVX-512 VNNI, as llama.cpp), prefill too except on AMX "
                                     "CPUs. Off: W4A16, the checkpoint's arithmetic."),
-    "cpu_int8_lm_head": (None, "CPU, bf16, AVX-512 VNNI: hold a float lm_head in int8 (symmetric, groups of 128, as "
-                               "llama.cpp's Q8_0): half the bytes each decode step reads for it. Default: on for "
+    "cpu_int8_lm_head": (None, "CPU: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): "
+                               "half the bytes each decode step reads for it in bf16, a quarter in fp32. Default: on for "
                                "quantized checkpoints, off for float ones. Off: the checkpoint's float head."),
     "cpu_int8_prefill": (None, "CPU, bf16, 4-bit checkpoints: prompt tokens run W4A8 (activations rounded to int8 "
                                "per row and group, about 1.5x the prefill speed), generated tokens W4A16. Default: on "

@@ -44,7 +44,7 @@ def eval_command(
     threads: int | None = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's "
                                        "choice; 1 is fastest for tiny models on a busy machine)."),
     cpu_int8_lm_head: bool = typer.Option(False, "--cpu-int8-lm-head", help="Hold QUANTIZED's float lm_head in "
-                                          "int8, as `serve` does on CPU by default (needs --dtype bfloat16 on CPU). "
+                                          "int8, as `serve` does on CPU by default (CPU, --dtype bfloat16 or float32). "
                                           "Off: the checkpoint's own arithmetic, as vLLM and transformers run it."),
     allow_unquantized: bool = typer.Option(False, "--allow-unquantized", help="Evaluate QUANTIZED even when its "
                                            "config.json has no quantization_config (two float models)."),

@@ -188,10 +188,11 @@ def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
     """Every float nn.Linear into the CPU's fastest float linear for `dtype`, weight laid out once (a tied lm_head
     stays: a copy of the embedding would double it): in bf16 where the CPU computes it natively, quantkit's
     Bf16DotLinear (AMX tiles where the CPU has them; faster than oneDNN's prepacked GEMM at decode batch sizes and
-    within 0.9x of it on prefill, docs/BENCHMARKS.md), else oneDNN's PrepackedLinear where oneDNN supports `dtype`. Returns how many were
-    replaced."""
+    within 0.9x of it on prefill, docs/BENCHMARKS.md), else oneDNN's PrepackedLinear where oneDNN supports `dtype`,
+    else F.linear. Each layer's q/k/v and gate/up become one linear in every case (so the engine's bound path
+    applies). Returns how many were replaced."""
     from quantkit.kernels import bf16_cpu
-    from quantkit.kernels.cpu_linear import PrepackedLinear, prepack_supported
+    from quantkit.kernels.cpu_linear import PrepackedLinear, concat_linears, prepack_supported
 
     if dtype == torch.bfloat16 and bf16_cpu.bf16_dot_available():
         tiles = "AMX tiles" if bf16_cpu.extension().has_amx() else "AVX-512 BF16"
@@ -199,8 +200,10 @@ def prepack_float_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
     elif prepack_supported(dtype):
         kind, what = PrepackedLinear, f"prepacked for oneDNN ({dtype})"
     else:
-        log.info("linears: F.linear (oneDNN has no prepacked %s path on this CPU)", dtype)
-        return 0
+        fused = fuse_float_projections(model, concat_linears)
+        log.info("linears: F.linear (oneDNN has no prepacked %s path on this CPU), %d of them fused q/k/v or gate/up",
+                 dtype, fused)
+        return fused
 
     def concat(linears):
         return kind.concat(linears) if all(kind.supports(m) for m in linears) else None

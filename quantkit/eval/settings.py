@@ -42,9 +42,9 @@ class EvalSettings:
             raise QuantkitError(f"--batch-size must be at least 1 (got {self.batch_size})")
         if self.dtype not in DTYPE_NAMES:
             raise QuantkitError(f"unknown --dtype {self.dtype!r}; expected one of {', '.join(DTYPE_NAMES)}")
-        if self.cpu_int8_lm_head and (self.device != "cpu" or self.dtype != "bfloat16"):
+        if self.cpu_int8_lm_head and (self.device != "cpu" or self.dtype not in ("bfloat16", "float32")):
             raise QuantkitError("--cpu-int8-lm-head measures the engine's int8 lm_head on CPU: it needs --device cpu "
-                                f"and --dtype bfloat16 (got {self.device}, {self.dtype})")
+                                f"and --dtype bfloat16 or float32 (got {self.device}, {self.dtype})")
         if self.dtype == "float16" and self.device == "cpu":
             raise QuantkitError("--dtype float16 on CPU: fp16 matmul is unusably slow there; use float32 or bfloat16")
 

@@ -134,16 +134,18 @@ def _bf16_copy(src, dst, tie: bool):
     return hf
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("tie", [False, True])
-def test_int8_lm_head(tiny_llama, tmp_path, tie):
+def test_int8_lm_head(tiny_llama, tmp_path, tie, dtype):
     from quantkit.engine.weights import MappedEmbedding, WeightMemory
     from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable, pack_int8
 
-    if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
+    compute = getattr(torch, dtype)
+    if (why := int8_head_unavailable(torch.device("cpu"), compute)) is not None:
         pytest.skip(why)
     hf = _bf16_copy(tiny_llama, tmp_path, tie)
     head = hf.lm_head.weight.detach()
-    llm = LLM(str(tmp_path), dtype="bfloat16", max_model_len=256, max_num_seqs=12, cpu_int8_lm_head=True)
+    llm = LLM(str(tmp_path), dtype=dtype, max_model_len=256, max_num_seqs=12, cpu_int8_lm_head=True)
     model = llm.engine.model
     assert isinstance(model.lm_head, Int8Linear) and isinstance(model.model.embed_tokens, MappedEmbedding)
     # the head is the checkpoint's, rounded to int8 per row and group of 128 columns
@@ -154,17 +156,20 @@ def test_int8_lm_head(tiny_llama, tmp_path, tie):
     memory = WeightMemory.of(model)
     assert memory.lm_head == model.lm_head.weight_bytes() and "int8" in memory.parts and memory.embedding == 0
     assert memory.read_per_token == memory.resident  # the mapped table is not resident, the int8 head read whole
-    assert memory.resident < memory.bf16_equivalent - 2 * head.numel() - head.numel() // 2
+    if compute == torch.bfloat16:
+        assert memory.resident < memory.bf16_equivalent - 2 * head.numel() - head.numel() // 2
     outs = llm.generate(_prompts(), SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == MAX_TOKENS for o in outs)
     # against the float head on hidden states of the final norm's scale: each logit moves by at most
     # sum_k |h_k| * s_k / 2, and the int8 head's greedy token is the float argmax or within 0.1 of it
-    h = torch.randn(64, head.shape[1], generator=torch.Generator().manual_seed(0)).bfloat16()
-    got, want = model.lm_head(h).float(), h.float() @ head.float().T
+    h = torch.randn(64, head.shape[1], generator=torch.Generator().manual_seed(0)).to(compute)
+    got, want = model.lm_head(h), h.float() @ head.float().T
+    assert got.dtype == compute
     scales = expected.scales.permute(0, 2, 1).reshape(-1, head.shape[1] // 128)[: head.shape[0]]  # [N, G]
     bound = (h.float().abs().reshape(64, -1, 128).sum(-1) @ scales.T) / 2  # [64, N]
-    assert bool(((got - want).abs() <= bound + want.abs() / 128 + 1e-3).all())  # (+ the bf16 rounding of got)
-    picked = want.gather(1, got.argmax(1, keepdim=True)).squeeze(1)
+    rounding = want.abs() / 128 if compute == torch.bfloat16 else want.abs() / 2 ** 15  # got's own, and x's 16 bits
+    assert bool(((got.float() - want).abs() <= bound + rounding + 1e-3).all())
+    picked = want.gather(1, got.float().argmax(1, keepdim=True)).squeeze(1)
     assert bool((picked >= want.max(1).values - 0.1).all())
 
 
@@ -178,21 +183,19 @@ def rtn_dir(tiny_llama, tmp_path_factory):
     return out
 
 
-def test_a_quantized_checkpoints_float_head_is_int8_by_default(rtn_dir, tiny_llama, tmp_path, caplog):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_quantized_checkpoints_float_head_is_int8_by_default(rtn_dir, tiny_llama, tmp_path, dtype):
     from quantkit.engine.weights import WeightMemory
     from quantkit.kernels.int8_cpu import Int8Linear, int8_head_unavailable
 
-    if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
+    if (why := int8_head_unavailable(torch.device("cpu"), getattr(torch, dtype))) is not None:
         pytest.skip(why)
-    default = LLM(str(rtn_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4).engine.model
-    kept = LLM(str(rtn_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4, cpu_int8_lm_head=False).engine.model
+    default = LLM(str(rtn_dir), dtype=dtype, max_model_len=256, max_num_seqs=4).engine.model
+    kept = LLM(str(rtn_dir), dtype=dtype, max_model_len=256, max_num_seqs=4, cpu_int8_lm_head=False).engine.model
     assert isinstance(default.lm_head, Int8Linear) and not isinstance(kept.lm_head, Int8Linear)
     assert WeightMemory.of(default).resident < WeightMemory.of(kept).resident
     _bf16_copy(tiny_llama, tmp_path, tie=False)  # a float checkpoint keeps its float head unless asked
-    assert not isinstance(LLM(str(tmp_path), dtype="bfloat16", max_model_len=256).engine.model.lm_head, Int8Linear)
-    with caplog.at_level("WARNING", logger="quantkit.engine"):  # fp32: the int8 kernel takes bf16; no warning
-        fp32 = LLM(str(rtn_dir), dtype="float32", max_model_len=256, max_num_seqs=4).engine.model
-    assert not isinstance(fp32.lm_head, Int8Linear) and "lm_head" not in caplog.text
+    assert not isinstance(LLM(str(tmp_path), dtype=dtype, max_model_len=256).engine.model.lm_head, Int8Linear)
 
 
 def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(caplog):
@@ -208,7 +211,7 @@ def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(ca
         assert not int8_head_wanted(None, True, gpu, bf16, 64)
         assert caplog.text == ""  # the default is silent where the kernel cannot run
         assert not int8_head_wanted(True, True, gpu, bf16, 64)
-    assert "lm_head: kept in float (the int8 lm_head runs on CPU in bfloat16" in caplog.text
+    assert "lm_head: kept in float (the int8 lm_head runs on CPU in bfloat16 or float32" in caplog.text
 
 
 def test_int8_prefill_wanted_where_asked_or_by_default_without_amx(caplog):

@@ -82,7 +82,7 @@ def test_report_json_and_gates(tiny_llama, tiny_rtn, tmp_path, text_file, mmlu_d
     (["--subjects", "astrology"], "astrology not available"),
     (["--dtype", "float16", "--device", "cpu"], "fp16 matmul"),
     (["--num-fewshot", "-1"], "--num-fewshot must be 0 or more"),
-    (["--cpu-int8-lm-head"], "needs --device cpu and --dtype bfloat16"),
+    (["--cpu-int8-lm-head", "--dtype", "float16"], "needs --device cpu and --dtype bfloat16 or float32"),
 ])
 def test_bad_input_is_one_line(tiny_llama, tmp_path, text_file, mmlu_dir, extra, message):
     result = invoke(tiny_llama, *common(tiny_llama, tmp_path, text_file, mmlu_dir), "--allow-unquantized", *extra)
@@ -206,19 +206,20 @@ def test_ppl_seqlen_is_clipped_to_the_context_and_the_report_says_so(tiny_llama,
     assert "--seqlen 2048 clipped to the models' context of 512 tokens" in result.stderr
 
 
-def test_cpu_int8_lm_head_evaluates_the_engines_head(tiny_llama, tiny_rtn, text_file, tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cpu_int8_lm_head_evaluates_the_engines_head(tiny_llama, tiny_rtn, text_file, tmp_path, dtype):
     """--cpu-int8-lm-head: the quantized model's float head in int8 (what `serve --cpu-int8-lm-head` runs), the
     base as it is; the perplexity moves by the head's rounding only."""
     import torch
 
     from quantkit.kernels.int8_cpu import int8_head_unavailable
 
-    if (why := int8_head_unavailable(torch.device("cpu"), torch.bfloat16)) is not None:
+    if (why := int8_head_unavailable(torch.device("cpu"), getattr(torch, dtype))) is not None:
         pytest.skip(why)
     reports = {}
     for flag in ((), ("--cpu-int8-lm-head",)):
         out = tmp_path / f"report{len(flag)}.json"
-        result = invoke(tiny_rtn, *ppl_args(tiny_llama, text_file, "--seqlen", 64, "--dtype", "bfloat16",
+        result = invoke(tiny_rtn, *ppl_args(tiny_llama, text_file, "--seqlen", 64, "--dtype", dtype,
                                             "--output", out, *flag))
         assert result.exit_code == 0, result.output
         reports[bool(flag)] = json.loads(out.read_text())

@@ -1,8 +1,9 @@
-"""The int8-weight bf16-activation kernel (kernels/int8_cpu.py) against its pure-torch reference, and its rounding.
+"""The int8-weight kernels (kernels/int8_cpu.py), for bf16 and for fp32 activations, against their pure-torch
+reference, and their rounding.
 
-The reference rounds x to 16-bit fixed point per row and group as the kernel does, dequantizes the layout (q * s)
-and multiplies in fp32; the kernel's integer sums are exact, so the two agree to fp32 summation order. Kernel tests
-skip where the kernel is not built (it needs AVX-512 VNNI and BF16).
+The reference rounds x to 16-bit fixed point per row and group as the kernels do, dequantizes the layout (q * s)
+and multiplies in fp32; the kernels' integer sums are exact, so they agree with it to fp32 summation order. The bf16
+kernel's tests skip where it is not built (it needs AVX-512 VNNI and BF16); the fp32 kernel builds at every level.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import pytest
 import torch
 
 from quantkit.kernels import int4_cpu
-from quantkit.kernels.int8_cpu import (Int8Linear, dequantize_int8_blocked, group_size_for, int8_blocked_reference,
-                                       pack_int8, quantize_activations16_reference, quantize_int8)
+from quantkit.kernels.int8_cpu import (Int8Blocked, Int8Linear, dequantize_int8_blocked, group_size_for,
+                                       int8_blocked_reference, int8_head_unavailable, pack_int8,
+                                       quantize_activations16_reference, quantize_int8)
 
 pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
 
@@ -150,3 +152,95 @@ def test_amx_tiles_give_the_vnni_kernels_bits():
         ext.dev.set_int8_amx_from_m(old)
     assert torch.equal(tiles, vectors)
     torch.testing.assert_close(tiles, int8_blocked_reference(x, w), **TOL)
+
+
+@pytest.fixture
+def f32_ext():
+    """The extension with the int8 kernel for fp32 activations (every level it builds at)."""
+    if (why := int4_cpu.unavailable()) is not None:
+        pytest.skip(why)
+    return int4_cpu.extension()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 17])
+@pytest.mark.parametrize(("n", "k", "group_size"), [(40, 256, 128), (272, 512, 128), (50, 96, 96), (16, 64, 32),
+                                                    (24, 40, 20), (33, 128, 64), (7, 12, 4)])
+def test_f32_kernel_matches_its_reference(f32_ext, m, n, k, group_size):
+    w = pack_int8(0.05 * torch.randn(n, k, generator=torch.Generator().manual_seed(m)), group_size)
+    x = 3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    x[0, :group_size] = 0  # a group of zeros: scale 0
+    got = f32_ext.int8_linear_f32(x, w.packed, w.scales, n, group_size)
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got, int8_blocked_reference(x, w), **TOL)
+    exact = x @ dequantize_int8_blocked(w).T  # x unrounded: the 16-bit rounding of x is all that differs
+    torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-4 * float(exact.abs().max()))
+
+
+def test_f32_kernel_rounds_x_as_the_reference(f32_ext):
+    """Ties of x * 32767 / amax (k + 0.5) round to even, as torch.round: one code a column tells the rounding apart."""
+    k = 8
+    w = pack_int8(torch.eye(k), 4)  # row n reads column n alone, at code 127 and scale 1/127
+    x = torch.tensor([[32767.0, 0.5, 1.5, 2.5, 32767.0, -0.5, -1.5, 7.25]])
+    got = f32_ext.int8_linear_f32(x, w.packed, w.scales, k, 4)
+    xq, scale = quantize_activations16_reference(x, 4)
+    assert xq[0, :4].tolist() == [32767, 0, 2, 2] and xq[0, 4:].tolist() == [32767, 0, -2, 7]
+    assert torch.equal(got, int8_blocked_reference(x, w))
+
+
+def test_f32_kernel_gives_the_bf16_kernels_bits(f32_ext):
+    """On x exact in bf16 both kernels round x to the same digits, sum q * digit exactly in int32 and scale each group's
+    sum in the same order: the same fp32 outputs (a 1000-row head: the last block half filled)."""
+    if not hasattr(f32_ext, "int8_linear_bf16"):
+        pytest.skip("the bf16 int8 kernel is built only where the compiler targets AVX-512 BF16")
+    w = pack_int8(0.05 * torch.randn(1000, 512, generator=torch.Generator().manual_seed(0)), 128)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1)).bfloat16()
+    old = f32_ext.dev.set_amx(False)
+    try:
+        bf16 = f32_ext.int8_linear_bf16(x, w.packed, w.scales, w.wsum, 1000, 128)
+    finally:
+        f32_ext.dev.set_amx(old)
+    assert torch.equal(f32_ext.int8_linear_f32(x.float(), w.packed, w.scales, 1000, 128), bf16)
+
+
+def test_f32_full_scale_codes_do_not_overflow(f32_ext):
+    k = 256
+    w = pack_int8(torch.ones(16, k), 128)
+    x = torch.ones(3, k)
+    x[1] = -1
+    got = f32_ext.int8_linear_f32(x, w.packed, w.scales, 16, 128)
+    assert got[0].tolist() == pytest.approx([k] * 16) and got[1].tolist() == pytest.approx([-k] * 16)
+    torch.testing.assert_close(got, int8_blocked_reference(x, w), **TOL)
+
+
+def test_f32_kernel_rejects_a_wrong_layout(f32_ext):
+    w = pack_int8(torch.randn(32, 64), 64)
+    x = torch.zeros(2, 64)
+    with pytest.raises(RuntimeError, match="scales must be fp32"):
+        f32_ext.int8_linear_f32(x, w.packed, w.scales.half(), 32, 64)
+    with pytest.raises(RuntimeError, match="group size"):
+        f32_ext.int8_linear_f32(x, w.packed, w.scales, 32, 48)
+    with pytest.raises(RuntimeError, match="wrong row blocks"):
+        f32_ext.int8_linear_f32(x, w.packed, w.scales, 64, 64)
+    with pytest.raises(RuntimeError, match="x must be fp32"):
+        f32_ext.int8_linear_f32(x.bfloat16(), w.packed, w.scales, 32, 64)
+
+
+def test_module_runs_fp32_activations(f32_ext):
+    linear = torch.nn.Linear(256, 100, bias=False)
+    head = Int8Linear.from_linear(linear)
+    x = torch.randn(2, 3, 256)
+    got = head(x)
+    assert got.shape == (2, 3, 100) and got.dtype == torch.float32
+    torch.testing.assert_close(got.reshape(6, 100), int8_blocked_reference(x.reshape(6, 256), head_layout(head)), **TOL)
+    torch.testing.assert_close(got, (x @ linear.weight.T).detach(), rtol=0.02, atol=0.02)
+
+
+def head_layout(head: Int8Linear) -> Int8Blocked:
+    return Int8Blocked(head.packed, head.scales, head.wsum, head.out_features, head.group_size)
+
+
+def test_head_unavailable_names_the_dtype(f32_ext):
+    assert int8_head_unavailable(torch.device("cpu"), torch.float32, 2048) is None
+    assert "in fours" in int8_head_unavailable(torch.device("cpu"), torch.float32, 2047)
+    assert "bfloat16 or float32" in int8_head_unavailable(torch.device("cpu"), torch.float16)
+    assert "bfloat16 or float32" in int8_head_unavailable(torch.device("meta"), torch.float32)

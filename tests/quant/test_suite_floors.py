@@ -1,7 +1,8 @@
 """Accuracy floors (configs/accuracy_floors.toml, tables `suite_NAME`) on every model of the accuracy suite.
 
 Each model (quantkit.bench.suite) is quantized with each floored method as quantkit.bench.vs_llmcompressor
-does it (the same flags, group size, calibration windows of seed 0 and scoring), and its perplexity ratio
+does it (the same flags, group size, calibration windows of seed 0, calibration passes in fp32 whatever the CPU,
+and scoring), and its perplexity ratio
 to float must stay under the floor. The `ci` models train here in fp32 when the cache lacks them (a few
 tens of seconds each on two cores); the others are trained only by `python -m quantkit.bench.suite`, and
 their tests skip, saying so, until the cache holds them.
@@ -52,7 +53,7 @@ def test_suite_model_meets_its_floors(name, tmp_path):
 
 def _ratios(model: Path, group: int, methods, tmp_path: Path) -> dict[str, float]:
     """Each method's perplexity ratio to float, quantized and scored as quantkit.bench.vs_llmcompressor."""
-    from quantkit.bench.vs_llmcompressor import CALIB, METHODS, NSAMPLES, SEQLEN, ppl_ratio_ours
+    from quantkit.bench.vs_llmcompressor import CALIB, FP32_PASSES, METHODS, NSAMPLES, SEQLEN, ppl_ratio_ours
 
     float_ppl, _ = ppl_ratio_ours(model, None)
     ratios = {}
@@ -60,7 +61,7 @@ def _ratios(model: Path, group: int, methods, tmp_path: Path) -> dict[str, float
         out = tmp_path / method
         code, output = run_cli("quantize", model, "--out", out, *METHODS[method][0], "--group-size", group,
                                "--calib", CALIB, "--nsamples", NSAMPLES, "--seqlen", SEQLEN, "--seed", "0",
-                               "--threads", "2")
+                               "--threads", "2", *FP32_PASSES)
         assert code == 0, output
         ratios[method] = ppl_ratio_ours(out, float_ppl)[1]
     return ratios

@@ -1,0 +1,132 @@
+// The int8-weight linear for fp32 activations on every CPU the extension builds for (AVX2 + FMA): x fp32 [M, K]
+// @ W.T -> fp32 [M, N], W held as int8 codes with one fp32 scale per row and group of input columns (symmetric, as
+// llama.cpp's Q8_0): W[n, k] = q[n, k] * s[n, g]. Included by int4_cpu.cpp. The fp32 engine (CPUs without native
+// bf16) runs a 4-bit checkpoint's float lm_head through it: a quarter of the bytes of fp32, half of bf16, and a
+// decode step reads the whole head (at vocabulary 128256 and hidden 2048, 1 GiB in fp32: twice the 4-bit layers).
+//
+// Layout: int8_bf16_avx512.h's (kernels/int8_cpu.py, Int8Blocked): packed int8 [NB, K / 4, 16, 4], for each 4
+// input columns the 16 rows' four codes side by side; scales fp32 [NB, G, 16]. The code sums (wsum) are not read.
+// x is written per row and group as 16-bit fixed point, xq = round(x * 32767 / amax) (ties to even), scale
+// sx = amax / 32767, as the AVX-512 kernel writes it. A step takes one column quad of four output rows: 16 codes
+// widened to int16 (vpmovsxbw) and one vpmaddwd against the row of x's 4 digits broadcast gives, per row, two int32
+// partial sums (columns 0-1 and 2-3); the group's sums are exact in int32 (at most 2 * 127 * 32767 * 32 < 2^31 a
+// lane), so the result is int8_blocked_reference's up to fp32 summation order, and each group is scaled in the same
+// order as the AVX-512 kernel's (fma of the integer sum by s * sx into the row's fp32 total).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace int8f {
+
+constexpr int kRows = 16;
+constexpr int64_t kMaxGroup = 128;
+
+struct Args {
+  const int16_t* xq;  // [M, K] 16-bit codes of x
+  const float* sx;    // [M, G]
+  const int8_t* w;    // [NB, K / 4, 16, 4]
+  const float* s;     // [NB, G, 16]
+  float* out;         // [M, N]
+  int64_t M, K, N, G, gs;
+};
+
+inline float abs_max(const float* p, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_andnot_ps(sign, _mm256_loadu_ps(p + i)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, v);
+  float m = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i) m = std::max(m, std::fabs(p[i]));
+  return m;
+}
+
+// x fp32 [M, K] -> xq int16 [M, K] and sx [M, G], per row and group of gs columns: xq = round(x * 32767 / amax),
+// ties to even, in [-32767, 32767]; a group of zeros: sx 0, xq 0 (quantize_activations16_reference).
+inline void quantize16(const float* x, int64_t M, int64_t K, int64_t gs, int16_t* xq, float* sx) {
+  const int64_t G = K / gs;
+  const __m256i lim = _mm256_set1_epi32(32767), neg = _mm256_set1_epi32(-32767);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* p = x + m * K + g * gs;
+      int16_t* q = xq + m * K + g * gs;
+      const float amax = abs_max(p, gs);
+      sx[m * G + g] = amax / 32767.f;
+      const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      int64_t c = 0;
+      for (; c + 8 <= gs; c += 8) {  // cvtps rounds to nearest even
+        const __m256i r = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + c),
+                                                                                             vinv)), lim), neg);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c),
+                         _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+      }
+      for (; c < gs; ++c) q[c] = static_cast<int16_t>(std::min(32767.f, std::max(-32767.f, std::nearbyint(p[c] * inv))));
+    }
+}
+
+// The 16 rows' sums of one row of x over a group, from the four accumulators of 4 rows x 2 column pairs each:
+// rows 0-7 into lo, 8-15 into hi.
+inline void row_sums(const __m256i acc[4], __m256i& lo, __m256i& hi) {
+  // hadd gives rows (0, 1, 4, 5 | 2, 3, 6, 7); the 64-bit permute puts them in order
+  lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[0], acc[1]), 0xD8);
+  hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[2], acc[3]), 0xD8);
+}
+
+// Rows m0..m0+MT-1 of x (MT <= 2: 4 int32 accumulators a row, with the codes, fill the 16 registers) against block
+// b: o[MT][16] receives the block's outputs.
+template <int MT>
+void tile(const Args& a, int64_t b, int64_t m0, float* o) {
+  const int8_t* w = a.w + b * a.K * kRows;
+  const float* s = a.s + b * a.G * kRows;
+  __m256 out[MT][2];
+  for (int m = 0; m < MT; ++m) out[m][0] = out[m][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m256i acc[MT][4];
+    for (int m = 0; m < MT; ++m)
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_setzero_si256();
+    for (int64_t k = g * a.gs, k1 = k + a.gs; k < k1; k += 4) {
+      const int8_t* quad = w + k * kRows;  // 64 bytes: 16 rows x 4 codes
+      __m256i codes[4];
+      for (int j = 0; j < 4; ++j)
+        codes[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quad + 16 * j)));
+      for (int m = 0; m < MT; ++m) {
+        int64_t digits;
+        std::memcpy(&digits, a.xq + (m0 + m) * a.K + k, sizeof(digits));
+        const __m256i xb = _mm256_set1_epi64x(digits);
+        for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_add_epi32(acc[m][j], _mm256_madd_epi16(codes[j], xb));
+      }
+    }
+    const __m256 s0 = _mm256_loadu_ps(s + g * kRows), s1 = _mm256_loadu_ps(s + g * kRows + 8);
+    for (int m = 0; m < MT; ++m) {
+      __m256i lo, hi;
+      row_sums(acc[m], lo, hi);
+      const __m256 sx = _mm256_set1_ps(a.sx[(m0 + m) * a.G + g]);
+      out[m][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(s0, sx), out[m][0]);
+      out[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(s1, sx), out[m][1]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    _mm256_storeu_ps(o + m * kRows, out[m][0]);
+    _mm256_storeu_ps(o + m * kRows + 8, out[m][1]);
+  }
+}
+
+inline void block(const Args& a, int64_t b) {
+  float o[2 * kRows];
+  const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
+  auto store = [&](int64_t m0, int64_t mt) {
+    for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
+  };
+  int64_t m0 = 0;
+  for (; m0 + 2 <= a.M; m0 += 2) { tile<2>(a, b, m0, o); store(m0, 2); }
+  if (m0 < a.M) { tile<1>(a, b, m0, o); store(m0, 1); }
+}
+
+}  // namespace int8f
