@@ -35,8 +35,7 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_int import int4_linear, repack_int4
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import (amx_kernel, bf16_kernel, dense_threshold, direct_call, int4_blocked_linear,
-                                           q8_kernel, repack)
+    from quantkit.kernels.int4_cpu import amx_kernel, bf16_kernel, dense_threshold, int4_blocked_linear, repack
 
     linear = torch.nn.Linear(k, n, bias=False)
     p = pack(rtn_quantize(linear.weight.detach(), QuantScheme(4, group_size, True)), "gptq")
@@ -48,8 +47,8 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
     kernel = ("AMX tiles where they apply, else AVX-512 BF16" if amx else "AVX-512 BF16") if kernel_bf16 else "AVX2"
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations; kernel: {kernel}, "
           f"dense tiles from M = {threshold}")
-    # bf16 x: also the int8-activation kernel (W4A8, `--cpu-int8-activations`) at every M, where it builds
-    q8 = direct_call(ours, "q8", max(ms) + 1) if dtype == torch.bfloat16 and q8_kernel(ours) else None
+    # also the int8-activation kernel (W4A8, `--cpu-int8-activations`) at every M, where it builds
+    q8 = _q8_call(ours, max(ms) + 1, dtype)
     print(f"{'M':>5} {'ours':>9} {'ours dense-tile':>15} {'torch int4pack':>14} {'dense prepacked':>15} "
           f"{'dense/ours':>10} {'int4pack/ours':>13}" + (f" {'W4A8':>9} {'ours/W4A8':>9}" if q8 else "") + "  picks")
     for m in ms:
@@ -67,6 +66,16 @@ def bench_shape(n: int, k: int, ms: list[int], group_size: int, int4pack_max_m: 
               flush=True)
 
 
+def _q8_call(w, m_max: int, dtype: torch.dtype):
+    """The int8-activation kernel's direct call on `w` for `dtype` activations (bf16: AVX-512 VNNI; fp32: AVX2), or
+    None where it is not built or does not take the weight."""
+    from quantkit.kernels.int4_cpu import direct_call, extension, q8_kernel
+
+    built = q8_kernel(w) if dtype == torch.bfloat16 else hasattr(extension(), "int4_linear_q8_f32") \
+        and w.group_size % 4 == 0
+    return direct_call(w, "q8", m_max, dtype) if built else None
+
+
 def _bound() -> str:
     """The streaming read's GB/s at torch's threads, measured now: the shared host's memory bandwidth drifts, so the
     cold rows' GB/s compare with this figure of the same run only."""
@@ -82,7 +91,7 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
     from quantkit.format.packing import pack
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.cpu_linear import PrepackedLinear
-    from quantkit.kernels.int4_cpu import direct_call, int4_blocked_linear, q8_kernel, repack
+    from quantkit.kernels.int4_cpu import int4_blocked_linear, repack
 
     packed, dense = [], []
     for _ in range(copies):
@@ -92,10 +101,8 @@ def bench_cold(n: int, k: int, ms: list[int], group_size: int, copies: int, reps
     int4_mb, dense_mb = n * k / 2 / 1e6, n * k * dtype.itemsize / 1e6
     print(f"\n[{n} x {k}] group {group_size}, {dtype} activations, a ring of {copies} weights "
           f"({copies * int4_mb:.0f} MB int4, {copies * dense_mb:.0f} MB dense); {_bound()}")
-    # bf16 x: also the int8-activation kernel (W4A8) through its direct call, where it builds
-    m_max = max(ms) + 1
-    q8 = [direct_call(w, "q8", m_max) for w in packed] \
-        if dtype == torch.bfloat16 and q8_kernel(packed[0]) else None
+    # also the int8-activation kernel (W4A8) through its direct call, where it builds
+    q8 = [_q8_call(w, max(ms) + 1, dtype) for w in packed] if _q8_call(packed[0], 1, dtype) else None
     print(f"{'M':>5} {'int4 ms':>9} {'int4 GB/s':>9} {'dense ms':>9} {'dense GB/s':>10} {'dense/int4':>10}"
           + (f" {'W4A8 ms':>9} {'int4/W4A8':>9}" if q8 else ""))
     for m in ms:

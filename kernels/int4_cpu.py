@@ -22,7 +22,7 @@ measured on this CPU (DENSE_FROM_M) it is cheaper to dequantize a tile of rows a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -54,6 +54,11 @@ DENSE_FROM_M_AMX = 256
 # EPYC BF16; docs/BENCHMARKS.md), so its direct call takes prefill chunks too. With AMX the dense tiles keep large M
 # (DENSE_FROM_M_AMX; the VNNI kernel against AMX's bf16 tiles is not measured).
 NEVER_DENSE = 1 << 62
+# fp32 activations with int8 activations asked (the AVX2 W4A8 kernel, kernels/csrc/int4_q8_avx2.h): ahead of the fp32
+# kernel and of the fp32 dense tiles at every M, 1.19-2.92x the faster of the two from M = 1 to 2048 on Llama-3.2-1B's
+# linears (python benchmarks/int4_cpu.py --shapes 16384x2048,2048x8192,3072x2048 --ms 1,8,64,256,512,2048, EPYC
+# AVX2; docs/BENCHMARKS.md), so its direct call takes prefill chunks too.
+DENSE_FROM_M_Q8_AVX2 = NEVER_DENSE
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 
@@ -118,9 +123,10 @@ def concat_blocked(parts: list[Int4Blocked]) -> Int4Blocked | None:
 
 @dataclass(frozen=True)
 class DirectCall:
-    """What a bf16 forward on `w` calls when it goes straight to a kernel: below `max_m` rows, no act-order
-    permutation (no Python between the module and the kernel). `op` is the AVX-512 BF16 kernel, or with
-    `int8_activations` the AVX-512 VNNI one, which rounds x to int8 per row and group first (W4A8)."""
+    """What a forward on `w` with activations of `dtype` calls when it goes straight to a kernel: below `max_m` rows,
+    no act-order permutation (no Python between the module and the kernel). `op` is, for bf16, the AVX-512 BF16
+    kernel, or with `int8_activations` the AVX-512 VNNI one, which rounds x to int8 per row and group first (W4A8);
+    for fp32, the AVX2 int8-activation kernel (W4A8)."""
 
     op: object
     packed: torch.Tensor
@@ -129,17 +135,29 @@ class DirectCall:
     group_size: int
     max_m: int
     int8_activations: bool = False
+    dtype: torch.dtype = torch.bfloat16
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # fp32 sums, rounded to bf16 as the kernel stores them
-        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, True)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # bf16: fp32 sums rounded to bf16 as the kernel stores them
+        if self.dtype == torch.bfloat16:
+            return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, True)
+        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size)
+
+    def on(self, w: Int4Blocked) -> DirectCall:
+        """The same call (kernel, crossover) on another weight of the same layout: a fused or stacked one."""
+        return replace(self, packed=w.packed, scale_zero=w.scale_zero, out_features=w.out_features,
+                       group_size=w.group_size)
 
 
-def direct_call(w: Int4Blocked, kind: str, max_m: int) -> DirectCall:
-    """The call a bf16 forward on `w` makes below `max_m` rows (the kernel's row of kernels/linear_choice.py):
-    `kind` "q8" runs the int8-activation kernel, "bf16" the AVX-512 BF16 one."""
-    ext = extension()
-    op = ext.int4_linear_q8 if kind == "q8" else ext.int4_linear_bf16
-    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size, max_m, kind == "q8")
+_DIRECT_OPS = {("q8", torch.bfloat16): "int4_linear_q8", ("bf16", torch.bfloat16): "int4_linear_bf16",
+               ("q8", torch.float32): "int4_linear_q8_f32"}  # (kind, activations) -> the extension's op
+
+
+def direct_call(w: Int4Blocked, kind: str, max_m: int, dtype: torch.dtype = torch.bfloat16) -> DirectCall:
+    """The call a forward on `w` with `dtype` activations makes below `max_m` rows (the kernel's row of
+    kernels/linear_choice.py): `kind` "q8" runs an int8-activation kernel (AVX-512 VNNI for bf16, AVX2 for fp32),
+    "bf16" the AVX-512 BF16 one."""
+    op = getattr(extension(), _DIRECT_OPS[(kind, dtype)])
+    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size, max_m, kind == "q8", dtype)
 
 
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:

@@ -10,6 +10,8 @@ The rows, best first:
                   AMX tiles are granted (then decode-sized ones, the dense AMX tiles above)
   int4 AMX        4-bit, bf16 activations, AMX tiles granted, groups of whole 32-column tile steps
   int4 BF16       4-bit, bf16 activations, the AVX-512 BF16 kernel built, even groups
+  W4A8 AVX2       4-bit, fp32 activations, int8 activations asked, groups in fours (built at every level): the
+                  same rounding of x and integer sums as the AVX-512 W4A8 row, by vpmaddubsw
   int4 AVX2       4-bit, quantkit's int4 extension loaded (fp32 activations, or bf16 widened to fp32)
   torch int4pack  4-bit where torch's CPU int4 kernel takes the weight (its group sizes, rows in 16s)
   int8            8-bit (torch's int8 weight-only kernel)
@@ -78,6 +80,10 @@ def _bf16(case: LinearCase) -> str | None:
     return None if case.dtype == torch.bfloat16 else f"{str(case.dtype).removeprefix('torch.')} activations"
 
 
+def _fp32(case: LinearCase) -> str | None:
+    return None if case.dtype == torch.float32 else f"{str(case.dtype).removeprefix('torch.')} activations"
+
+
 def _built(feature: str, what: str) -> Callable[[LinearCase], str | None]:
     def need(case: LinearCase) -> str | None:
         ext = int4_cpu.extension()
@@ -121,6 +127,10 @@ def _dense_avx2(case: LinearCase) -> int:
     return int4_cpu.dense_threshold(case.dtype)
 
 
+def _dense_q8_avx2(case: LinearCase) -> int:
+    return int4_cpu.DENSE_FROM_M_Q8_AVX2
+
+
 def _dense_q8(case: LinearCase) -> int:
     if _amx(case) is not None:
         return int4_cpu.NEVER_DENSE  # the VNNI kernel beats bf16 dense tiles at every M without AMX
@@ -137,6 +147,9 @@ TABLE: tuple[LinearKernel, ...] = (
                  direct="bf16", dense_from=_dense_bf16_kernel(True)),
     LinearKernel("int4 (quantkit AVX-512 BF16 kernel)", "int4 blocks", BF16, direct="bf16",
                  dense_from=_dense_bf16_kernel(False)),
+    LinearKernel("int4 (quantkit AVX2 int8-activation kernel)", "int4 blocks",
+                 (*INT4, _fp32, _q8_asked, _plain, _built("int4_linear_q8_f32", "the AVX2 int8-activation kernel"),
+                  _groups_of(4)), direct="q8", dense_from=_dense_q8_avx2),
     LinearKernel("int4 (quantkit AVX2 kernel)", "int4 blocks", INT4, dense_from=_dense_avx2),
     LinearKernel("int4 (torch int4pack)", "torch int4pack", (_bits(4), _torch_int4)),
     LinearKernel("int8", "int8", (_bits(8),)),

@@ -7,6 +7,8 @@
 
 #include <c10/util/Half.h>
 
+#include "vec_avx2.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -25,10 +27,7 @@ struct Args {
   int64_t M, K, N, G, gs;
 };
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using vec2::load8;
 
 inline void unpack16(const uint8_t* p, __m256& lo, __m256& hi) {
   const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -94,8 +93,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
 // Write o[mt][16] into out[m0.., 16b..], dropping rows past N.
 template <typename T>
 void store(const Args<T>& a, int64_t b, int64_t m0, int64_t mt, const float* o) {
-  const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
-  for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
+  vec2::store_rows(a.out, a.N, b, m0, mt, o);
 }
 
 template <typename T>

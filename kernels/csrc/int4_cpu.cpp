@@ -33,6 +33,7 @@
 #include "int4_amx.h"  // the bf16-activation kernel on AMX tiles, where QUANTKIT_INT4_AMX
 #include "int4_avx2.h"  // the fp32 kernel's tiles (AVX2 + FMA)
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
+#include "int4_q8_avx2.h"  // the int8-activation kernel for fp32 activations (AVX2 + FMA)
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 #include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
 #include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
@@ -277,6 +278,31 @@ torch::Tensor int8_linear_f32(torch::Tensor x, torch::Tensor packed, torch::Tens
   return c.out;
 }
 
+// x fp32 [M, K] (columns already permuted for act-order), quantized per row and group to int8 -> fp32 [M, N] by
+// vpmaddubsw (int4_q8_avx2.h).
+torch::Tensor int4_linear_q8_f32(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs) {
+  F32Call c(x, n);
+  check(packed, sz, c.k, n, gs);
+  TORCH_CHECK(gs % 4 == 0, "the int8-activation kernel takes columns in fours: the group size must be a multiple of 4");
+  if (c.m == 0) return c.out;
+  const int64_t groups = c.k / gs;
+  std::vector<int8_t> xq(c.m * c.k);
+  std::vector<float> sx(c.m * groups), xqsum(c.m * groups);
+  int4q8avx2::quantize(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* out = c.out.data_ptr<float>();
+  if (sz.dtype() == torch::kHalf) {
+    const int4q8avx2::Args<at::Half> args{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<at::Half>(), out,
+                                          c.m, c.k, n, groups, gs};
+    over_blocks(packed.size(0), [&](int64_t b) { int4q8avx2::block(args, b); });
+  } else {
+    const int4q8avx2::Args<float> args{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<float>(), out,
+                                       c.m, c.k, n, groups, gs};
+    over_blocks(packed.size(0), [&](int64_t b) { int4q8avx2::block(args, b); });
+  }
+  return c.out;
+}
+
 #if defined(QUANTKIT_INT4_Q8)
 // x bf16 [M, K] (columns already permuted for act-order), quantized per row and group to int8 -> fp32 (or bf16)
 // [M, N] by vpdpbusd (int4_q8_avx512.h).
@@ -322,6 +348,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("chosen"), py::arg("weights"), py::arg("w1"), py::arg("s1"), py::arg("gs1"), py::arg("w2"),
         py::arg("s2"), py::arg("gs2"));
   m.def("int4_dequantize", &int4_dequantize, "rows n0..n1 of W4 as fp32 [n1 - n0, K]");
+  m.def("int4_linear_q8_f32", &int4_linear_q8_f32, "x fp32 [M, K] rounded to int8 per row and group @ W4.T -> fp32 "
+        "[M, N] (AVX2/FMA; int4_q8_avx2.h)");
   m.def("int8_linear_f32", &int8_linear_f32, "x fp32 [M, K] @ W8.T -> fp32 [M, N] (AVX2/FMA; int8_f32_avx2.h)");
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_dequantize_pairs", &int4_dequantize_pairs,

@@ -16,6 +16,8 @@
 
 #include <immintrin.h>
 
+#include "vec_avx2.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,18 +37,6 @@ struct Args {
   int64_t M, K, N, G, gs;
 };
 
-inline float abs_max(const float* p, int64_t n) {
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 v = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_andnot_ps(sign, _mm256_loadu_ps(p + i)));
-  float lanes[8];
-  _mm256_storeu_ps(lanes, v);
-  float m = *std::max_element(lanes, lanes + 8);
-  for (; i < n; ++i) m = std::max(m, std::fabs(p[i]));
-  return m;
-}
-
 // x fp32 [M, K] -> xq int16 [M, K] and sx [M, G], per row and group of gs columns: xq = round(x * 32767 / amax),
 // ties to even, in [-32767, 32767]; a group of zeros: sx 0, xq 0 (quantize_activations16_reference).
 inline void quantize16(const float* x, int64_t M, int64_t K, int64_t gs, int16_t* xq, float* sx) {
@@ -56,7 +46,7 @@ inline void quantize16(const float* x, int64_t M, int64_t K, int64_t gs, int16_t
     for (int64_t g = 0; g < G; ++g) {
       const float* p = x + m * K + g * gs;
       int16_t* q = xq + m * K + g * gs;
-      const float amax = abs_max(p, gs);
+      const float amax = vec2::abs_max(p, gs);
       sx[m * G + g] = amax / 32767.f;
       const float inv = amax > 0.f ? 32767.f / amax : 0.f;
       const __m256 vinv = _mm256_set1_ps(inv);
@@ -120,10 +110,7 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
 
 inline void block(const Args& a, int64_t b) {
   float o[2 * kRows];
-  const int64_t n0 = b * kRows, rows = std::min<int64_t>(kRows, a.N - n0);
-  auto store = [&](int64_t m0, int64_t mt) {
-    for (int64_t m = 0; m < mt; ++m) std::memcpy(a.out + (m0 + m) * a.N + n0, o + m * kRows, rows * sizeof(float));
-  };
+  auto store = [&](int64_t m0, int64_t mt) { vec2::store_rows(a.out, a.N, b, m0, mt, o); };
   int64_t m0 = 0;
   for (; m0 + 2 <= a.M; m0 += 2) { tile<2>(a, b, m0, o); store(m0, 2); }
   if (m0 < a.M) { tile<1>(a, b, m0, o); store(m0, 1); }

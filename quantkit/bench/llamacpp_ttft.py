@@ -57,10 +57,12 @@ def ttft_systems(args, tmp: Path, n_ctx: int) -> tuple[dict[str, Held], list]:
     if args.bf16:
         systems.append(("bf16", dense, "bfloat16", Arithmetic("bf16")))
     for i, (label, model, dtype, a) in enumerate(systems):
-        q = Quantkit(model, dtype, args.threads, a.int8_activations, n_ctx=n_ctx, kv_cache_memory=kv,
+        kv_q = kv * getattr(torch, dtype).itemsize // 2  # the engine's cache is in its dtype: fp32 takes twice f16's
+        q = Quantkit(model, dtype, args.threads, a.int8_activations, n_ctx=n_ctx, kv_cache_memory=kv_q,
                      int8_prefill=a.int8_prefill)
         note = "; the process also holds the models above" if i else ""
-        held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{same}, {dtype}{note}", rss_bytes())
+        held[f"quantkit {label}"] = Held(q.first_token_s, "self", f"{n_ctx} tokens, {kv_q / MiB:.0f} MiB, {dtype}{note}",
+                                         rss_bytes())
     python = Path(args.llamacpp_venv) / "bin" / "python"
     for kind in (k for k in ggufs if k != "F32"):
         peer = LlamaCpp(python, {kind: ggufs[kind]}, args.threads, Path(args.log).resolve(), n_ctx)

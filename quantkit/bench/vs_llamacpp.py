@@ -222,17 +222,19 @@ class Arithmetic:
 def activation_variants(args, auto: str) -> list[Arithmetic]:
     """The 4-bit quantkit systems to run: the engine's default arithmetic (on a bf16 CPU without AMX, prompt tokens
     W4A8, generated ones W4A16), with --w4a16 also W4A16 throughout, with --int8-activations also W4A8 throughout
-    (activations in int8, as llama.cpp's Q4 types); W4A8 alone with `--int8-activations only`."""
+    (activations in int8, as llama.cpp's Q4 types); W4A8 alone with `--int8-activations only`. An fp32 CPU: its
+    default (W4A16) and W4A8 on the AVX2 int8-activation kernel as asked."""
     if auto != "bfloat16":
-        return [Arithmetic(auto)]
-    from quantkit.kernels.linear_choice import prompt_q8_not_default
+        default, w4a16, w4a8 = Arithmetic(auto), None, Arithmetic(f"{auto}, W4A8", True)
+    else:
+        from quantkit.kernels.linear_choice import prompt_q8_not_default
 
-    prompts = "W4A8 prompts" if prompt_q8_not_default() is None else "W4A16"
-    default, w4a16, w4a8 = Arithmetic(f"default: {prompts}"), Arithmetic("W4A16", int8_prefill=False), \
-        Arithmetic("W4A8", True)
+        prompts = "W4A8 prompts" if prompt_q8_not_default() is None else "W4A16"
+        default, w4a16, w4a8 = Arithmetic(f"default: {prompts}"), Arithmetic("W4A16", int8_prefill=False), \
+            Arithmetic("W4A8", True)
     if args.int8_activations == "only":
         return [w4a8]
-    return [default] + ([w4a16] if args.w4a16 else []) + ([w4a8] if args.int8_activations else [])
+    return [default] + ([w4a16] if args.w4a16 and w4a16 else []) + ([w4a8] if args.int8_activations else [])
 
 
 def compare(args, tmp: Path) -> None:
@@ -343,7 +345,8 @@ def main() -> None:
     ap.add_argument("--vllm-log", default="out/vllm-ttft.log", help="where vLLM's log goes")
     ap.add_argument("--int8-activations", nargs="?", const="also", choices=("also", "only"),
                     help="also (or, `only`, instead of W4A16) each 4-bit checkpoint with --cpu-int8-activations "
-                         "(bf16 CPUs): two 8B engines in one process do not fit 24 GiB beside llama.cpp")
+                         "(W4A8: the AVX-512 VNNI kernel in bf16, the AVX2 one in fp32): two 8B engines in one "
+                         "process do not fit 24 GiB beside llama.cpp")
     ap.add_argument("--w4a16", action="store_true",
                     help="also each 4-bit checkpoint with --no-cpu-int8-prefill (bf16 CPUs: W4A16 prompts too)")
     args = ap.parse_args()

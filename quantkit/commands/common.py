@@ -22,9 +22,9 @@ console = Console(stderr=True)
 # The CPU arithmetic switches that generate and serve share, EngineConfig's fields of the same names: each one's
 # default (None: the engine decides) and help.
 ENGINE_SWITCHES = {
-    "cpu_int8_activations": (False, "CPU, bf16, 4-bit checkpoints: the 4-bit linears round activations to int8 per "
-                                    "row and group (W4A8 on AVX-512 VNNI, as llama.cpp), prefill too except on AMX "
-                                    "CPUs. Off: W4A16, the checkpoint's arithmetic."),
+    "cpu_int8_activations": (False, "CPU, 4-bit checkpoints: the 4-bit linears round activations to int8 per row "
+                                    "and group (W4A8, as llama.cpp: AVX-512 VNNI in bf16, AVX2 in fp32), prefill too "
+                                    "except on AMX CPUs. Off: W4A16, the checkpoint's arithmetic."),
     "cpu_int8_lm_head": (None, "CPU: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): "
                                "half the bytes each decode step reads for it in bf16, a quarter in fp32. Default: on for "
                                "quantized checkpoints, off for float ones. Off: the checkpoint's float head."),

@@ -37,7 +37,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("g_idx", packed.g_idx)
         self.register_buffer("bias", packed.bias)
         self._cpu = None  # Int4Weight | Int8Weight | dense torch.Tensor [N, K], once repacked
-        self._direct = None  # int4_cpu.DirectCall: bf16 activations straight to the kernel
+        self._direct = None  # int4_cpu.DirectCall: activations of its dtype straight to the kernel
         self.prompt_q8 = None  # int4_cpu.DirectCall of the W4A8 kernel for the step's prompt rows (int8_prefill)
         self.cpu_path = "not repacked"
 
@@ -46,7 +46,7 @@ class QuantLinear(nn.Module):
         """One CPU linear computing `parts` (same input) side by side, output [..., sum N_i] (q/k/v or
         gate/up in one kernel call); None unless all run quantkit's int4 kernel on layouts that concatenate
         (int4_cpu.concat_blocked). Checkpoint tensors are not kept: call after repack_for_cpu."""
-        from quantkit.kernels.int4_cpu import Int4Blocked, concat_blocked, direct_call
+        from quantkit.kernels.int4_cpu import Int4Blocked, concat_blocked
 
         first = parts[0]
         if not all(isinstance(p._cpu, Int4Blocked) for p in parts) or len({p.bias is None for p in parts}) != 1:
@@ -59,21 +59,19 @@ class QuantLinear(nn.Module):
                     backend=first.backend, in_features=first.in_features, out_features=w.out_features)
         fused._cpu, fused.cpu_path = w, first.cpu_path
         d = first._direct  # the parts share a group size and no act-order: the same kernel and crossover
-        fused._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
+        fused._direct = d.on(w) if d is not None else None
         if all(p.prompt_q8 is not None for p in parts):
-            fused.prompt_q8 = direct_call(w, "q8", first.prompt_q8.max_m)
+            fused.prompt_q8 = first.prompt_q8.on(w)
         return fused
 
     def point_at(self, w) -> None:
         """Read the int4 weight from `w` (an Int4Blocked of the same layout, e.g. a view into stacked experts) from now
         on, with the same kernel and crossover."""
-        from quantkit.kernels.int4_cpu import direct_call
-
-        d = self._direct
         self._cpu = w
-        self._direct = direct_call(w, "q8" if d.int8_activations else "bf16", d.max_m) if d is not None else None
+        if self._direct is not None:
+            self._direct = self._direct.on(w)
         if self.prompt_q8 is not None:
-            self.prompt_q8 = direct_call(w, "q8", self.prompt_q8.max_m)
+            self.prompt_q8 = self.prompt_q8.on(w)
 
     def int4_kernel(self):
         """(Int4Blocked, DirectCall | None) where this linear runs quantkit's int4 kernel (after repack_for_cpu), else
@@ -108,7 +106,7 @@ class QuantLinear(nn.Module):
         layout = choice.kernel.layout
         if layout == "int4 blocks":
             self._cpu, self.cpu_path = w, choice.cpu_path
-            self._direct = int4_cpu.direct_call(w, choice.direct, choice.dense_from_m) if choice.direct else None
+            self._direct = int4_cpu.direct_call(w, choice.direct, choice.dense_from_m, dtype) if choice.direct else None
             q8 = choose(replace(case, int8_activations=True)) if int8_prefill and choice.direct == "bf16" else None
             self.prompt_q8 = int4_cpu.direct_call(w, "q8", q8.dense_from_m) if q8 and q8.direct == "q8" else None
         elif layout == "torch int4pack":
@@ -135,7 +133,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         direct = self._direct
-        if direct is not None and x.dtype == torch.bfloat16 and not x.is_cuda:
+        if direct is not None and x.dtype == direct.dtype and not x.is_cuda:
             flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
             out = self._prompt_split(flat) if self.prompt_q8 is not None else None
             if out is None and flat.shape[0] < direct.max_m:  # decode-sized: straight to the kernel

@@ -65,25 +65,29 @@ def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
 
 
 @pytest.mark.slow
-def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir):
-    """EngineConfig.cpu_int8_activations: every quantized linear's decode call (and prefill, without AMX) runs the W4A8 kernel, and the
-    greedy tokens stay those of the W4A16 engine but for near-ties."""
+@pytest.mark.parametrize(("dtype", "op"), [("bfloat16", "int4_linear_q8"), ("float32", "int4_linear_q8_f32")])
+def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir, dtype, op):
+    """EngineConfig.cpu_int8_activations: every quantized linear's decode call (and prefill, without AMX) runs the W4A8
+    kernel (AVX-512 VNNI in bf16, AVX2 in fp32), and the greedy tokens stay those of the W4A16 engine but for
+    near-ties."""
     from quantkit.kernels import int4_cpu
     from quantkit.model.quant_linear import QuantLinear
 
-    if int4_cpu.unavailable() is not None or not hasattr(int4_cpu.extension(), "int4_linear_q8"):
-        pytest.skip("the int8-activation int4 kernel is built only where the compiler targets AVX-512 VNNI, VBMI and BF16")
+    if int4_cpu.unavailable() is not None or not hasattr(int4_cpu.extension(), op):
+        pytest.skip("the bf16 int8-activation int4 kernel is built only where the compiler targets AVX-512 VNNI, VBMI "
+                    "and BF16")
     g = torch.Generator().manual_seed(3)
     prompts = [[1] + torch.randint(3, 512, (4 + i,), generator=g).tolist() for i in range(16)]
     params = SamplingParams(temperature=0, max_tokens=4)
     runs = {}
     for int8 in (False, True):
-        llm = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=16, cpu_int8_activations=int8,
+        llm = LLM(str(gptq_dir), dtype=dtype, max_model_len=256, max_num_seqs=16, cpu_int8_activations=int8,
                   cpu_int8_prefill=False)
         linears = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
-        assert linears and all(m._direct is not None and m._direct.int8_activations == int8 for m in linears)
-        if int8 and not int4_cpu.amx_kernel(linears[0]._cpu):  # without AMX, prefill chunks run W4A8 as well
-            assert all(m._direct.max_m == int4_cpu.NEVER_DENSE for m in linears)
+        direct = [m._direct is not None and m._direct.int8_activations for m in linears]
+        assert linears and all(d == int8 for d in direct)  # (fp32 W4A16 goes through int4_blocked_linear: no direct)
+        if int8 and (dtype == "float32" or not int4_cpu.amx_kernel(linears[0]._cpu)):
+            assert all(m._direct.max_m == int4_cpu.NEVER_DENSE for m in linears)  # prefill chunks run W4A8 as well
         runs[int8] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     same_first = sum(a[0] == b[0] for a, b in zip(runs[False], runs[True]))
     assert same_first >= 14, (same_first, runs)

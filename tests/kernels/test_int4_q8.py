@@ -1,8 +1,10 @@
-"""The int8-activation (W4A8) int4 kernel against its pure-torch reference, and its path through QuantLinear.
+"""The int8-activation (W4A8) int4 kernels, for bf16 (AVX-512 VNNI) and fp32 (AVX2) activations, against their
+pure-torch reference, and their paths through QuantLinear.
 
-The reference (int4_cpu.int4_q8_reference) rounds x to int8 per row and group exactly as the kernel does, so
-the two agree to fp32 summation order; against the W4A16 reference they differ by x's rounding to 8 bits.
-Kernel tests skip where the kernel is not built (it needs AVX-512 VNNI, VBMI and BF16).
+The reference (int4_cpu.int4_q8_reference) rounds x to int8 per row and group exactly as the kernels do, so
+they agree with it to fp32 summation order; against the W4A16 reference they differ by x's rounding to 8 bits.
+The bf16 kernel's tests skip where it is not built (it needs AVX-512 VNNI, VBMI and BF16); the fp32 one builds at
+every level.
 """
 
 from __future__ import annotations
@@ -154,3 +156,94 @@ def test_prompt_q8_by_default_only_without_amx(q8):
     amx = hasattr(q8, "has_amx") and q8.has_amx()
     assert prompt_q8_unavailable() is None
     assert (prompt_q8_not_default() is None) == (not amx)
+
+
+@pytest.fixture(scope="module")
+def q8_f32(cpu_level):
+    """The AVX2 int8-activation kernel for fp32 activations (built at every level)."""
+    if (why := int4_cpu.unavailable()) is not None:
+        pytest.skip(why)
+    return int4_cpu.extension()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 9, 33])
+@pytest.mark.parametrize(("n", "k", "layout", "sym", "group_size", "act_order"),
+                         [*CASES, (48, 40, "gptq", True, 20, False)])  # a group of 5 quads: one partial int16 run
+def test_f32_q8_kernel_matches_its_reference(q8_f32, m, n, k, layout, sym, group_size, act_order):
+    p = checkpoint(n, k, group_size, layout, sym, act_order, seed=m)
+    w = repack(p)
+    x = 3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    if m > 1:
+        x[0, : w.group_size] = 0  # a group of zeros: scale 0
+    xp = (x.index_select(1, w.perm) if w.perm is not None else x).contiguous()
+    got = q8_f32.int4_linear_q8_f32(xp, w.packed, w.scale_zero, n, w.group_size)
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got, int4_q8_reference(xp, w), **TOL)
+    w4a16 = int4_blocked_reference(x, w, None)  # x's rounding to int8 is all that differs
+    assert float((got - w4a16).norm() / w4a16.norm()) < 0.02
+
+
+def test_f32_q8_full_scale_codes_do_not_overflow(q8_f32):
+    """Every code 15 against x at +-amax over a group of 128: the largest int16 runs (8 quads) and int32 sums."""
+    n, k = 16, 256
+    codes, zeros = torch.full((n, k), 15), torch.zeros(2, n)
+    packed, sz = int4_cpu.pack_blocks(codes, torch.ones(2, n), zeros, 128)
+    w = int4_cpu.Int4Blocked(packed, sz, n, 128, None)
+    x = torch.ones(3, k)
+    x[1] = -1
+    got = q8_f32.int4_linear_q8_f32(x, w.packed, w.scale_zero, n, 128)
+    assert got[0].tolist() == pytest.approx([15 * k] * n) and got[1].tolist() == pytest.approx([-15 * k] * n)
+    torch.testing.assert_close(got, int4_q8_reference(x, w), **TOL)
+
+
+def test_f32_q8_gives_the_avx512_kernels_bits(q8_f32):
+    """On x exact in bf16 both kernels round x to the same int8 codes, sum code * xq exactly in int32 and scale each
+    group in the same order: the same fp32 outputs."""
+    if not hasattr(q8_f32, "int4_linear_q8"):
+        pytest.skip("the AVX-512 int8-activation kernel is built only where the compiler targets AVX-512 VNNI, VBMI "
+                    "and BF16")
+    w = repack(checkpoint(272, 512, 128, "gptq", False, seed=0))
+    x = (3 * torch.randn(9, 512, generator=torch.Generator().manual_seed(1))).bfloat16()
+    assert torch.equal(q8_f32.int4_linear_q8_f32(x.float(), w.packed, w.scale_zero, 272, 128),
+                       q8_f32.int4_linear_q8(x, w.packed, w.scale_zero, 272, 128))
+
+
+def test_f32_q8_rejects_groups_not_in_fours(q8_f32):
+    w = int4_cpu.Int4Blocked(torch.zeros(1, 12, 8, dtype=torch.uint8), torch.ones(1, 2, 2, 16, dtype=torch.float16),
+                             16, 6, None)
+    with pytest.raises(RuntimeError, match="multiple of 4"):
+        q8_f32.int4_linear_q8_f32(torch.zeros(1, 12), w.packed, w.scale_zero, 16, 6)
+    choice = choose(LinearCase(4, 6, torch.float32, int8_activations=True))  # falls back to the fp32 kernel
+    assert choice.cpu_path == "int4 (quantkit AVX2 kernel)" and choice.direct is None
+    assert any("AVX2 int8-activation" in why and "not a multiple of 4" in why for why in choice.passed_over)
+
+
+@pytest.mark.parametrize("m", [1, 7, 200])
+def test_quantlinear_with_int8_activations_in_fp32_runs_the_avx2_q8_kernel(q8_f32, m):
+    """fp32 activations with int8 activations asked: the AVX2 W4A8 row, straight from the module, fused or not;
+    without asking, the fp32 kernel (W4A16) as before."""
+    from quantkit.model.quant_linear import QuantLinear
+
+    parts, plain = [], []
+    for n in (64, 32, 32):
+        p = checkpoint(n, 256, 64, "gptq", True, seed=n)
+        p.bias = None
+        q = QuantLinear(p)
+        assert q.repack_for_cpu(torch.float32, int8_activations=True) == "int4 (quantkit AVX2 int8-activation kernel)"
+        assert q._direct.int8_activations and q._direct.dtype == torch.float32
+        parts.append(q)
+        r = QuantLinear(p)
+        assert r.repack_for_cpu(torch.float32) == "int4 (quantkit AVX2 kernel)" and r._direct is None
+        plain.append(r)
+    fused = QuantLinear.concat(parts)
+    assert fused._direct is not None and fused._direct.int8_activations and fused._direct.dtype == torch.float32
+    x = 2 * torch.randn(2, m, 256, generator=torch.Generator().manual_seed(m))
+    got = fused(x)
+    assert got.dtype == torch.float32 and got.shape == (2, m, 128)
+    torch.testing.assert_close(got, torch.cat([p(x) for p in parts], dim=-1), rtol=0, atol=0)
+    flat = x.reshape(-1, 256)
+    want = torch.cat([int4_q8_reference(flat, p._cpu) for p in parts], dim=-1)
+    if flat.shape[0] < fused._direct.max_m:
+        torch.testing.assert_close(got.reshape(-1, 128), want, **TOL)
+    w4a16 = torch.cat([q(x) for q in plain], dim=-1)
+    assert not torch.equal(got, w4a16) and float((got - w4a16).norm() / w4a16.norm()) < 0.02
