@@ -99,8 +99,8 @@ def test_the_bandwidth_command_prints_each_loop_and_the_kernels_distances(capsys
 def test_the_4_bit_path_is_greedy_exact_at_the_1b_shape(tmp_path):
     """Llama-3.2-1B's shape (hidden 2048, 32/8 heads, intermediate 8192, vocab 128256, tied, Llama 3.1 RoPE) cut to
     2 layers, quantized to 4 bits (RTN g128, GPTQ layout): the engine's greedy tokens are those of the same checkpoint
-    through QuantLinear in transformers (the reference), in fp32; in bf16 (the benchmarked path: the int4 kernel,
-    the int8 lm_head) the first token agrees for all but near-ties."""
+    through QuantLinear in transformers (the reference), in fp32 with the float head; with the int8 lm_head (the
+    default, fp32 or bf16) the first token agrees for all but near-ties."""
     import dataclasses
 
     from quantkit.bench.engine_vs_vllm import make_gptq
@@ -118,7 +118,10 @@ def test_the_4_bit_path_is_greedy_exact_at_the_1b_shape(tmp_path):
                             max_new_tokens=8, do_sample=False)[0, len(p):].tolist() for p in prompts]
     del hf
     params = SamplingParams(temperature=0, max_tokens=8)
-    got = LLM(str(gptq), dtype="float32", max_model_len=128, max_num_seqs=4).generate(prompts, params)
+    got = LLM(str(gptq), dtype="float32", max_model_len=128, max_num_seqs=4, cpu_int8_lm_head=False
+              ).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in got] == want
+    int8_head = LLM(str(gptq), dtype="float32", max_model_len=128, max_num_seqs=4).generate(prompts, params)
+    assert sum(o.outputs[0].token_ids[0] == w[0] for o, w in zip(int8_head, want)) >= 3  # the default: int8 lm_head
     bf16 = LLM(str(gptq), dtype="bfloat16", max_model_len=128, max_num_seqs=4).generate(prompts, params)
     assert sum(o.outputs[0].token_ids[0] == w[0] for o, w in zip(bf16, want)) >= 3
