@@ -126,7 +126,7 @@ class DirectCall:
     """What a forward on `w` with activations of `dtype` calls when it goes straight to a kernel: below `max_m` rows,
     no act-order permutation (no Python between the module and the kernel). `op` is, for bf16, the AVX-512 BF16
     kernel, or with `int8_activations` the AVX-512 VNNI one, which rounds x to int8 per row and group first (W4A8);
-    for fp32, the AVX2 int8-activation kernel (W4A8)."""
+    for fp32, the AVX2 kernel, or the AVX2 int8-activation one (W4A8)."""
 
     op: object
     packed: torch.Tensor
@@ -136,11 +136,10 @@ class DirectCall:
     max_m: int
     int8_activations: bool = False
     dtype: torch.dtype = torch.bfloat16
+    tail: tuple = ()  # the op's arguments after the group size (bf16: round the fp32 sums to bf16 as it stores)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # bf16: fp32 sums rounded to bf16 as the kernel stores them
-        if self.dtype == torch.bfloat16:
-            return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, True)
-        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, self.packed, self.scale_zero, self.out_features, self.group_size, *self.tail)
 
     def on(self, w: Int4Blocked) -> DirectCall:
         """The same call (kernel, crossover) on another weight of the same layout: a fused or stacked one."""
@@ -148,16 +147,24 @@ class DirectCall:
                        group_size=w.group_size)
 
 
+# (kind, activations) -> the extension's op that a module calls directly (kernels/linear_choice.py's `direct`)
 _DIRECT_OPS = {("q8", torch.bfloat16): "int4_linear_q8", ("bf16", torch.bfloat16): "int4_linear_bf16",
-               ("q8", torch.float32): "int4_linear_q8_f32"}  # (kind, activations) -> the extension's op
+               ("q8", torch.float32): "int4_linear_q8_f32", ("f32", torch.float32): "int4_linear"}
+
+
+def direct_op(kind: str, dtype: torch.dtype) -> str | None:
+    """The extension's op that `dtype` activations reach straight from the module for the `kind` kernel ("q8",
+    "bf16", "f32"); None where that kernel takes no such activations."""
+    return _DIRECT_OPS.get((kind, dtype))
 
 
 def direct_call(w: Int4Blocked, kind: str, max_m: int, dtype: torch.dtype = torch.bfloat16) -> DirectCall:
     """The call a forward on `w` with `dtype` activations makes below `max_m` rows (the kernel's row of
     kernels/linear_choice.py): `kind` "q8" runs an int8-activation kernel (AVX-512 VNNI for bf16, AVX2 for fp32),
-    "bf16" the AVX-512 BF16 one."""
-    op = getattr(extension(), _DIRECT_OPS[(kind, dtype)])
-    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size, max_m, kind == "q8", dtype)
+    "bf16" the AVX-512 BF16 one, "f32" the AVX2 one."""
+    op = getattr(extension(), _DIRECT_OPS[kind, dtype])
+    return DirectCall(op, w.packed, w.scale_zero, w.out_features, w.group_size, max_m, kind == "q8", dtype,
+                      (True,) if dtype == torch.bfloat16 else ())
 
 
 def dequantize_blocked(w: Int4Blocked) -> torch.Tensor:
@@ -191,13 +198,39 @@ def quantize_activations_reference(x: torch.Tensor, group_size: int, qmax: int =
     return torch.round(groups * inv).clamp(-qmax, qmax).reshape(m, k), (amax / float(qmax)).squeeze(-1)
 
 
-def int4_q8_reference(x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
-    """The oracle of the int8-activation kernel: x rounded as quantize_activations_reference, then
-    @ dequantize_blocked(w).T in fp32. x [M, K] is in the packed column order (act-order permuted)."""
-    xq, scale = quantize_activations_reference(x, w.group_size)
+def _rounded_x_reference(x: torch.Tensor, w: Int4Blocked, qmax: int) -> torch.Tensor:
+    xq, scale = quantize_activations_reference(x, w.group_size, qmax)
     m, k = x.shape
     xd = (xq.reshape(m, k // w.group_size, w.group_size) * scale.unsqueeze(-1)).reshape(m, k)
     return xd @ dequantize_blocked(w).T
+
+
+def int4_q8_reference(x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
+    """The oracle of the int8-activation kernel: x rounded as quantize_activations_reference, then
+    @ dequantize_blocked(w).T in fp32. x [M, K] is in the packed column order (act-order permuted)."""
+    return _rounded_x_reference(x, w, 127)
+
+
+def int4_x16_reference(x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
+    """The oracle of the fp32 kernel's decode-sized tiles (kernels/csrc/int4_x16_avx2.h): x rounded to 16-bit fixed
+    point per row and group (quantize_activations_reference with qmax 32767), then @ dequantize_blocked(w).T in fp32.
+    x [M, K] is in the packed column order (act-order permuted)."""
+    return _rounded_x_reference(x, w, 32767)
+
+
+# int4_linear (fp32 activations) rounds x to 16-bit fixed point per row and group below this many rows, for groups in
+# fours of at most X16_MAX_GROUP columns (kernels/csrc/int4_x16_avx2.h), and multiplies x as it is from there on
+X16_BELOW_M = 4
+X16_MAX_GROUP = 4096
+
+
+def int4_linear_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None) -> torch.Tensor:
+    """The oracle of the fp32 kernel (`int4_linear`) on x [M, K] in the checkpoint's column order: int4_x16_reference
+    where it runs the 16-bit fixed-point tiles, else int4_blocked_reference."""
+    if x.shape[0] < X16_BELOW_M and w.group_size % 4 == 0 and w.group_size <= X16_MAX_GROUP:
+        out = int4_x16_reference(x.float() if w.perm is None else x.float().index_select(1, w.perm), w)
+        return (out if bias is None else out + bias.float()).to(x.dtype)
+    return int4_blocked_reference(x, w, bias)
 
 
 def q8_kernel(w: Int4Blocked) -> bool:

@@ -12,7 +12,8 @@ The rows, best first:
   int4 BF16       4-bit, bf16 activations, the AVX-512 BF16 kernel built, even groups
   W4A8 AVX2       4-bit, fp32 activations, int8 activations asked, groups in fours (built at every level): the
                   same rounding of x and integer sums as the AVX-512 W4A8 row, by vpmaddubsw
-  int4 AVX2       4-bit, quantkit's int4 extension loaded (fp32 activations, or bf16 widened to fp32)
+  int4 AVX2       4-bit, quantkit's int4 extension loaded (fp32 activations, or bf16 widened to fp32); below 4 rows
+                  x in 16-bit fixed point per row and group (kernels/csrc/int4_x16_avx2.h), fp32 FMA tiles from there
   torch int4pack  4-bit where torch's CPU int4 kernel takes the weight (its group sizes, rows in 16s)
   int8            8-bit (torch's int8 weight-only kernel)
   dense           anything else: dequantized once, F.linear in the activations' dtype
@@ -52,7 +53,7 @@ class LinearKernel:
     name: str  # as `cpu_path` and `quantkit env` say it
     layout: str  # "int4 blocks" (quantkit's kernels), "torch int4pack", "int8", "dense"
     needs: tuple[Callable[[LinearCase], str | None], ...]  # each: None where it holds, else why not
-    direct: str | None = None  # "q8", "bf16": decode-sized batches call the kernel straight from the module
+    direct: str | None = None  # "q8", "bf16", "f32": decode-sized batches of that dtype call the kernel straight
     dense_from: Callable[[LinearCase], int | None] = lambda case: None  # rows from which dense tiles take over
 
     def unmet(self, case: LinearCase) -> str | None:
@@ -150,30 +151,34 @@ TABLE: tuple[LinearKernel, ...] = (
     LinearKernel("int4 (quantkit AVX2 int8-activation kernel)", "int4 blocks",
                  (*INT4, _fp32, _q8_asked, _plain, _built("int4_linear_q8_f32", "the AVX2 int8-activation kernel"),
                   _groups_of(4)), direct="q8", dense_from=_dense_q8_avx2),
-    LinearKernel("int4 (quantkit AVX2 kernel)", "int4 blocks", INT4, dense_from=_dense_avx2),
+    LinearKernel("int4 (quantkit AVX2 kernel)", "int4 blocks", INT4, direct="f32", dense_from=_dense_avx2),
     LinearKernel("int4 (torch int4pack)", "torch int4pack", (_bits(4), _torch_int4)),
     LinearKernel("int8", "int8", (_bits(8),)),
     LinearKernel("dense", "dense", ()),
 )
 
 
-def prompt_q8_unavailable() -> str | None:
-    """Why a step's prompt rows cannot run the W4A8 kernel on this CPU (EngineConfig.cpu_int8_prefill asked); None:
-    they can."""
+def prompt_q8_unavailable(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why a step's prompt rows cannot run the W4A8 kernel for `dtype` activations on this CPU
+    (EngineConfig.cpu_int8_prefill asked); None: they can."""
     ext = int4_cpu.extension()
     if ext is None:
         return f"quantkit's int4 kernels: {int4_cpu.unavailable()}"
-    if not hasattr(ext, "int4_linear_q8"):
+    op = int4_cpu.direct_op("q8", dtype)
+    if op is None:
+        return f"no int8-activation kernel takes {str(dtype).removeprefix('torch.')} activations"
+    if not hasattr(ext, op):
         return "the int8-activation kernel not built at this CPU level"
     return None
 
 
-def prompt_q8_not_default() -> str | None:
+def prompt_q8_not_default(dtype: torch.dtype = torch.bfloat16) -> str | None:
     """Why a step's prompt rows do not run the W4A8 kernel by default (EngineConfig.cpu_int8_prefill None): they
-    cannot, or AMX tiles are granted, which run prefill in bf16 faster than the VNNI kernel does in int8
-    (docs/BENCHMARKS.md). None: they do."""
-    why = prompt_q8_unavailable()
-    if why is None and _amx(LinearCase(4, 128, torch.bfloat16)) is None:
+    cannot, or (bf16) AMX tiles are granted, which run prefill in bf16 faster than the VNNI kernel does in int8
+    (docs/BENCHMARKS.md). fp32 prompts run W4A8 wherever the AVX2 int8-activation kernel builds: it is ahead of the
+    fp32 kernel at every M. None: they do."""
+    why = prompt_q8_unavailable(dtype)
+    if why is None and dtype == torch.bfloat16 and _amx(LinearCase(4, 128, dtype)) is None:
         return "AMX tiles run prefill in bf16"
     return why
 
@@ -189,7 +194,8 @@ def _choose(case: LinearCase, ext, unavailable: str | None) -> Choice:  # per ex
     for row in TABLE:
         why = row.unmet(case)
         if why is None:
-            direct = row.direct if not (case.bias or case.act_order) else None
+            direct = row.direct if not (case.bias or case.act_order) and row.direct is not None \
+                and int4_cpu.direct_op(row.direct, case.dtype) is not None else None
             return Choice(row, row.dense_from(case), direct, tuple(passed))
         passed.append(f"{row.name}: {why}")
     raise AssertionError("the dense row runs every case")

@@ -31,8 +31,9 @@ class EnvReport:
     gpus: list[str] = field(default_factory=list)
     # kernels/linear_choice.py's table for a 4-bit g128 linear without bias: activations -> [(row, verdict)]
     linear_choice: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
-    # the prompt tokens of a 4-bit checkpoint in bf16 by default: "W4A8" or "W4A16 (why)" (EngineConfig.cpu_int8_prefill)
-    prompt_arithmetic: str = ""
+    # the prompt tokens of a 4-bit checkpoint by default, per activations ("bfloat16", "float32"): "W4A8" or
+    # "W4A16 (why)" (EngineConfig.cpu_int8_prefill)
+    prompt_arithmetic: dict[str, str] = field(default_factory=dict)
     # where the engine holds its weights on CPU by default: "transparent huge pages" or "4 KiB pages (why)"
     weight_pages: str = ""
 
@@ -104,12 +105,15 @@ def weight_pages() -> str:
     return "transparent huge pages" if why is None else f"4 KiB pages ({why})"
 
 
-def prompt_arithmetic() -> str:
-    """How the engine computes a 4-bit bf16 checkpoint's prompt tokens on this CPU by default."""
+def prompt_arithmetic() -> dict[str, str]:
+    """How the engine computes a 4-bit checkpoint's prompt tokens on this CPU by default, in bf16 and in fp32."""
+    import torch
+
     from quantkit.kernels.linear_choice import prompt_q8_not_default
 
-    why = prompt_q8_not_default()
-    return "W4A8" if why is None else f"W4A16 ({why})"
+    whys = {dtype: prompt_q8_not_default(dtype) for dtype in (torch.bfloat16, torch.float32)}
+    return {str(dtype).removeprefix("torch."): "W4A8" if why is None else f"W4A16 ({why})"
+            for dtype, why in whys.items()}
 
 
 def linear_choices() -> dict[str, list[tuple[str, str]]]:

@@ -61,9 +61,12 @@ def test_the_prompt_arithmetic_is_the_engines_default():
     for level in ("avx2", None):
         with cpu_ext.at_level(level) if level else contextlib.nullcontext():
             said = collect().prompt_arithmetic
-            assert (said == "W4A8") == int8_prefill_wanted(None, False, True, torch.bfloat16)
-            if level == "avx2":
-                assert said.startswith("W4A16 (") and "not built" in said
+            for dtype in (torch.bfloat16, torch.float32):
+                how = said[str(dtype).removeprefix("torch.")]
+                assert (how == "W4A8") == int8_prefill_wanted(None, False, True, dtype)
+            if level == "avx2":  # the AVX2 W4A8 kernel takes fp32 activations only
+                assert said["bfloat16"].startswith("W4A16 (") and "not built" in said["bfloat16"]
+                assert said["float32"] == "W4A8"
 
 
 def test_the_weight_pages_follow_the_thp_mode():
@@ -77,7 +80,8 @@ def test_the_weight_pages_follow_the_thp_mode():
 def test_the_command_prints_it_and_json_parses():
     code, text = run_cli("env")
     assert code == 0 and "CPU level:" in text and "paged attention" in text and "linear_choice.py" in text
-    assert "prompt tokens W4A" in text and "engine weights on CPU: " in text
+    assert "prompt tokens by default bfloat16 W4A" in text and "float32 W4A" in text
+    assert "engine weights on CPU: " in text
     code, out = run_cli("env", "--json")
     assert code == 0 and [k["kernel"] for k in json.loads(out)["kernels"]] == KERNELS
 

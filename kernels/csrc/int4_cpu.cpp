@@ -34,6 +34,7 @@
 #include "int4_avx2.h"  // the fp32 kernel's tiles (AVX2 + FMA)
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 #include "int4_q8_avx2.h"  // the int8-activation kernel for fp32 activations (AVX2 + FMA)
+#include "int4_x16_avx2.h"  // the fp32 kernel's decode-sized tiles, x in 16-bit fixed point (AVX2)
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 #include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
 #include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
@@ -82,6 +83,20 @@ void over_blocks(int64_t blocks, Fn fn) {
   });
 }
 
+// fn(b, m0, m1) for every block b and every chunk [m0, m1) of the M rows, the blocks split over torch's threads and
+// each thread taking its blocks one row chunk at a time: a chunk of about kChunkBytes of x (at 1 byte a column)
+// stays in the core's L2 while the thread's blocks go past it, rather than all of x streaming past every block.
+constexpr int64_t kChunkBytes = 256 << 10;
+
+template <typename Fn>
+void over_blocks_by_rows(int64_t blocks, int64_t m, int64_t k, Fn fn) {
+  const int64_t chunk = std::max<int64_t>(4, kChunkBytes / std::max<int64_t>(k, 1) / 4 * 4);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t m0 = 0; m0 < m; m0 += chunk)
+      for (int64_t b = b0; b < b1; ++b) fn(b, m0, std::min(m, m0 + chunk));
+  });
+}
+
 template <typename T>
 void run(const Args<T>& a, int64_t blocks) {
   over_blocks(blocks, [&](int64_t b) { block(a, b); });
@@ -120,13 +135,44 @@ struct F32Call {
 
 }  // namespace
 
-// x fp32 [M, K] (columns already permuted for act-order) -> fp32 [M, N].
+namespace {
+
+// Whether int4_linear runs the 16-bit fixed-point tiles (int4_x16_avx2.h) on M rows with groups of gs.
+bool x16_tiles(int64_t m, int64_t gs) {
+  return m <= int4x16::kMaxRows && gs % 4 == 0 && gs <= int4x16::kMaxGroup;
+}
+
+// x fp32 [M, K] rounded per row and group to 16-bit fixed point, @ W4.T by vpmaddwd (int4_x16_avx2.h).
+torch::Tensor run_x16(const F32Call& c, const torch::Tensor& packed, const torch::Tensor& sz, int64_t n, int64_t gs) {
+  const int64_t groups = c.k / gs;
+  std::vector<int16_t> xq(c.m * c.k);
+  std::vector<float> sx(c.m * groups), xqsum(c.m * groups);
+  vec2::quantize16(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* out = c.out.data_ptr<float>();
+  if (sz.dtype() == torch::kHalf) {
+    const int4x16::Args<at::Half> args{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<at::Half>(), out,
+                                       c.m, c.k, n, groups, gs};
+    over_blocks(packed.size(0), [&](int64_t b) { int4x16::block(args, b); });
+  } else {
+    const int4x16::Args<float> args{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<float>(), out,
+                                    c.m, c.k, n, groups, gs};
+    over_blocks(packed.size(0), [&](int64_t b) { int4x16::block(args, b); });
+  }
+  return c.out;
+}
+
+}  // namespace
+
+// x fp32 [M, K] (columns already permuted for act-order) -> fp32 [M, N]: below 4 rows (and for groups in fours of at
+// most 4096 columns) x in 16-bit fixed point by vpmaddwd (int4_x16_avx2.h), else fp32 FMA tiles (int4_avx2.h).
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs) {
   F32Call c(x, n);
   const int64_t m = c.m, k = c.k;
   check(packed, sz, k, n, gs);
   auto out = c.out;
   if (m == 0) return out;
+  if (x16_tiles(m, gs)) return run_x16(c, packed, sz, n, gs);
   const auto xsum = c.x.view({m, k / gs, gs}).sum(-1).contiguous();  // [M, G]
   const float* xp = c.x.data_ptr<float>();
   const float* xs = xsum.data_ptr<float>();
@@ -136,6 +182,16 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
   else
     run(Args<float>{xp, xs, w, sz.data_ptr<float>(), out.data_ptr<float>(), m, k, n, k / gs, gs}, packed.size(0));
   return out;
+}
+
+// The 16-bit fixed-point tiles at any M (what int4_linear runs below 4 rows): tests and benchmarks.
+torch::Tensor int4_linear_x16(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs) {
+  F32Call c(x, n);
+  check(packed, sz, c.k, n, gs);
+  TORCH_CHECK(gs % 4 == 0 && gs <= int4x16::kMaxGroup,
+              "the 16-bit activation tiles take columns in fours: the group size must be a multiple of 4, at most 4096");
+  if (c.m == 0) return c.out;
+  return run_x16(c, packed, sz, n, gs);
 }
 
 #if defined(QUANTKIT_INT4_BF16)
@@ -271,7 +327,7 @@ torch::Tensor int8_linear_f32(torch::Tensor x, torch::Tensor packed, torch::Tens
   if (c.m == 0) return c.out;
   std::vector<int16_t> xq(c.m * c.k);
   std::vector<float> sx(c.m * (c.k / gs));
-  int8f::quantize16(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data());
+  vec2::quantize16(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data());
   const int8f::Args args{xq.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
                          c.out.data_ptr<float>(), c.m, c.k, n, c.k / gs, gs};
   over_blocks(packed.size(0), [&](int64_t b) { int8f::block(args, b); });
@@ -288,17 +344,25 @@ torch::Tensor int4_linear_q8_f32(torch::Tensor x, torch::Tensor packed, torch::T
   const int64_t groups = c.k / gs;
   std::vector<int8_t> xq(c.m * c.k);
   std::vector<float> sx(c.m * groups), xqsum(c.m * groups);
-  int4q8avx2::quantize(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
+  const float* xf = c.x.data_ptr<float>();
+  at::parallel_for(0, c.m, 16, [&](int64_t m0, int64_t m1) {  // rows of a prefill chunk over the threads
+    int4q8avx2::quantize(xf + m0 * c.k, m1 - m0, c.k, gs, xq.data() + m0 * c.k, sx.data() + m0 * groups,
+                         xqsum.data() + m0 * groups);
+  });
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* out = c.out.data_ptr<float>();
   if (sz.dtype() == torch::kHalf) {
     const int4q8avx2::Args<at::Half> args{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<at::Half>(), out,
                                           c.m, c.k, n, groups, gs};
-    over_blocks(packed.size(0), [&](int64_t b) { int4q8avx2::block(args, b); });
+    over_blocks_by_rows(packed.size(0), c.m, c.k, [&](int64_t b, int64_t m0, int64_t m1) {
+      int4q8avx2::block(args, b, m0, m1);
+    });
   } else {
     const int4q8avx2::Args<float> args{xq.data(), sx.data(), xqsum.data(), w, sz.data_ptr<float>(), out,
                                        c.m, c.k, n, groups, gs};
-    over_blocks(packed.size(0), [&](int64_t b) { int4q8avx2::block(args, b); });
+    over_blocks_by_rows(packed.size(0), c.m, c.k, [&](int64_t b, int64_t m0, int64_t m1) {
+      int4q8avx2::block(args, b, m0, m1);
+    });
   }
   return c.out;
 }
@@ -342,7 +406,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   auto dev = m.def_submodule("dev", "development-only tuning switches, for benchmarks and tests; production code "
                              "never calls them");
   amx::bind_switches(m, dev);  // the int4 and int8 kernels' AMX paths
-  m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA)");
+  m.def("int4_linear", &int4_linear, "x fp32 [M, K] @ W4.T -> fp32 [M, N] (AVX2/FMA; below 4 rows x in 16-bit "
+        "fixed point per row and group)");
+  m.def("int4_linear_x16", &int4_linear_x16, "x fp32 [M, K] rounded per row and group to 16-bit fixed point @ W4.T "
+        "-> fp32 [M, N] (AVX2; int4_linear's tiles below 4 rows)");
   m.def("int4_moe_f32", &int4_moe_f32, "x fp32 [T, H], the router's choices [T, k] and weights [T, k], the experts' "
         "gate|up and down stacked [E, ...] -> fp32 [T, H] (AVX2/FMA; moe_int4_cpu.cpp)", py::arg("x"),
         py::arg("chosen"), py::arg("weights"), py::arg("w1"), py::arg("s1"), py::arg("gs1"), py::arg("w2"),

@@ -6,11 +6,11 @@
 // int4_q8_reference is the oracle.
 //
 // A step takes one column quad of a block (32 packed bytes: byte c * 8 + j holds row j in its low nibble and row
-// j + 8 in its high one, for column k + c). A mask (and a shift) give each half's codes as bytes, and one byte
-// interleave puts (column k, k + 1) of every row side by side in the low 128-bit lane and (k + 2, k + 3) in the high
-// one; one vpmaddubsw (u8 codes x s8 activations, each lane's pair of x broadcast) gives 16 int16 sums of two
-// products, at most 2 * 15 * 127 = 3810 in magnitude, so eight quads add up in int16 (30480) before they are widened
-// to int32, the two lanes (column pairs) of a row added.
+// j + 8 in its high one, for column k + c). One cross-lane dword permute and one in-lane byte shuffle transpose it so
+// that dword j holds row j's (and j + 8's) four columns; a mask (and a shift) then give each half's codes as bytes.
+// x's four columns are one broadcast dword (a load, no shuffle), so one vpmaddubsw (u8 codes x s8 activations) gives
+// 16 int16 sums of two products per half, at most 2 * 15 * 127 = 3810 in magnitude: eight quads add up in int16
+// (30480) before one vpmaddwd by ones widens each row's two lanes into its int32 sum.
 #pragma once
 
 #include <immintrin.h>
@@ -30,15 +30,7 @@ constexpr int kRows = 16;
 constexpr int kQuadsInt16 = 8;  // quads whose vpmaddubsw sums an int16 lane holds (8 * 3810 < 32767)
 
 template <typename T>
-struct Args {
-  const int8_t* xq;    // [M, K]
-  const float* sx;     // [M, G]: the activation scale of each row and group
-  const float* xqsum;  // [M, G]: the sum of xq over the group
-  const uint8_t* w;    // [NB, K, 8]
-  const T* sz;         // [NB, G, 2, 16]
-  float* out;          // [M, N]
-  int64_t M, K, N, G, gs;
-};
+using Args = vec2::IntArgs<int8_t, T>;
 
 using vec2::load8;
 
@@ -72,34 +64,30 @@ inline void quantize(const float* x, int64_t M, int64_t K, int64_t gs, int8_t* x
     }
 }
 
-// (x[k], x[k + 1]) in every 16-bit lane of the low half, (x[k + 2], x[k + 3]) in the high one.
-inline __m256i pairs(const int8_t* x, __m256i spread) {
+// Columns k..k+3 of one block (32 bytes at p) -> the codes of rows 0-7 (lo) and 8-15 (hi): in each, dword i holds
+// row i's codes of columns k..k+3 as bytes.
+inline void unpack_quad(const uint8_t* p, __m256i low4, __m256i& lo, __m256i& hi) {
+  // dword 2c + h of the quad: column c, rows 4h..4h+3 -> lane h: columns 0-3 of rows 4h..4h+3 (a 4x4 byte block)
+  const __m256i by_rows = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  const __m256i transpose = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i t = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(v, by_rows), transpose);
+  lo = _mm256_and_si256(t, low4);
+  hi = _mm256_and_si256(_mm256_srli_epi16(t, 4), low4);
+}
+
+// x[k..k+3] (int8) in every dword.
+inline __m256i quad_of(const int8_t* x) {
   int32_t four;
   std::memcpy(&four, x, sizeof four);
-  return _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
-}
-
-// Columns k..k+3 of one block (32 bytes at p) -> the codes of rows 0-7 (lo) and 8-15 (hi): in each, row i's codes
-// of columns k, k + 1 at bytes 2i, 2i + 1 of the low lane, of columns k + 2, k + 3 in the high lane.
-inline void unpack_quad(const uint8_t* p, __m256i low4, __m256i& lo, __m256i& hi) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i a = _mm256_and_si256(v, low4), b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-  lo = _mm256_unpacklo_epi8(a, _mm256_bsrli_epi128(a, 8));
-  hi = _mm256_unpacklo_epi8(b, _mm256_bsrli_epi128(b, 8));
-}
-
-// Rows 0-7 of the int32 sums: the two lanes' int16 sums (columns k, k + 1 and k + 2, k + 3) of each row added.
-inline __m256i widen(__m256i s) {
-  return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s)),
-                          _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s, 1)));
+  return _mm256_set1_epi32(four);
 }
 
 // Rows m0..m0+MT-1 of xq against block b: o[MT][16] receives the block's outputs.
 template <int MT, typename T>
 void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  const __m256i low4 = _mm256_set1_epi8(15);
-  const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const int8_t* x[MT];
@@ -117,41 +105,35 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
         __m256i lo, hi;
         unpack_quad(w + k * 8, low4, lo, hi);
         for (int m = 0; m < MT; ++m) {
-          const __m256i xb = pairs(x[m] + k, spread);
+          const __m256i xb = quad_of(x[m] + k);
           s16[m][0] = _mm256_add_epi16(s16[m][0], _mm256_maddubs_epi16(lo, xb));
           s16[m][1] = _mm256_add_epi16(s16[m][1], _mm256_maddubs_epi16(hi, xb));
         }
       }
       for (int m = 0; m < MT; ++m) {
-        acc[m][0] = _mm256_add_epi32(acc[m][0], widen(s16[m][0]));
-        acc[m][1] = _mm256_add_epi32(acc[m][1], widen(s16[m][1]));
+        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(s16[m][0], ones));
+        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(s16[m][1], ones));
       }
     }
     const T* s = sz + g * 2 * kRows;
     const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + kRows), z1 = load8(s + kRows + 8);
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * a.G + g;
-      const __m256 xs = _mm256_set1_ps(a.xqsum[i]), sx = _mm256_set1_ps(a.sx[i]);
-      const __m256 d0 = _mm256_fnmadd_ps(xs, z0, _mm256_cvtepi32_ps(acc[m][0]));
-      const __m256 d1 = _mm256_fnmadd_ps(xs, z1, _mm256_cvtepi32_ps(acc[m][1]));
-      out[m][0] = _mm256_fmadd_ps(d0, _mm256_mul_ps(s0, sx), out[m][0]);
-      out[m][1] = _mm256_fmadd_ps(d1, _mm256_mul_ps(s1, sx), out[m][1]);
+      vec2::add_group(acc[m][0], acc[m][1], a.xqsum[i], a.sx[i], s0, s1, z0, z1, out[m]);
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    _mm256_storeu_ps(o + m * kRows, out[m][0]);
-    _mm256_storeu_ps(o + m * kRows + 8, out[m][1]);
-  }
+  vec2::store_tile<MT>(o, out);
 }
 
+// Rows [m_begin, m_end) of xq against block b.
 template <typename T>
-void block(const Args<T>& a, int64_t b) {
+void block(const Args<T>& a, int64_t b, int64_t m_begin, int64_t m_end) {
   float o[4 * kRows];
   auto store = [&](int64_t m0, int64_t mt) { vec2::store_rows(a.out, a.N, b, m0, mt, o); };
-  int64_t m0 = 0;
-  for (; m0 + 4 <= a.M; m0 += 4) { tile<4>(a, b, m0, o); store(m0, 4); }
-  if (m0 + 2 <= a.M) { tile<2>(a, b, m0, o); store(m0, 2); m0 += 2; }
-  if (m0 < a.M) { tile<1>(a, b, m0, o); store(m0, 1); }
+  int64_t m0 = m_begin;
+  for (; m0 + 4 <= m_end; m0 += 4) { tile<4>(a, b, m0, o); store(m0, 4); }
+  if (m0 + 2 <= m_end) { tile<2>(a, b, m0, o); store(m0, 2); m0 += 2; }
+  if (m0 < m_end) { tile<1>(a, b, m0, o); store(m0, 1); }
 }
 
 }  // namespace int4q8avx2

@@ -6,12 +6,12 @@
 //
 // Layout: int8_bf16_avx512.h's (kernels/int8_cpu.py, Int8Blocked): packed int8 [NB, K / 4, 16, 4], for each 4
 // input columns the 16 rows' four codes side by side; scales fp32 [NB, G, 16]. The code sums (wsum) are not read.
-// x is written per row and group as 16-bit fixed point, xq = round(x * 32767 / amax) (ties to even), scale
-// sx = amax / 32767, as the AVX-512 kernel writes it. A step takes one column quad of four output rows: 16 codes
-// widened to int16 (vpmovsxbw) and one vpmaddwd against the row of x's 4 digits broadcast gives, per row, two int32
-// partial sums (columns 0-1 and 2-3); the group's sums are exact in int32 (at most 2 * 127 * 32767 * 32 < 2^31 a
-// lane), so the result is int8_blocked_reference's up to fp32 summation order, and each group is scaled in the same
-// order as the AVX-512 kernel's (fma of the integer sum by s * sx into the row's fp32 total).
+// x is written per row and group as 16-bit fixed point (vec2::quantize16), as the AVX-512 kernel writes it. A step
+// takes one column quad of four output rows: 16 codes widened to int16 (vpmovsxbw) and one vpmaddwd against the row
+// of x's 4 digits broadcast gives, per row, two int32 partial sums (columns 0-1 and 2-3); the group's sums are exact
+// in int32 (at most 2 * 127 * 32767 * 32 < 2^31 a lane), so the result is int8_blocked_reference's up to fp32
+// summation order, and each group is scaled in the same order as the AVX-512 kernel's (fma of the integer sum by
+// s * sx into the row's fp32 total).
 #pragma once
 
 #include <immintrin.h>
@@ -36,30 +36,6 @@ struct Args {
   float* out;         // [M, N]
   int64_t M, K, N, G, gs;
 };
-
-// x fp32 [M, K] -> xq int16 [M, K] and sx [M, G], per row and group of gs columns: xq = round(x * 32767 / amax),
-// ties to even, in [-32767, 32767]; a group of zeros: sx 0, xq 0 (quantize_activations16_reference).
-inline void quantize16(const float* x, int64_t M, int64_t K, int64_t gs, int16_t* xq, float* sx) {
-  const int64_t G = K / gs;
-  const __m256i lim = _mm256_set1_epi32(32767), neg = _mm256_set1_epi32(-32767);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      const float* p = x + m * K + g * gs;
-      int16_t* q = xq + m * K + g * gs;
-      const float amax = vec2::abs_max(p, gs);
-      sx[m * G + g] = amax / 32767.f;
-      const float inv = amax > 0.f ? 32767.f / amax : 0.f;
-      const __m256 vinv = _mm256_set1_ps(inv);
-      int64_t c = 0;
-      for (; c + 8 <= gs; c += 8) {  // cvtps rounds to nearest even
-        const __m256i r = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + c),
-                                                                                             vinv)), lim), neg);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c),
-                         _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-      }
-      for (; c < gs; ++c) q[c] = static_cast<int16_t>(std::min(32767.f, std::max(-32767.f, std::nearbyint(p[c] * inv))));
-    }
-}
 
 // The 16 rows' sums of one row of x over a group, from the four accumulators of 4 rows x 2 column pairs each:
 // rows 0-7 into lo, 8-15 into hi.
@@ -102,18 +78,12 @@ void tile(const Args& a, int64_t b, int64_t m0, float* o) {
       out[m][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(s1, sx), out[m][1]);
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    _mm256_storeu_ps(o + m * kRows, out[m][0]);
-    _mm256_storeu_ps(o + m * kRows + 8, out[m][1]);
-  }
+  vec2::store_tile<MT>(o, out);
 }
 
 inline void block(const Args& a, int64_t b) {
-  float o[2 * kRows];
-  auto store = [&](int64_t m0, int64_t mt) { vec2::store_rows(a.out, a.N, b, m0, mt, o); };
-  int64_t m0 = 0;
-  for (; m0 + 2 <= a.M; m0 += 2) { tile<2>(a, b, m0, o); store(m0, 2); }
-  if (m0 < a.M) { tile<1>(a, b, m0, o); store(m0, 1); }
+  vec2::rows_in_pairs(a.out, a.N, b, a.M,
+                      [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
 }
 
 }  // namespace int8f

@@ -25,6 +25,7 @@
 #include "act_mul.h"
 #include "int4_amx.h"  // int4bf16::any_blocks: the AVX-512 BF16 kernel, or AMX tiles where QUANTKIT_INT4_AMX
 #include "int4_avx2.h"  // int4avx2::block: the fp32 kernel
+#include "int4_x16_avx2.h"  // int4x16::block: its tiles for a few rows (x in 16-bit fixed point)
 #include "moe_int4.h"
 
 namespace {
@@ -108,17 +109,29 @@ void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& 
 }
 #endif
 
-// The same in fp32 on the AVX2 kernel: in fp32 [S, K] -> out fp32 [S, N]; x's group sums as int4_linear takes them.
+// The same in fp32 on the AVX2 kernel, each expert's rows as int4_linear runs them (below 4 rows the 16-bit fixed-point
+// tiles, else the FMA tiles on x's group sums): in fp32 [S, K] -> out fp32 [S, N].
 template <typename T>
 void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& in, torch::Tensor& out_t, float) {
   const int64_t groups = lin.k / lin.gs, rows = in.size(0);
   float* out = out_t.data_ptr<float>();
   const torch::Tensor xsum = in.view({rows, groups, lin.gs}).sum(-1).contiguous();  // [S, G]
   const float *x = in.data_ptr<float>(), *xs = xsum.data_ptr<float>();
+  const bool x16 = lin.gs % 4 == 0 && lin.gs <= int4x16::kMaxGroup;
+  std::vector<int16_t> xq(x16 ? rows * lin.k : 0);  // every row's digits (each row's own: as int4_linear's)
+  std::vector<float> sx(x16 ? rows * groups : 0), xqsum(sx.size());
+  if (x16) vec2::quantize16(x, rows, lin.k, lin.gs, xq.data(), sx.data(), xqsum.data());
   over_expert_blocks(s, lin.blocks, [&](int64_t a, int64_t b0, int64_t b1) {
     const int64_t r = s.start[a];
-    const int4avx2::Args<T> args{x + r * lin.k, xs + r * groups, lin.w + s.expert[a] * lin.per_w(),
-                                 lin.sz + s.expert[a] * lin.per_s(), out + r * lin.n, s.count[a], lin.k, lin.n,
+    const uint8_t* w = lin.w + s.expert[a] * lin.per_w();
+    const T* sz = lin.sz + s.expert[a] * lin.per_s();
+    if (x16 && s.count[a] <= int4x16::kMaxRows) {
+      const int4x16::Args<T> args{xq.data() + r * lin.k, sx.data() + r * groups, xqsum.data() + r * groups, w, sz,
+                                  out + r * lin.n, s.count[a], lin.k, lin.n, groups, lin.gs};
+      for (int64_t b = b0; b < b1; ++b) int4x16::block(args, b);
+      return;
+    }
+    const int4avx2::Args<T> args{x + r * lin.k, xs + r * groups, w, sz, out + r * lin.n, s.count[a], lin.k, lin.n,
                                  groups, lin.gs};
     for (int64_t b = b0; b < b1; ++b) int4avx2::block(args, b);
   });

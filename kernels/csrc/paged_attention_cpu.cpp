@@ -16,8 +16,9 @@
 // rows, so each key and value row read from the cache serves group x tile query rows while it is
 // in L1. Softmax is online per cache block (running max m, running sum l, rescaled accumulator),
 // in fp32 whatever the cache dtype. On AVX-512 (head dims 32-128, multiples of 32 or 96) the block step is
-// attention_avx512.h's; elsewhere the loops over D are plain loops that -O3 -march=native vectorises
-// (the dot products through `omp simd reduction`).
+// attention_avx512.h's; elsewhere, for work items of many rows (prefill tiles) and head dims in eights,
+// attention_avx2.h's; else the loops over D are plain loops that -O3 -march=native vectorises (the dot
+// products through `omp simd reduction`).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -30,6 +31,9 @@
 
 #include "attention_amx.h"  // the many-rows step on AMX tiles, where QUANTKIT_ATTENTION_AMX
 #include "attention_avx512.h"  // fold_block's vector path, where QUANTKIT_AVX512
+#if defined(__AVX2__) && defined(__FMA__)
+#include "attention_avx2.h"  // fold_block's AVX2 path for many rows, where the AVX-512 one is not built
+#endif
 
 namespace {
 
@@ -89,6 +93,12 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
     if (avx512::supports(d))
       return avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
                                rows.m.data(), rows.l.data(), kb, vb, token_stride, block_size, visible);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (!std::is_same_v<T, double>)
+    if (avx2att::supports(rows.n, d))
+      return avx2att::fold_rows(rows.n, d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kb, vb,
+                                token_stride, block_size, visible);
 #endif
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;

@@ -1,5 +1,5 @@
-// Small AVX2 helpers the fp32 kernels share (int4_avx2.h, int4_q8_avx2.h, int8_f32_avx2.h), as vec_avx512.h does for
-// the AVX-512 ones.
+// Small AVX2 helpers the fp32 kernels share (int4_avx2.h, int4_x16_avx2.h, int4_q8_avx2.h, int8_f32_avx2.h), as
+// vec_avx512.h does for the AVX-512 ones.
 #pragma once
 
 #include <immintrin.h>
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace vec2 {
 
@@ -38,11 +39,91 @@ inline int32_t sum8(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
 }
 
+// x fp32 [M, K] -> xq int16 [M, K] and sx [M, G], per row and group of gs columns: xq = round(x * 32767 / amax),
+// ties to even, in [-32767, 32767]; a group of zeros: sx 0, xq 0 (quantize_activations16_reference). With xqsum, also
+// each group's sum of xq ([M, G]).
+inline void quantize16(const float* x, int64_t M, int64_t K, int64_t gs, int16_t* xq, float* sx,
+                       float* xqsum = nullptr) {
+  const int64_t G = K / gs;
+  const __m256i lim = _mm256_set1_epi32(32767), neg = _mm256_set1_epi32(-32767);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* p = x + m * K + g * gs;
+      int16_t* q = xq + m * K + g * gs;
+      const float amax = abs_max(p, gs);
+      sx[m * G + g] = amax / 32767.f;
+      const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+      const __m256 vinv = _mm256_set1_ps(inv);
+      __m256i sum = _mm256_setzero_si256();
+      int64_t c = 0;
+      for (; c + 8 <= gs; c += 8) {  // cvtps rounds to nearest even
+        const __m256i r = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + c),
+                                                                                             vinv)), lim), neg);
+        sum = _mm256_add_epi32(sum, r);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c),
+                         _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+      }
+      int64_t total = sum8(sum);
+      for (; c < gs; ++c) {
+        q[c] = static_cast<int16_t>(std::min(32767.f, std::max(-32767.f, std::nearbyint(p[c] * inv))));
+        total += q[c];
+      }
+      if (xqsum != nullptr) xqsum[m * G + g] = static_cast<float>(total);
+    }
+}
+
 // o[mt][16] (a tile's rows m0.. against the 16-row block b) into out [M, N] at rows m0.., columns 16b.., dropping
 // columns past N.
 inline void store_rows(float* out, int64_t N, int64_t b, int64_t m0, int64_t mt, const float* o) {
   const int64_t n0 = b * 16, cols = std::min<int64_t>(16, N - n0);
   for (int64_t m = 0; m < mt; ++m) std::memcpy(out + (m0 + m) * N + n0, o + m * 16, cols * sizeof(float));
+}
+
+// What the integer-activation int4 kernels (int4_q8_avx2.h: D int8; int4_x16_avx2.h: D int16) read: x's digits and
+// per-(row, group) scale and digit sum, the Int4Blocked weight with its scales and zeros (T fp16 or fp32), the output.
+template <typename D, typename T>
+struct IntArgs {
+  const D* xq;         // [M, K]
+  const float* sx;     // [M, G]: the scale of each row and group
+  const float* xqsum;  // [M, G]: the sum of xq over the group
+  const uint8_t* w;    // [NB, K, 8]
+  const T* sz;         // [NB, G, 2, 16]
+  float* out;          // [M, N]
+  int64_t M, K, N, G, gs;
+};
+
+// A row's 16 outputs (out[0]: rows 0-7, out[1]: rows 8-15) += (sums - z * xqsum) * s * sx: one group of the integer-
+// activation kernels (int4_q8_avx2.h, int4_x16_avx2.h), each group's exact int32 sums scaled in the same order.
+inline void add_group(__m256i lo, __m256i hi, float xqsum, float sx, __m256 s0, __m256 s1, __m256 z0, __m256 z1,
+                      __m256 (&out)[2]) {
+  const __m256 xs = _mm256_set1_ps(xqsum), vsx = _mm256_set1_ps(sx);
+  out[0] = _mm256_fmadd_ps(_mm256_fnmadd_ps(xs, z0, _mm256_cvtepi32_ps(lo)), _mm256_mul_ps(s0, vsx), out[0]);
+  out[1] = _mm256_fmadd_ps(_mm256_fnmadd_ps(xs, z1, _mm256_cvtepi32_ps(hi)), _mm256_mul_ps(s1, vsx), out[1]);
+}
+
+// A tile's MT rows of 16 outputs into o[MT][16].
+template <int MT>
+inline void store_tile(float* o, const __m256 (&out)[MT][2]) {
+  for (int m = 0; m < MT; ++m) {
+    _mm256_storeu_ps(o + m * 16, out[m][0]);
+    _mm256_storeu_ps(o + m * 16 + 8, out[m][1]);
+  }
+}
+
+// Rows [0, M) of x against the 16-row block b in tiles of 2 rows, then 1 (the 16-bit kernels: four int32 accumulators
+// a row fill the registers at 2): tile(std::integral_constant<int, MT>, m0, o) computes o[MT][16], stored into out.
+template <typename Tile>
+inline void rows_in_pairs(float* out, int64_t N, int64_t b, int64_t M, Tile tile) {
+  float o[2 * 16];
+  int64_t m0 = 0;
+  for (; m0 + 2 <= M; m0 += 2) {
+    tile(std::integral_constant<int, 2>{}, m0, o);
+    store_rows(out, N, b, m0, 2, o);
+  }
+  if (m0 < M) {
+    tile(std::integral_constant<int, 1>{}, m0, o);
+    store_rows(out, N, b, m0, 1, o);
+  }
 }
 
 }  // namespace vec2

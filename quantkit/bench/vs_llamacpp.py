@@ -220,21 +220,21 @@ class Arithmetic:
 
 
 def activation_variants(args, auto: str) -> list[Arithmetic]:
-    """The 4-bit quantkit systems to run: the engine's default arithmetic (on a bf16 CPU without AMX, prompt tokens
-    W4A8, generated ones W4A16), with --w4a16 also W4A16 throughout, with --int8-activations also W4A8 throughout
-    (activations in int8, as llama.cpp's Q4 types); W4A8 alone with `--int8-activations only`. An fp32 CPU: its
-    default (W4A16) and W4A8 on the AVX2 int8-activation kernel as asked."""
-    if auto != "bfloat16":
-        default, w4a16, w4a8 = Arithmetic(auto), None, Arithmetic(f"{auto}, W4A8", True)
-    else:
-        from quantkit.kernels.linear_choice import prompt_q8_not_default
+    """The 4-bit quantkit systems to run: the engine's default arithmetic (prompt tokens W4A8, generated ones W4A16,
+    where the CPU's W4A8 kernel for `auto` builds, and in bf16 no AMX tiles run prefill), with --w4a16 also W4A16
+    throughout, with --int8-activations also W4A8 throughout (activations in int8, as llama.cpp's Q4 types); W4A8
+    alone with `--int8-activations only`."""
+    import torch
 
-        prompts = "W4A8 prompts" if prompt_q8_not_default() is None else "W4A16"
-        default, w4a16, w4a8 = Arithmetic(f"default: {prompts}"), Arithmetic("W4A16", int8_prefill=False), \
-            Arithmetic("W4A8", True)
+    from quantkit.kernels.linear_choice import prompt_q8_not_default
+
+    prompts = "W4A8 prompts" if prompt_q8_not_default(getattr(torch, auto)) is None else "W4A16"
+    tag = "" if auto == "bfloat16" else f"{auto}, "
+    default, w4a16, w4a8 = Arithmetic(f"{tag}default: {prompts}"), Arithmetic(f"{tag}W4A16", int8_prefill=False), \
+        Arithmetic(f"{tag}W4A8", True)
     if args.int8_activations == "only":
         return [w4a8]
-    return [default] + ([w4a16] if args.w4a16 and w4a16 else []) + ([w4a8] if args.int8_activations else [])
+    return [default] + ([w4a16] if args.w4a16 else []) + ([w4a8] if args.int8_activations else [])
 
 
 def compare(args, tmp: Path) -> None:

@@ -28,9 +28,10 @@ ENGINE_SWITCHES = {
     "cpu_int8_lm_head": (None, "CPU: hold a float lm_head in int8 (symmetric, groups of 128, as llama.cpp's Q8_0): "
                                "half the bytes each decode step reads for it in bf16, a quarter in fp32. Default: on for "
                                "quantized checkpoints, off for float ones. Off: the checkpoint's float head."),
-    "cpu_int8_prefill": (None, "CPU, bf16, 4-bit checkpoints: prompt tokens run W4A8 (activations rounded to int8 "
-                               "per row and group, about 1.5x the prefill speed), generated tokens W4A16. Default: on "
-                               "where the int8 kernel builds and the CPU has no AMX. Off: W4A16 throughout."),
+    "cpu_int8_prefill": (None, "CPU, 4-bit checkpoints: prompt tokens run W4A8 (activations rounded to int8 per row "
+                               "and group: faster prefill), generated tokens W4A16. Default: on where the int8 kernel "
+                               "builds (fp32: every level; bf16: AVX-512 VNNI) and, in bf16, the CPU has no AMX. Off: "
+                               "W4A16 throughout."),
     "cpu_huge_pages": (True, "CPU, Linux: move the weights into transparent huge pages once loaded (where THP is "
                              "not 'never'): batch-1 decode reads them faster. Off: the allocator's 4 KiB pages."),
 }

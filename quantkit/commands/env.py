@@ -52,7 +52,8 @@ def _print(r) -> None:
         cells = [r.linear_choice[dtype][i][1] for dtype in r.linear_choice]
         choice.add_row(name, *(f"[green]{c}[/]" if c == "chosen" else c for c in cells))
     out.print(choice)
-    out.print(f"4-bit checkpoints in bf16: prompt tokens {r.prompt_arithmetic} by default, generated tokens W4A16 "
+    prompts = ", ".join(f"{dtype} {how}" for dtype, how in r.prompt_arithmetic.items())
+    out.print(f"4-bit checkpoints: prompt tokens by default {prompts}; generated tokens W4A16 "
               "(--cpu-int8-prefill/--no-cpu-int8-prefill, --cpu-int8-activations)")
     out.print(f"engine weights on CPU: {r.weight_pages} (--cpu-huge-pages/--no-cpu-huge-pages)")
     for name, where in r.kernel_files.items():

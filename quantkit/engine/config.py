@@ -33,9 +33,10 @@ class EngineConfig:
     # the W4A8 kernel (AVX-512 VNNI), as llama.cpp's Q8 activations, prefill chunks too except where AMX tiles
     # take them (kernels/linear_choice.py); off: W4A16, the checkpoint's arithmetic
     cpu_int8_activations: bool = False
-    # CPU, bf16, 4-bit checkpoints: the prompt tokens alone run W4A8 (the int8 arithmetic above, about 1.5x the
-    # prefill speed where no AMX tiles are granted), generated tokens W4A16. None (auto): on where the W4A8 kernel
-    # builds and no AMX tiles are granted (engine/weights.int8_prefill_wanted); False: W4A16 throughout
+    # CPU, 4-bit checkpoints: the prompt tokens alone run W4A8 (the int8 arithmetic above: about 1.5x the bf16
+    # prefill speed where no AMX tiles are granted, 1.1-1.2x fp32's on AVX2), generated tokens W4A16. None (auto): on
+    # where the W4A8 kernel for the dtype builds and, in bf16, no AMX tiles are granted
+    # (engine/weights.int8_prefill_wanted); False: W4A16 throughout
     cpu_int8_prefill: bool | None = None
     # CPU, bf16: a float lm_head held in int8, symmetric per row and group of 128 columns (kernels/int8_cpu.py):
     # half the bytes a decode step reads for it. None (auto): on for checkpoints whose linears are quantized,

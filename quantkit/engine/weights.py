@@ -153,19 +153,19 @@ def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, comput
 def int8_prefill_wanted(asked: bool | None, int8_activations: bool, quantized: bool, dtype: torch.dtype) -> bool:
     """Whether the prompt tokens of a 4-bit checkpoint run W4A8 on CPU while generated tokens run W4A16: where asked
     (a log line says why not, where it cannot be), and by default (`asked` None) where the int8-activation kernel
-    builds and no AMX tiles run prefill in bf16 (kernels/linear_choice.prompt_q8_not_default). Its accuracy cost
-    and speed: docs/BENCHMARKS.md "Real sizes"."""
+    for `dtype` builds and, in bf16, no AMX tiles run prefill (kernels/linear_choice.prompt_q8_not_default). Its
+    accuracy cost and speed: docs/BENCHMARKS.md "Real sizes"."""
     from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     if asked is False or int8_activations or (asked is None and not quantized):
         return False
-    why = "no quantized linears" if not quantized else "the W4A8 kernel takes bf16 activations" \
-        if dtype != torch.bfloat16 else prompt_q8_not_default() if asked is None else prompt_q8_unavailable()
+    why = "no quantized linears" if not quantized else prompt_q8_not_default(dtype) if asked is None \
+        else prompt_q8_unavailable(dtype)
     if why is not None:
         (log.warning if asked else log.info)("prompt tokens: the linears' own arithmetic (%s)", why)
         return False
     log.info("prompt tokens: W4A8, activations rounded to int8 per row and group; generated tokens W4A16 (%s)",
-             "--cpu-int8-prefill" if asked else "the default on this CPU; --no-cpu-int8-prefill keeps them bf16")
+             "--cpu-int8-prefill" if asked else "the default on this CPU; --no-cpu-int8-prefill keeps them W4A16")
     return True
 
 

@@ -86,9 +86,9 @@ class QuantLinear(nn.Module):
 
     def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True,
                        int8_activations: bool = False, int8_prefill: bool = False) -> str:
-        """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`. `int8_activations`: bf16
-        batches below the dense crossover run the W4A8 kernel (x rounded to int8 per row and group) where it
-        builds and takes the weight. `int8_prefill`: only the prompt rows of a step do (quantkit.model.prompt_rows),
+        """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`. `int8_activations`: batches
+        below the dense crossover run the W4A8 kernel (x rounded to int8 per row and group) where it builds and
+        takes the weight. `int8_prefill`: only the prompt rows of a step do (quantkit.model.prompt_rows),
         where that kernel takes the weight (`prompt_q8`); the rest stay on the path chosen here."""
         from dataclasses import replace
 
@@ -107,8 +107,10 @@ class QuantLinear(nn.Module):
         if layout == "int4 blocks":
             self._cpu, self.cpu_path = w, choice.cpu_path
             self._direct = int4_cpu.direct_call(w, choice.direct, choice.dense_from_m, dtype) if choice.direct else None
-            q8 = choose(replace(case, int8_activations=True)) if int8_prefill and choice.direct == "bf16" else None
-            self.prompt_q8 = int4_cpu.direct_call(w, "q8", q8.dense_from_m) if q8 and q8.direct == "q8" else None
+            own = choice.direct is not None and choice.direct != "q8"  # W4A16 straight to the kernel
+            q8 = choose(replace(case, int8_activations=True)) if int8_prefill and own else None
+            self.prompt_q8 = int4_cpu.direct_call(w, "q8", q8.dense_from_m, dtype) if q8 and q8.direct == "q8" \
+                else None
         elif layout == "torch int4pack":
             self._cpu, self.cpu_path = repack_int4(p, dtype), f"int4 (torch int4pack; quantkit kernel: {ours_missing})"
         elif layout == "int8":
@@ -162,12 +164,12 @@ class QuantLinear(nn.Module):
             return q8(flat) if flat.shape[0] < q8.max_m else None
         out = flat.new_empty(flat.shape[0], self.out_features)
         prompt = flat.index_select(0, rows.prompt)
-        out[rows.prompt] = q8(prompt) if prompt.shape[0] < q8.max_m else self._bf16_rows(prompt)
-        out[rows.others] = self._bf16_rows(flat.index_select(0, rows.others))
+        out[rows.prompt] = q8(prompt) if prompt.shape[0] < q8.max_m else self._own_rows(prompt)
+        out[rows.others] = self._own_rows(flat.index_select(0, rows.others))
         return out
 
-    def _bf16_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """bf16 rows [M, K] on the path chosen at repack (the direct call below its crossover, else dense tiles)."""
+    def _own_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows [M, K] on the W4A16 path chosen at repack (the direct call below its crossover, else dense tiles)."""
         return self._direct(x) if x.shape[0] < self._direct.max_m else self._cpu_forward(x)
 
     def _cpu_forward(self, x: torch.Tensor) -> torch.Tensor:

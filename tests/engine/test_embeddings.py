@@ -85,7 +85,7 @@ def test_embed_on_a_4bit_checkpoint_matches_its_dequantized_weights(tiny_llama, 
     from tests_support.int4_checkpoints import quantize_tiny
 
     qdir = quantize_tiny(tiny_llama, tmp_path_factory, "rtn", "gptq", 64)
-    llm = LLM(str(qdir), dtype="float32", max_model_len=128, num_threads=1)
+    llm = LLM(str(qdir), dtype="float32", max_model_len=128, num_threads=1, cpu_int8_prefill=False)  # W4A16
     assert llm.engine.quant_info is not None
     got = embed(llm, PROMPTS, "mean")
     want = pooled_reference(dequantized_copy(qdir, tmp_path_factory.mktemp("deq")), PROMPTS, "mean")

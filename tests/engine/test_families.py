@@ -42,7 +42,8 @@ def test_quantized_greedy_matches_transformers_on_the_dequantized_weights(family
                                                                         tmp_path):
     qdir = quantized_family(family, method, layout)
     prompts = make_prompts(512, n=16, seed=2)
-    llm = LLM(str(qdir), dtype="float32", cpu_int8_lm_head=False, **ENGINE)  # the checkpoint's float head
+    llm = LLM(str(qdir), dtype="float32", cpu_int8_lm_head=False, cpu_int8_prefill=False,
+              **ENGINE)  # the checkpoint's arithmetic: its float head, W4A16 prompts
     model = llm.engine.model
     packed = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert all(m.cpu_path.startswith("int4 (quantkit") for m in packed)

@@ -67,7 +67,7 @@ def test_quantized_lm_head_round_trip(lm_head_dir):
 
     qc = json.loads((lm_head_dir / "config.json").read_text())["quantization_config"]
     assert qc["lm_head"] is True and qc["quant_method"] == "gptq"
-    llm = LLM(str(lm_head_dir), dtype="float32", max_model_len=256, max_num_seqs=12)
+    llm = LLM(str(lm_head_dir), dtype="float32", max_model_len=256, max_num_seqs=12, cpu_int8_prefill=False)
     model = llm.engine.model
     assert isinstance(model.lm_head, QuantLinear) and model.lm_head.cpu_path.startswith("int4")
     memory = WeightMemory.of(model)
@@ -215,18 +215,25 @@ def test_int8_head_wanted_where_asked_or_by_default_for_quantized_checkpoints(ca
 
 
 def test_int8_prefill_wanted_where_asked_or_by_default_without_amx(caplog):
-    """EngineConfig.cpu_int8_prefill: None follows the CPU (linear_choice.prompt_q8_not_default), True asks (and
-    warns where it cannot be), False and W4A8 throughout leave nothing to split, a float checkpoint neither."""
+    """EngineConfig.cpu_int8_prefill: None follows the CPU (linear_choice.prompt_q8_not_default: bf16 without AMX
+    tiles, fp32 wherever the AVX2 W4A8 kernel builds), True asks (and warns where it cannot be), False and W4A8
+    throughout leave nothing to split, a float checkpoint neither."""
     from quantkit.engine.weights import int8_prefill_wanted
+    from quantkit.kernels import int4_cpu
     from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert int8_prefill_wanted(None, False, True, bf16) is (prompt_q8_not_default() is None)
-    assert int8_prefill_wanted(True, False, True, bf16) is (prompt_q8_unavailable() is None)
-    assert not int8_prefill_wanted(False, False, True, bf16) and not int8_prefill_wanted(True, True, True, bf16)
+    for dtype in (bf16, fp32):
+        assert int8_prefill_wanted(None, False, True, dtype) is (prompt_q8_not_default(dtype) is None)
+        assert int8_prefill_wanted(True, False, True, dtype) is (prompt_q8_unavailable(dtype) is None)
+        assert not int8_prefill_wanted(False, False, True, dtype) and not int8_prefill_wanted(True, True, True, dtype)
+    assert (prompt_q8_unavailable(fp32) is None) == (int4_cpu.unavailable() is None)  # fp32: every level
+    assert "no int8-activation kernel takes float16" in prompt_q8_unavailable(torch.float16)
     caplog.clear()
     with caplog.at_level("WARNING", logger="quantkit.engine"):
-        assert not int8_prefill_wanted(None, False, False, bf16) and not int8_prefill_wanted(None, False, True, fp32)
+        assert not int8_prefill_wanted(None, False, False, bf16) and not int8_prefill_wanted(None, False, True,
+                                                                                               torch.float16)
         assert caplog.text == ""  # the default is silent where it does not apply
-        assert not int8_prefill_wanted(True, False, True, fp32) and not int8_prefill_wanted(True, False, False, bf16)
-    assert "the W4A8 kernel takes bf16 activations" in caplog.text and "no quantized linears" in caplog.text
+        assert not int8_prefill_wanted(True, False, True, torch.float16)
+        assert not int8_prefill_wanted(True, False, False, bf16)
+    assert "no int8-activation kernel takes float16" in caplog.text and "no quantized linears" in caplog.text

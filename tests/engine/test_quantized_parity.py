@@ -52,7 +52,7 @@ def assert_engine_matches_quantlinear(gptq_dir, layout: str) -> None:
             want.append(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
                                     do_sample=False)[0, len(p):].tolist())
     llm = LLM(str(gptq_dir), dtype="float32", max_model_len=256, max_num_seqs=32, max_num_batched_tokens=128,
-              cpu_int8_lm_head=False)  # the checkpoint's arithmetic: its float head
+              cpu_int8_lm_head=False, cpu_int8_prefill=False)  # the checkpoint's arithmetic: float head, W4A16
     assert llm.engine.quant_info.layout == layout
     # q/k/v and gate/up each fused into one kernel call: 4 quantized linears in each of the 2 layers
     assert all(isinstance(layer.self_attn.qkv_proj, QuantLinear) and isinstance(layer.mlp.gate_up_proj, QuantLinear)
@@ -86,7 +86,7 @@ def test_int8_activations_reach_every_4_bit_linear_and_change_little(gptq_dir, d
                   cpu_int8_prefill=False)
         linears = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
         direct = [m._direct is not None and m._direct.int8_activations for m in linears]
-        assert linears and all(d == int8 for d in direct)  # (fp32 W4A16 goes through int4_blocked_linear: no direct)
+        assert linears and all(d == int8 for d in direct)
         if int8 and (dtype == "float32" or not int4_cpu.amx_kernel(linears[0]._cpu)):
             assert all(m._direct.max_m == int4_cpu.NEVER_DENSE for m in linears)  # prefill chunks run W4A8 as well
         runs[int8] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
@@ -98,7 +98,7 @@ class Recorder:
     """A kernel call that notes the rows of each call it makes."""
 
     def __init__(self, call, rows: list[int]):
-        self.call, self.rows, self.max_m = call, rows, call.max_m
+        self.call, self.rows, self.max_m, self.dtype = call, rows, call.max_m, call.dtype
 
     def __call__(self, x):
         self.rows.append(x.shape[0])
@@ -106,26 +106,27 @@ class Recorder:
 
 
 @pytest.mark.slow
-def test_int8_prefill_runs_prompt_tokens_w4a8_and_generated_tokens_w4a16(gptq_dir):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_int8_prefill_runs_prompt_tokens_w4a8_and_generated_tokens_w4a16(gptq_dir, dtype):
     """EngineConfig.cpu_int8_prefill: every prompt token goes through each 4-bit linear's W4A8 kernel and every
     generated token through its W4A16 one, also in steps where prompt chunks and decodes share the batch (requests
     that finish at different steps free room for new prompts beside running decodes); greedy tokens stay the W4A16
     engine's but for near-ties."""
-    from quantkit.kernels import int4_cpu
+    from quantkit.kernels.linear_choice import prompt_q8_unavailable
     from quantkit.model.quant_linear import QuantLinear
 
-    if int4_cpu.unavailable() is not None or not hasattr(int4_cpu.extension(), "int4_linear_q8"):
-        pytest.skip("the int8-activation int4 kernel is built only where the compiler targets AVX-512 VNNI, VBMI and BF16")
+    if (why := prompt_q8_unavailable(getattr(torch, dtype))) is not None:
+        pytest.skip(why)
     g = torch.Generator().manual_seed(4)
     prompts = [[1] + torch.randint(3, 512, (4 + 3 * i,), generator=g).tolist() for i in range(12)]
     params = [SamplingParams(temperature=0, max_tokens=2 + i % 5, ignore_eos=True) for i in range(12)]
-    llm = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4, cpu_int8_prefill=True)
+    llm = LLM(str(gptq_dir), dtype=dtype, max_model_len=256, max_num_seqs=4, cpu_int8_prefill=True)
     linears = [m for m in llm.engine.model.modules() if isinstance(m, QuantLinear)]
     assert linears and llm.engine.runner.names_prompt_rows
-    q8_rows, bf16_rows = [], []
+    q8_rows, w4a16_rows = [], []
     for m in linears:
         assert m.prompt_q8 is not None and not m._direct.int8_activations
-        m.prompt_q8, m._direct = Recorder(m.prompt_q8, q8_rows), Recorder(m._direct, bf16_rows)
+        m.prompt_q8, m._direct = Recorder(m.prompt_q8, q8_rows), Recorder(m._direct, w4a16_rows)
     mixed = []
     execute = llm.engine.runner.execute
     llm.engine.runner.execute = lambda out: (mixed.append(len({c.num_tokens > 1 for c in out.chunks}) == 2),
@@ -134,8 +135,8 @@ def test_int8_prefill_runs_prompt_tokens_w4a8_and_generated_tokens_w4a16(gptq_di
     assert any(mixed), "no step held prompt chunks beside decodes"
     # the last prompt token's logits give the first token: generated tokens past it are fed back one a step
     assert sum(q8_rows) == len(linears) * sum(len(p) for p in prompts)
-    assert sum(bf16_rows) == len(linears) * sum(p.max_tokens - 1 for p in params)
-    plain = LLM(str(gptq_dir), dtype="bfloat16", max_model_len=256, max_num_seqs=4, cpu_int8_prefill=False)
+    assert sum(w4a16_rows) == len(linears) * sum(p.max_tokens - 1 for p in params)
+    plain = LLM(str(gptq_dir), dtype=dtype, max_model_len=256, max_num_seqs=4, cpu_int8_prefill=False)
     assert not plain.engine.runner.names_prompt_rows
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
     assert sum(a[0] == b[0] for a, b in zip(got, want)) >= 10, (got, want)

@@ -14,7 +14,8 @@ import torch
 from quantkit.format.packing import dequantize, pack
 from quantkit.format.primitives import QuantScheme, rtn_quantize
 from quantkit.kernels import int4_cpu
-from quantkit.kernels.int4_cpu import dequantize_blocked, int4_blocked_linear, int4_blocked_reference, pack_blocks, repack
+from quantkit.kernels.int4_cpu import (dequantize_blocked, int4_blocked_linear, int4_blocked_reference,
+                                       int4_linear_reference, pack_blocks, repack)
 from tests_support.int4_checkpoints import checkpoint
 
 pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
@@ -80,7 +81,8 @@ def test_kernel_matches_the_reference(kernel, m, n, k, layout, sym, group_size, 
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
     want = int4_blocked_reference(x, w, p.bias)
     torch.testing.assert_close(want, x @ dequantize(p).T + p.bias, **TOL)  # the reference is the checkpoint's
-    torch.testing.assert_close(int4_blocked_linear(x, w, p.bias, dense_from_m=m + 1), want, **TOL)  # kernel
+    kernel_want = int4_linear_reference(x, w, p.bias)  # below 4 rows: x in 16-bit fixed point
+    torch.testing.assert_close(int4_blocked_linear(x, w, p.bias, dense_from_m=m + 1), kernel_want, **TOL)  # kernel
     torch.testing.assert_close(int4_blocked_linear(x, w, p.bias, dense_from_m=0), want, **TOL)  # dense tiles
 
 
@@ -127,7 +129,8 @@ def test_kernel_takes_fp32_scales(kernel, m):
     assert w.scale_zero.dtype == torch.float32
     x = torch.randn(m, 64, generator=gen)
     want = int4_blocked_reference(x, w, None)
-    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=m + 1), want, **TOL)
+    torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=m + 1), int4_linear_reference(x, w, None),
+                               **TOL)
     torch.testing.assert_close(int4_blocked_linear(x, w, None, dense_from_m=0), want, **TOL)
 
 
@@ -367,7 +370,7 @@ def test_fused_quantlinear_equals_its_parts(kernel, dtype, m, bias):
         parts.append(q)
     fused = QuantLinear.concat(parts)
     assert fused is not None and fused.out_features == 128 and fused.qweight is None
-    direct = dtype == torch.bfloat16 and not bias and int4_cpu.bf16_kernel(fused._cpu)
+    direct = not bias and (int4_cpu.bf16_kernel(fused._cpu) if dtype == torch.bfloat16 else dtype == torch.float32)
     assert (fused._direct is not None) == direct
     x = torch.randn(2, m, 256, generator=torch.Generator().manual_seed(m)).to(dtype)
     want = torch.cat([p(x) for p in parts], dim=-1)

@@ -106,19 +106,25 @@ def test_quantlinear_with_int8_activations_runs_the_q8_kernel_fused_or_not(q8, m
         assert float((out - want).norm() / want.norm()) < 1e-2
 
 
-@pytest.mark.parametrize("m", [3, 40, 300])  # below and above the bf16 path's dense crossover
-def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(q8, m):
+@pytest.mark.parametrize("m", [3, 40, 300, 600])  # below and above the W4A16 paths' dense crossovers
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(cpu_level, dtype, m):
     """QuantLinear.repack_for_cpu(int8_prefill=True): rows the current forward names prompt rows go through the W4A8
-    kernel, the others take the bf16 path exactly as without it; inputs that are not the step's rows (another
-    count) and forwards that name none run W4A16 throughout. Fused projections keep the split."""
+    kernel (AVX-512 VNNI for bf16, AVX2 for fp32), the others take the W4A16 path exactly as without it; inputs
+    that are not the step's rows (another count) and forwards that name none run W4A16 throughout. Fused
+    projections keep the split."""
+    from quantkit.kernels.linear_choice import prompt_q8_unavailable
     from quantkit.model.prompt_rows import PromptRows, prompt_rows
     from quantkit.model.quant_linear import QuantLinear
+
+    if (why := prompt_q8_unavailable(dtype)) is not None:
+        pytest.skip(why)
 
     def linear(n, seed, prefill):
         p = checkpoint(n, 256, 64, "gptq", True, seed=seed)
         p.bias = None
         q = QuantLinear(p)
-        q.repack_for_cpu(torch.bfloat16, int8_prefill=prefill)
+        q.repack_for_cpu(dtype, int8_prefill=prefill)
         return q
 
     split = [linear(n, n, True) for n in (64, 32)]
@@ -127,7 +133,7 @@ def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(q8, m):
     assert all(q.prompt_q8 is None for q in plain)
     fused, fused_plain = QuantLinear.concat(split), QuantLinear.concat(plain)
     assert fused.prompt_q8 is not None
-    x = (2 * torch.randn(m, 256, generator=torch.Generator().manual_seed(m))).bfloat16()
+    x = (2 * torch.randn(m, 256, generator=torch.Generator().manual_seed(m))).to(dtype)
     spans = [(1, False), (m - 2, True), (1, False)]  # a decode, a prompt chunk, a decode
     rows = PromptRows.of_spans(spans)
     assert rows.prompt.tolist() == list(range(1, m - 1)) and rows.others.tolist() == [0, m - 1]
@@ -136,12 +142,13 @@ def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(q8, m):
     with prompt_rows(rows):
         got = fused(x)
         torch.testing.assert_close(fused(x[:-1]), fused_plain(x[:-1]), rtol=0, atol=0)  # not the step's rows
-    # the other rows: the bf16 path's call on them alone (a kernel's sums may group differently at another M)
+    # the other rows: the W4A16 path's call on them alone (a kernel's sums may group differently at another M)
     torch.testing.assert_close(got[rows.others], fused_plain(x[rows.others]), rtol=0, atol=0)
     prompt = x[rows.prompt]
     if prompt.shape[0] < fused.prompt_q8.max_m:
         want = torch.cat([int4_q8_reference(prompt.float(), q._cpu) for q in split], dim=-1)
-        torch.testing.assert_close(got[rows.prompt].float(), want, rtol=8e-3, atol=2e-2)
+        tol = dict(rtol=8e-3, atol=2e-2) if dtype == torch.bfloat16 else TOL  # bf16: the output's rounding
+        torch.testing.assert_close(got[rows.prompt].float(), want, **tol)
         assert not torch.equal(got[rows.prompt], w4a16[rows.prompt])
     else:  # AMX: the dense tiles take prompts this long in bf16
         torch.testing.assert_close(got[rows.prompt], fused_plain(prompt), rtol=0, atol=0)
@@ -156,6 +163,12 @@ def test_prompt_q8_by_default_only_without_amx(q8):
     amx = hasattr(q8, "has_amx") and q8.has_amx()
     assert prompt_q8_unavailable() is None
     assert (prompt_q8_not_default() is None) == (not amx)
+
+
+def test_fp32_prompts_run_w4a8_by_default_at_every_level(q8_f32):
+    from quantkit.kernels.linear_choice import prompt_q8_not_default
+
+    assert prompt_q8_not_default(torch.float32) is None  # AMX or not: the fp32 W4A16 kernel never runs faster
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +227,7 @@ def test_f32_q8_rejects_groups_not_in_fours(q8_f32):
     with pytest.raises(RuntimeError, match="multiple of 4"):
         q8_f32.int4_linear_q8_f32(torch.zeros(1, 12), w.packed, w.scale_zero, 16, 6)
     choice = choose(LinearCase(4, 6, torch.float32, int8_activations=True))  # falls back to the fp32 kernel
-    assert choice.cpu_path == "int4 (quantkit AVX2 kernel)" and choice.direct is None
+    assert choice.cpu_path == "int4 (quantkit AVX2 kernel)" and choice.direct == "f32"
     assert any("AVX2 int8-activation" in why and "not a multiple of 4" in why for why in choice.passed_over)
 
 
@@ -233,7 +246,8 @@ def test_quantlinear_with_int8_activations_in_fp32_runs_the_avx2_q8_kernel(q8_f3
         assert q._direct.int8_activations and q._direct.dtype == torch.float32
         parts.append(q)
         r = QuantLinear(p)
-        assert r.repack_for_cpu(torch.float32) == "int4 (quantkit AVX2 kernel)" and r._direct is None
+        assert r.repack_for_cpu(torch.float32) == "int4 (quantkit AVX2 kernel)"
+        assert not r._direct.int8_activations and r._direct.dtype == torch.float32
         plain.append(r)
     fused = QuantLinear.concat(parts)
     assert fused._direct is not None and fused._direct.int8_activations and fused._direct.dtype == torch.float32

@@ -53,7 +53,9 @@ def test_the_choice_agrees_with_the_kernels_predicates(case):
     want = int4_cpu.NEVER_DENSE if q8 and not tiles else int4_cpu.DENSE_FROM_M_Q8_AVX2 if q8_f32 else \
         int4_cpu.dense_threshold(case.dtype, bf16, amx)
     assert choice.dense_from_m == want
-    assert choice.direct == ("q8" if q8 or q8_f32 else None if not bf16 or case.bias or case.act_order else "bf16")
+    plain = not case.bias and not case.act_order
+    f32 = case.dtype == torch.float32 and plain  # the fp32 AVX2 kernel; bf16 widened to fp32 goes through Python
+    assert choice.direct == ("q8" if q8 or q8_f32 else "bf16" if bf16 and plain else "f32" if f32 else None)
 
 
 def test_every_row_passed_over_says_why():

@@ -1,0 +1,95 @@
+// The int4 linear's decode-sized tiles for fp32 activations (AVX2): x fp32 [M, K] is written per row and group (the
+// weight's groups) as 16-bit fixed point, xq = round(x * 32767 / amax) with the scale amax / 32767 (the int8 lm_head's
+// digits, vec2::quantize16: at most amax / 65534 from x, finer than bf16 for every value above amax / 128), and
+// multiplied with the 4-bit codes by vpmaddwd, on the Int4Blocked layout of int4_cpu.cpp. Included by int4_cpu.cpp,
+// whose int4_linear runs these tiles for a few rows (batch-1 decode) and int4_avx2.h's fp32 FMA tiles from there on.
+//
+// Why: the FMA tiles spend a widening, a mask or shift and a conversion to fp32 on every 8 codes before the one FMA
+// that uses them; at one row of x nothing amortizes that, so they read the codes at a third of the memory bandwidth
+// (docs/BENCHMARKS.md, "On the EPYC AVX2"). Here one column quad of a block (32 packed bytes: byte c * 8 + j holds
+// row j in its low nibble and row j + 8 in its high one, for column k + c) is transposed by one cross-lane dword
+// permute, and two byte shuffles spread it into 16-bit words (row r's four columns side by side); a mask or a shift
+// gives each half's codes, and four vpmaddwd against x's four digits (one broadcast load) give 64 products as int32
+// pairs. A group's sums are exact in int32 (at most 15 * 32767 a column: groups up to kMaxGroup columns),
+// then scaled as int4_q8_avx2.h scales its own: out += (sum - z * sum(xq)) * s * sx.
+#pragma once
+
+#include <immintrin.h>
+
+#include <c10/util/Half.h>
+
+#include "vec_avx2.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace int4x16 {
+
+constexpr int kRows = 16;
+constexpr int64_t kMaxGroup = 4096;  // a row's sum over a group: 4096 * 15 * 32767 < 2^31
+constexpr int64_t kMaxRows = 3;  // int4_linear runs these tiles below 4 rows of x, the FMA tiles from there
+
+template <typename T>
+using Args = vec2::IntArgs<int16_t, T>;
+
+using vec2::load8;
+
+// Columns k..k+3 of one block (32 bytes at p) as 16-bit codes: c[0] rows 0, 1 | 4, 5 and c[1] rows 2, 3 | 6, 7 (each
+// row's four columns side by side), c[2] and c[3] the same for rows 8-15.
+inline void unpack_quad(const uint8_t* p, __m256i (&c)[4]) {
+  // dword 2c + h: column c, rows 4h..4h+3 -> lane h: byte 4c + r is column c of row 4h + r
+  const __m256i by_rows = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  const __m256i rows01 = _mm256_setr_epi8(0, -1, 4, -1, 8, -1, 12, -1, 1, -1, 5, -1, 9, -1, 13, -1,
+                                          0, -1, 4, -1, 8, -1, 12, -1, 1, -1, 5, -1, 9, -1, 13, -1);
+  const __m256i rows23 = _mm256_setr_epi8(2, -1, 6, -1, 10, -1, 14, -1, 3, -1, 7, -1, 11, -1, 15, -1,
+                                          2, -1, 6, -1, 10, -1, 14, -1, 3, -1, 7, -1, 11, -1, 15, -1);
+  const __m256i low4 = _mm256_set1_epi16(15);
+  const __m256i t = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), by_rows);
+  const __m256i a = _mm256_shuffle_epi8(t, rows01), b = _mm256_shuffle_epi8(t, rows23);
+  c[0] = _mm256_and_si256(a, low4);
+  c[1] = _mm256_and_si256(b, low4);
+  c[2] = _mm256_srli_epi16(a, 4);  // the word's high byte is zero
+  c[3] = _mm256_srli_epi16(b, 4);
+}
+
+// Rows m0..m0+MT-1 of xq (MT <= 2: four int32 accumulators a row, with the codes, fill the 16 registers) against block
+// b: o[MT][16] receives the block's outputs.
+template <int MT, typename T>
+void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
+  const uint8_t* w = a.w + b * a.K * 8;
+  const T* sz = a.sz + b * a.G * 2 * kRows;
+  __m256 out[MT][2];
+  for (int m = 0; m < MT; ++m) out[m][0] = out[m][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m256i acc[MT][4];
+    for (int m = 0; m < MT; ++m)
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_setzero_si256();
+    for (int64_t k = g * a.gs, k1 = k + a.gs; k < k1; k += 4) {
+      __m256i c[4];
+      unpack_quad(w + k * 8, c);
+      for (int m = 0; m < MT; ++m) {
+        int64_t digits;
+        std::memcpy(&digits, a.xq + (m0 + m) * a.K + k, sizeof digits);
+        const __m256i xb = _mm256_set1_epi64x(digits);
+        for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_add_epi32(acc[m][j], _mm256_madd_epi16(c[j], xb));
+      }
+    }
+    const T* s = sz + g * 2 * kRows;
+    const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + kRows), z1 = load8(s + kRows + 8);
+    for (int m = 0; m < MT; ++m) {
+      const int64_t i = (m0 + m) * a.G + g;
+      // hadd of (rows 0, 1 | 4, 5) and (rows 2, 3 | 6, 7), two lanes a row: rows 0-3 | 4-7 in order
+      vec2::add_group(_mm256_hadd_epi32(acc[m][0], acc[m][1]), _mm256_hadd_epi32(acc[m][2], acc[m][3]), a.xqsum[i],
+                      a.sx[i], s0, s1, z0, z1, out[m]);
+    }
+  }
+  vec2::store_tile<MT>(o, out);
+}
+
+template <typename T>
+void block(const Args<T>& a, int64_t b) {
+  vec2::rows_in_pairs(a.out, a.N, b, a.M,
+                      [&](auto mt, int64_t m0, float* o) { tile<decltype(mt)::value>(a, b, m0, o); });
+}
+
+}  // namespace int4x16
