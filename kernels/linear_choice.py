@@ -77,12 +77,11 @@ def _bits(n: int) -> Callable[[LinearCase], str | None]:
     return lambda case: None if case.bits == n else f"{case.bits}-bit weights"
 
 
-def _bf16(case: LinearCase) -> str | None:
-    return None if case.dtype == torch.bfloat16 else f"{str(case.dtype).removeprefix('torch.')} activations"
+def _activations(dtype: torch.dtype) -> Callable[[LinearCase], str | None]:
+    return lambda case: None if case.dtype == dtype else f"{str(case.dtype).removeprefix('torch.')} activations"
 
 
-def _fp32(case: LinearCase) -> str | None:
-    return None if case.dtype == torch.float32 else f"{str(case.dtype).removeprefix('torch.')} activations"
+_bf16, _fp32 = _activations(torch.bfloat16), _activations(torch.float32)
 
 
 def _built(feature: str, what: str) -> Callable[[LinearCase], str | None]:
