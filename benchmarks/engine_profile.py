@@ -213,10 +213,12 @@ def main() -> None:
     if unknown := set(args.paths.split(",")) - set(PATHS):
         ap.error(f"unknown paths {sorted(unknown)}: choose from {', '.join(PATHS)}")
     dtype = auto_cpu_dtype()[0] if args.dtype == "auto" else args.dtype
+    n_prefill, prefill_len = (int(v) for v in args.prefill.split(":")) if args.prefill else (0, 0)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_dense(Path(tmp)))
         with onednn_linears() if args.float_linears == "onednn" else contextlib.nullcontext():
-            llm = LLM(model, dtype=dtype, max_model_len=MAX_MODEL_LEN, max_num_seqs=64, num_threads=args.threads,
+            llm = LLM(model, dtype=dtype, max_model_len=max(MAX_MODEL_LEN, prefill_len + 2), max_num_seqs=64,
+                      num_threads=args.threads,
                       cpu_int8_activations=args.int8_activations, cpu_int8_lm_head=LM_HEAD[args.lm_head])
     flags = [f for f, on in (("int8 activations", args.int8_activations),
                              (f"{args.lm_head} lm_head", args.lm_head != "auto"),
@@ -228,10 +230,9 @@ def main() -> None:
     chosen = [w for w in workloads() if w.name in args.workloads.split(",")]
     if args.decode_batch:
         chosen.append(batched_c(args.decode_batch))
-    if args.prefill:
-        n, length = (int(v) for v in args.prefill.split(":"))
+    if args.prefill:  # the engine's context fits the prompts (max_model_len above)
         vocab = llm.engine.tokenizer.vocab_size
-        chosen += [prefill(n, length, vocab, seed) for seed in range(args.repeats)]
+        chosen += [prefill(n_prefill, prefill_len, vocab, seed) for seed in range(args.repeats)]
     chosen = [w for w in chosen for _ in range(1 if w.name.startswith("prefill") else args.repeats)]
     for w in chosen:
         for path in args.paths.split(","):
