@@ -1,17 +1,16 @@
-// The per-block step of paged_attention_cpu.cpp's online softmax in AVX2 + FMA (fp32 arithmetic; the cache fp32,
-// bf16 or fp16), for head dims that are multiples of 8 up to kMaxDim. Included by paged_attention_cpu.cpp; compiled
-// where the compiler targets AVX2 and FMA, and run where the AVX-512 step (attention_avx512.h) is not built. Same
-// contract as the portable fold_block there:
+// The many-rows step of paged_attention_cpu.cpp's online softmax in AVX2 + FMA (fp32 arithmetic; the cache fp32,
+// bf16 or fp16), for head dims that are multiples of 8 up to kMaxDim: a prefill tile's rows (a work item's queries x
+// the query heads of one kv head) against blocks [b0, b1) of the cache. Included by paged_attention_cpu.cpp; compiled
+// where the compiler targets AVX2 and FMA, and run where the AVX-512 step (attention_avx512.h) is not built.
 //
-//   rows      the work item's query rows: q [n, D] pre-scaled, acc [n, D], running max m [n], sum l [n]
-//   kb, vb    the block's first key / value row of this kv head; rows token_stride elements apart
-//   visible   row r sees the block's first visible[r] keys (all block_size when null)
-//
-// The portable loop spends, per row and key, a dot product summed across its lanes and a scalar exp; this step took
-// 4.2 s off a 2048-token prefill of a 1B model on an AVX2 EPYC (docs/BENCHMARKS.md). Here the block's keys are
-// widened and transposed once (kt [D, 8 * KV], keys in lanes), so a row's scores come out 8 keys a vector by one FMA
-// per dim and key vector, exponentiated as vectors (exp8), and its accumulator stays in registers while the values
-// pass.
+// The keys go kMaxKeys at a time whatever the block size. A step gathers its keys (widened and transposed once, kt
+// [D, 8 * KV], keys in lanes) and its values (widened into one contiguous buffer: a kv head's rows lie token_stride
+// apart in the cache, 2 KiB for 8 kv heads of 64, so that 64 of them fall in a few L1 sets and evicted one another
+// when read in place), then makes three passes over the rows: scores 8 keys a vector (one FMA per dim and key vector),
+// weights (exp8 on vectors), values into the accumulators, each pass keeping its shared operand in L1 and taking rows
+// two at a time, so that each key or value vector loaded serves two rows. On the AVX2 EPYC a 1B model's 2048-token
+// prefill attention (one layer, 32 heads of 64, 8 kv heads) took 420 ms a layer folding one block a step (one row at a
+// time, values read in place) and takes 142 ms (docs/BENCHMARKS.md).
 #pragma once
 
 #include <immintrin.h>
@@ -26,10 +25,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec_avx2.h"
+
 namespace avx2att {
 
 constexpr int64_t kMaxDim = 256;
-constexpr int64_t kMaxKeys = 64;  // keys a step (a block is folded in steps of at most this many)
+constexpr int64_t kMaxKeys = 64;  // keys a step
 
 constexpr int64_t kFromRows = 8;  // fewer rows (a decode's query heads) keep the portable loop: the transpose would
                                   // cost as much as the rows' work
@@ -69,13 +70,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
 }
 
-// 8 elements of a cache row as fp32.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+using vec2::load8;  // 8 elements of a cache row as fp32
 
 // Lanes 0..valid-1 all ones (valid 0 to 8).
 inline __m256 first(int64_t valid) {
@@ -83,86 +78,206 @@ inline __m256 first(int64_t valid) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), idx));
 }
 
-// One step: keys [0, keys) of the block (keys <= kMaxKeys) folded into every row. kt: the keys widened and
-// transposed, [d, KV * 8] (lanes past `keys` zero).
-template <int KV, typename T>
-void fold_step(int64_t n, int64_t d, const float* q, float* acc, float* m, float* l, const float* kt, const T* vb,
-               int64_t token_stride, int64_t keys, const int64_t* visible) {
-  constexpr int64_t W = KV * 8;
-  alignas(32) float p[W];
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t valid = std::min(keys, visible ? visible[r] : keys);
-    if (valid <= 0) continue;
-    const float* qr = q + r * d;
-    __m256 s[KV];
-    for (int v = 0; v < KV; ++v) s[v] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; ++i) {
-      const __m256 qi = _mm256_broadcast_ss(qr + i);
-      for (int v = 0; v < KV; ++v) s[v] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kt + i * W + 8 * v), s[v]);
-    }
-    const __m256 neg = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    __m256 mx = neg;
-    for (int v = 0; v < KV; ++v) {
-      s[v] = _mm256_blendv_ps(neg, s[v], first(valid - 8 * v));
-      mx = _mm256_max_ps(mx, s[v]);
-    }
-    const float m_new = std::max(m[r], hmax(mx));
-    const float alpha = std::exp(m[r] - m_new);  // 0 on the first block (m = -inf)
-    const __m256 mv = _mm256_set1_ps(m_new);
-    __m256 sum = _mm256_setzero_ps();
-    for (int v = 0; v < KV; ++v) {
-      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(s[v], mv)), first(valid - 8 * v));
-      sum = _mm256_add_ps(sum, e);
-      _mm256_store_ps(p + 8 * v, e);
-    }
-    l[r] = l[r] * alpha + hsum(sum);
-    m[r] = m_new;
-    float* ar = acc + r * d;
-    const __m256 a = _mm256_set1_ps(alpha);
-    for (int64_t c = 0; c < d; c += 32) {  // 4 accumulator vectors in registers while the values pass
-      const int64_t nc = std::min<int64_t>(4, (d - c) / 8);
-      __m256 o[4];
-      for (int j = 0; j < nc; ++j) o[j] = _mm256_mul_ps(_mm256_loadu_ps(ar + c + 8 * j), a);
-      for (int64_t t = 0; t < valid; ++t) {
-        const __m256 pt = _mm256_set1_ps(p[t]);
-        const T* vr = vb + t * token_stride + c;
-        for (int j = 0; j < nc; ++j) o[j] = _mm256_fmadd_ps(pt, load8(vr + 8 * j), o[j]);
-      }
-      for (int j = 0; j < nc; ++j) _mm256_storeu_ps(ar + c + 8 * j, o[j]);
+// v, held in a register: GCC otherwise folds a load that R multiply-adds share into each of them, R loads where one
+// does (the loads, not the multiply-adds, then bound the step).
+inline __m256 in_register(__m256 v) {
+  asm("" : "+x"(v));
+  return v;
+}
+
+// o[r][v] += sum over i < count of a[r * a_stride + i] * b[i * b_stride + 8v .. + 7], for R rows and N vectors: the
+// step's two products (scores: a the queries, b the transposed keys; values: a the weights, b the values). Each
+// vector of b loaded serves R rows, each element of a broadcast serves N vectors; o stays in registers.
+template <int R, int N>
+inline void outer_products(const float* a, int64_t a_stride, const float* b, int64_t b_stride, int64_t count,
+                           __m256 (&o)[R][N]) {
+  for (int64_t i = 0; i < count; ++i) {
+    __m256 ai[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) ai[r] = _mm256_broadcast_ss(a + r * a_stride + i);
+#pragma GCC unroll 8
+    for (int v = 0; v < N; ++v) {
+      const __m256 bv = in_register(_mm256_load_ps(b + i * b_stride + 8 * v));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) o[r][v] = _mm256_fmadd_ps(ai[r], bv, o[r][v]);
     }
   }
 }
 
-// The block (block_size keys) folded into n rows, kMaxKeys keys a step.
-template <typename T>
-void fold_rows(int64_t n, int64_t d, const float* q, float* acc, float* m, float* l, const T* kb, const T* vb,
-               int64_t token_stride, int64_t block_size, const int64_t* visible) {
-  alignas(32) float kt[kMaxDim * kMaxKeys];
-  std::vector<int64_t> shifted;
-  for (int64_t k0 = 0; k0 < block_size; k0 += kMaxKeys) {
-    const int64_t keys = std::min(kMaxKeys, block_size - k0);
-    if (visible) {  // the step's keys each row sees
-      shifted.resize(n);
-      int64_t any = 0;
-      for (int64_t r = 0; r < n; ++r) any = std::max(any, shifted[r] = visible[r] - k0);
-      if (any <= 0) break;
+// Scores of rows r0..r0+R-1 (R 1 or 2) against key vectors [v0, v0 + NV) of a step: sc[r][8v..8v+7] = q_r . keys.
+template <int R, int NV>
+inline void scores(int64_t d, const float* q, const float* kt, int64_t w, int v0, float* sc) {
+  __m256 s[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) s[r][v] = _mm256_setzero_ps();
+  outer_products<R, NV>(q, d, kt + 8 * v0, w, d, s);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm256_store_ps(sc + r * kMaxKeys + 8 * (v0 + v), s[r][v]);
+}
+
+// Row r's scores sc [KV * 8] (keys past `valid` ignored) -> its weights p = exp(s - m_new) (0 past valid), the
+// running max and sum updated; returns alpha = exp(m_old - m_new), by which its accumulator is to be scaled.
+template <int KV>
+inline float weights(float* sc, int64_t valid, float& m, float& l) {
+  const __m256 neg = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 s[KV];
+  __m256 mx = neg;
+#pragma GCC unroll 8
+  for (int v = 0; v < KV; ++v) {
+    s[v] = _mm256_blendv_ps(neg, _mm256_load_ps(sc + 8 * v), first(valid - 8 * v));
+    mx = _mm256_max_ps(mx, s[v]);
+  }
+  const float m_new = std::max(m, hmax(mx));
+  const float alpha = std::exp(m - m_new);  // 0 on the first step (m = -inf)
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int v = 0; v < KV; ++v) {
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(s[v], mv)), first(valid - 8 * v));
+    sum = _mm256_add_ps(sum, e);
+    _mm256_store_ps(sc + 8 * v, e);
+  }
+  l = l * alpha + hsum(sum);
+  m = m_new;
+  return alpha;
+}
+
+// Columns [c, c + 8 NC) of acc rows r0..r0+R-1 = acc * alpha + sum over keys t < keys of p[r][t] * value t (vals
+// [keys, d]: the values).
+template <int R, int NC>
+inline void accumulate_columns(int64_t d, int64_t c, float* acc, const float* p, const float* alpha,
+                               const float* vals, int64_t keys) {
+  __m256 o[R][NC];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m256 a = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) o[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * d + c + 8 * j), a);
+  }
+  outer_products<R, NC>(p, kMaxKeys, vals + c, d, keys, o);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NC; ++j) _mm256_storeu_ps(acc + r * d + c + 8 * j, o[r][j]);
+}
+
+// Every column of acc rows r0..r0+R-1 (accumulate_columns), 32 at a time.
+template <int R>
+inline void accumulate(int64_t d, float* acc, const float* p, const float* alpha, const float* vals, int64_t keys) {
+  int64_t c = 0;
+  for (; c + 32 <= d; c += 32) accumulate_columns<R, 4>(d, c, acc, p, alpha, vals, keys);
+  switch ((d - c) / 8) {
+    case 3: return accumulate_columns<R, 3>(d, c, acc, p, alpha, vals, keys);
+    case 2: return accumulate_columns<R, 2>(d, c, acc, p, alpha, vals, keys);
+    case 1: return accumulate_columns<R, 1>(d, c, acc, p, alpha, vals, keys);
+    default: return;
+  }
+}
+
+// Rows r0..r0+R-1's scores against a step's KV key vectors (kt [d, KV * 8]) into sc (rows kMaxKeys apart).
+template <int KV, int R>
+inline void step_scores(int64_t d, const float* q, const float* kt, float* sc) {
+  constexpr int64_t W = KV * 8;
+  if constexpr (KV >= 4) scores<R, 4>(d, q, kt, W, 0, sc);
+  if constexpr (KV >= 8) scores<R, 4>(d, q, kt, W, 4, sc);
+  if constexpr (KV % 4 != 0) scores<R, KV % 4>(d, q, kt, W, KV / 4 * 4, sc);
+}
+
+// One step: the step's keys (at most kMaxKeys; kt their keys widened and transposed, [d, KV * 8], lanes past the
+// step's keys zero; vals their values widened, [keys, d]) folded into n rows, row r seeing the first valid[r] of them. In three
+// passes over the rows, so that each pass's shared operand stays in L1 (the keys, then the values): every row's
+// scores into sc [n, kMaxKeys], then their weights, then the values into the accumulators. Rows go two at a time
+// through the multiply-adds, each key and value vector loaded serving both.
+template <int KV>
+void fold_step(int64_t n, int64_t d, const float* q, float* acc, float* m, float* l, const float* kt,
+               const float* vals, const int64_t* valid, float* sc, float* alpha) {
+  for (int64_t r = 0; r < n; r += 2) {
+    if (r + 1 < n && valid[r + 1] > 0) step_scores<KV, 2>(d, q + r * d, kt, sc + r * kMaxKeys);
+    else if (valid[r] > 0) step_scores<KV, 1>(d, q + r * d, kt, sc + r * kMaxKeys);
+  }
+  for (int64_t r = 0; r < n; ++r)
+    if (valid[r] > 0) alpha[r] = weights<KV>(sc + r * kMaxKeys, valid[r], m[r], l[r]);
+  for (int64_t r = 0; r < n; r += 2) {
+    const bool first = valid[r] > 0, second = r + 1 < n && valid[r + 1] > 0;
+    if (first && second)
+      accumulate<2>(d, acc + r * d, sc + r * kMaxKeys, alpha + r, vals, std::max(valid[r], valid[r + 1]));
+    else if (first || second) {
+      const int64_t one = first ? r : r + 1;
+      accumulate<1>(d, acc + one * d, sc + one * kMaxKeys, alpha + one, vals, valid[one]);
     }
+  }
+}
+
+// Keys krow[0..n) (n <= 8; rows past n zero) widened and transposed into kt: kt[i * w + j] = key j's element i.
+template <typename T>
+inline void transpose_keys(const T* const* krow, int64_t n, int64_t d, float* kt, int64_t w) {
+  for (int64_t i = 0; i < d; i += 8) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) r[j] = j < n ? load8(krow[j] + i) : _mm256_setzero_ps();
+    __m256 t[8], u[8];
+#pragma GCC unroll 4
+    for (int j = 0; j < 8; j += 2) {
+      t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+      t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < 8; j += 4) {
+      u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+      u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+      u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+      u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      _mm256_store_ps(kt + (i + j) * w, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+      _mm256_store_ps(kt + (i + j + 4) * w, _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+    }
+  }
+}
+
+// Cache blocks [b0, b1) folded into n rows, kMaxKeys keys a step whatever the block size (a step's keys may span
+// blocks: each step widens and transposes its keys once, then every row folds them in, two rows at a time so that
+// each key and value vector loaded serves both). base(b): block b's offset in both caches (this kv head); last: the
+// last key position each row sees (null: every key).
+template <typename T, typename Base>
+void fold_blocks(int64_t n, int64_t d, const float* q, float* acc, float* m, float* l, const T* kc, const T* vc,
+                 int64_t token_stride, int64_t block_size, int64_t b0, int64_t b1, Base base, const int64_t* last) {
+  alignas(32) float kt[kMaxDim * kMaxKeys];
+  alignas(32) float vals[kMaxKeys * kMaxDim];
+  std::vector<int64_t> valid(n);
+  std::vector<__m256> scratch(n * kMaxKeys / 8);  // the step's scores, then weights, of every row
+  std::vector<float> alpha(n);
+  const int64_t end = b1 * block_size;
+  for (int64_t k0 = b0 * block_size; k0 < end; k0 += kMaxKeys) {
+    const int64_t keys = std::min(kMaxKeys, end - k0);
+    int64_t any = 0;
+    for (int64_t r = 0; r < n; ++r)
+      any = std::max(any, valid[r] = last ? std::clamp<int64_t>(last[r] - k0 + 1, 0, keys) : keys);
+    if (any <= 0) break;
     const int kv = static_cast<int>((keys + 7) / 8);
     const int64_t w = kv * 8;
-    for (int64_t i = 0; i < d; ++i)
-      for (int64_t t = 0; t < w; ++t)
-        kt[i * w + t] = t < keys ? static_cast<float>(kb[(k0 + t) * token_stride + i]) : 0.f;
-    const T* v0 = vb + k0 * token_stride;
-    const int64_t* vis = visible ? shifted.data() : nullptr;
+    const T* krow[kMaxKeys];
+    for (int64_t t = 0; t < keys; ++t) {
+      const int64_t pos = k0 + t, off = base(pos / block_size) + (pos % block_size) * token_stride;
+      krow[t] = kc + off;
+      for (int64_t i = 0; i < d; i += 8) _mm256_store_ps(vals + t * d + i, load8(vc + off + i));
+    }
+    for (int64_t t = 0; t < w; t += 8) transpose_keys(krow + t, std::min<int64_t>(8, keys - t), d, kt + t, w);
+    float* sc = reinterpret_cast<float*>(scratch.data());
     switch (kv) {
-      case 1: fold_step<1>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      case 2: fold_step<2>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      case 3: fold_step<3>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      case 4: fold_step<4>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      case 5: fold_step<5>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      case 6: fold_step<6>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      case 7: fold_step<7>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
-      default: fold_step<8>(n, d, q, acc, m, l, kt, v0, token_stride, keys, vis); break;
+      case 1: fold_step<1>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      case 2: fold_step<2>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      case 3: fold_step<3>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      case 4: fold_step<4>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      case 5: fold_step<5>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      case 6: fold_step<6>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      case 7: fold_step<7>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
+      default: fold_step<8>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
     }
   }
 }

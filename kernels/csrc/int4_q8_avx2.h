@@ -5,9 +5,13 @@
 // are exact, and each group is scaled in the same order, so the two kernels give the same bits on x exact in bf16;
 // int4_q8_reference is the oracle.
 //
-// A step takes one column quad of a block (32 packed bytes: byte c * 8 + j holds row j in its low nibble and row
-// j + 8 in its high one, for column k + c). One cross-lane dword permute and one in-lane byte shuffle transpose it so
-// that dword j holds row j's (and j + 8's) four columns; a mask (and a shift) then give each half's codes as bytes.
+// From kUnpackFromRows rows a block's codes are unpacked once into a per-thread buffer, then read by every tile of
+// rows: on Zen 3 the unpack (a cross-lane dword permute alone costs more than a vpmaddubsw) took 40% of a tile's
+// vector issue slots when each tile redid it (2048 rows, 2 threads: 1.28-1.42x the multiply-adds a second on the
+// 1B model's shapes, docs/BENCHMARKS.md).
+// Unpacking a column quad of a block (32 packed bytes: byte c * 8 + j holds row j in its low nibble and row j + 8 in
+// its high one, for column k + c): one dword permute and one in-lane byte shuffle transpose it so that dword j holds
+// row j's (and j + 8's) four columns; a mask (and a shift) then give each half's codes as bytes, 64 bytes a quad.
 // x's four columns are one broadcast dword (a load, no shuffle), so one vpmaddubsw (u8 codes x s8 activations) gives
 // 16 int16 sums of two products per half, at most 2 * 15 * 127 = 3810 in magnitude: eight quads add up in int16
 // (30480) before one vpmaddwd by ones widens each row's two lanes into its int32 sum.
@@ -23,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace int4q8avx2 {
 
@@ -84,56 +89,102 @@ inline __m256i quad_of(const int8_t* x) {
   return _mm256_set1_epi32(four);
 }
 
-// Rows m0..m0+MT-1 of xq against block b: o[MT][16] receives the block's outputs.
-template <int MT, typename T>
-void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
-  const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  const uint8_t* w = a.w + b * a.K * 8;
+// Where a tile reads a column quad's unpacked codes (lo: rows 0-7, hi: rows 8-15) from: Packed unpacks them from the
+// weight at each tile, Unpacked loads them from a block unpacked once (unpack_block).
+struct Packed {
+  const uint8_t* w;  // the block's packed bytes
+  __m256i low4 = _mm256_set1_epi8(15);
+  void operator()(int64_t k, __m256i& lo, __m256i& hi) const { unpack_quad(w + k * 8, low4, lo, hi); }
+};
+
+struct Unpacked {
+  const __m256i* codes;  // [K / 4][2]
+  void operator()(int64_t k, __m256i& lo, __m256i& hi) const {
+    lo = _mm256_load_si256(codes + k / 2);
+    hi = _mm256_load_si256(codes + k / 2 + 1);
+  }
+};
+
+// Block b's codes -> codes[2q] (rows 0-7) and codes[2q + 1] (rows 8-15) for each column quad q.
+template <typename T>
+void unpack_block(const Args<T>& a, int64_t b, __m256i* codes) {
+  const Packed packed{a.w + b * a.K * 8};
+  for (int64_t k = 0; k < a.K; k += 4) packed(k, codes[k / 2], codes[k / 2 + 1]);
+}
+
+// Columns [k0, k1) of MT rows (at most kQuadsInt16 quads): acc[m] += row m's int32 sums. Only the int16 sums and one
+// quad's codes are live here: with the int32 sums and the outputs also in registers, GCC 12 spilled a sum in the hot
+// loop (a store-to-load chain that held the tile to two thirds of this speed).
+template <int MT, typename Codes>
+inline void run(const Codes& codes, const int8_t* const (&x)[MT], int64_t k0, int64_t k1, int32_t (&acc)[MT][16]) {
+  __m256i s16[MT][2];
+  for (int m = 0; m < MT; ++m) s16[m][0] = s16[m][1] = _mm256_setzero_si256();
+  for (int64_t k = k0; k < k1; k += 4) {
+    __m256i lo, hi;
+    codes(k, lo, hi);
+    for (int m = 0; m < MT; ++m) {
+      const __m256i xb = quad_of(x[m] + k);
+      s16[m][0] = _mm256_add_epi16(s16[m][0], _mm256_maddubs_epi16(lo, xb));
+      s16[m][1] = _mm256_add_epi16(s16[m][1], _mm256_maddubs_epi16(hi, xb));
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int m = 0; m < MT; ++m)
+    for (int h = 0; h < 2; ++h) {
+      __m256i* p = reinterpret_cast<__m256i*>(acc[m] + 8 * h);
+      _mm256_store_si256(p, _mm256_add_epi32(_mm256_load_si256(p), _mm256_madd_epi16(s16[m][h], ones)));
+    }
+}
+
+// Rows m0..m0+MT-1 of xq against block b, its codes read through `codes`: o[MT][16] receives the block's outputs.
+// The int32 sums and the outputs stay in memory (run).
+template <int MT, typename T, typename Codes>
+void tile(const Args<T>& a, int64_t b, int64_t m0, const Codes& codes, float* o) {
   const T* sz = a.sz + b * a.G * 2 * kRows;
   const int8_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.xq + (m0 + m) * a.K;
-  __m256 out[MT][2];
-  for (int m = 0; m < MT; ++m) out[m][0] = out[m][1] = _mm256_setzero_ps();
+  std::fill(o, o + MT * kRows, 0.f);
+  alignas(32) int32_t acc[MT][16];
   for (int64_t g = 0; g < a.G; ++g) {
-    __m256i acc[MT][2];
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
+    std::memset(acc, 0, sizeof acc);
     const int64_t k1 = (g + 1) * a.gs;
-    for (int64_t k = g * a.gs; k < k1;) {
-      __m256i s16[MT][2];
-      for (int m = 0; m < MT; ++m) s16[m][0] = s16[m][1] = _mm256_setzero_si256();
-      for (const int64_t end = std::min(k1, k + 4 * kQuadsInt16); k < end; k += 4) {
-        __m256i lo, hi;
-        unpack_quad(w + k * 8, low4, lo, hi);
-        for (int m = 0; m < MT; ++m) {
-          const __m256i xb = quad_of(x[m] + k);
-          s16[m][0] = _mm256_add_epi16(s16[m][0], _mm256_maddubs_epi16(lo, xb));
-          s16[m][1] = _mm256_add_epi16(s16[m][1], _mm256_maddubs_epi16(hi, xb));
-        }
-      }
-      for (int m = 0; m < MT; ++m) {
-        acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(s16[m][0], ones));
-        acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(s16[m][1], ones));
-      }
-    }
+    for (int64_t k = g * a.gs; k < k1; k += 4 * kQuadsInt16) run<MT>(codes, x, k, std::min(k1, k + 4 * kQuadsInt16), acc);
     const T* s = sz + g * 2 * kRows;
     const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + kRows), z1 = load8(s + kRows + 8);
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * a.G + g;
-      vec2::add_group(acc[m][0], acc[m][1], a.xqsum[i], a.sx[i], s0, s1, z0, z1, out[m]);
+      __m256 out[2] = {_mm256_loadu_ps(o + m * kRows), _mm256_loadu_ps(o + m * kRows + 8)};
+      vec2::add_group(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[m])),
+                      _mm256_load_si256(reinterpret_cast<const __m256i*>(acc[m] + 8)), a.xqsum[i], a.sx[i], s0, s1,
+                      z0, z1, out);
+      _mm256_storeu_ps(o + m * kRows, out[0]);
+      _mm256_storeu_ps(o + m * kRows + 8, out[1]);
     }
   }
-  vec2::store_tile<MT>(o, out);
 }
 
-// Rows [m_begin, m_end) of xq against block b.
-template <typename T>
-void block(const Args<T>& a, int64_t b, int64_t m_begin, int64_t m_end) {
+// Rows [m_begin, m_end) of xq against block b, in tiles of 4, 2, 1 rows through `codes`.
+template <typename T, typename Codes>
+void tiles(const Args<T>& a, int64_t b, int64_t m_begin, int64_t m_end, const Codes& codes) {
   float o[4 * kRows];
   auto store = [&](int64_t m0, int64_t mt) { vec2::store_rows(a.out, a.N, b, m0, mt, o); };
   int64_t m0 = m_begin;
-  for (; m0 + 4 <= m_end; m0 += 4) { tile<4>(a, b, m0, o); store(m0, 4); }
-  if (m0 + 2 <= m_end) { tile<2>(a, b, m0, o); store(m0, 2); m0 += 2; }
-  if (m0 < m_end) { tile<1>(a, b, m0, o); store(m0, 1); }
+  for (; m0 + 4 <= m_end; m0 += 4) { tile<4>(a, b, m0, codes, o); store(m0, 4); }
+  if (m0 + 2 <= m_end) { tile<2>(a, b, m0, codes, o); store(m0, 2); m0 += 2; }
+  if (m0 < m_end) { tile<1>(a, b, m0, codes, o); store(m0, 1); }
+}
+
+// Rows [m_begin, m_end) of xq against block b. From kUnpackFromRows rows the block's codes are unpacked once into this
+// thread's buffer (below, unpacking them at each tile costs less than storing and reloading them).
+constexpr int64_t kUnpackFromRows = 8;
+
+template <typename T>
+void block(const Args<T>& a, int64_t b, int64_t m_begin, int64_t m_end) {
+  if (m_end - m_begin < kUnpackFromRows) return tiles(a, b, m_begin, m_end, Packed{a.w + b * a.K * 8});
+  thread_local std::vector<__m256i> buffer;
+  buffer.resize(a.K / 2);
+  unpack_block(a, b, buffer.data());
+  tiles(a, b, m_begin, m_end, Unpacked{buffer.data()});
 }
 
 }  // namespace int4q8avx2

@@ -94,12 +94,6 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
       return avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
                                rows.m.data(), rows.l.data(), kb, vb, token_stride, block_size, visible);
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
-  if constexpr (!std::is_same_v<T, double>)
-    if (avx2att::supports(rows.n, d))
-      return avx2att::fold_rows(rows.n, d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kb, vb,
-                                token_stride, block_size, visible);
-#endif
   for (int64_t r = 0; r < rows.n; ++r) {
     const int64_t valid = visible ? std::min(block_size, visible[r]) : block_size;
     if (valid <= 0) continue;
@@ -183,6 +177,26 @@ bool folded_on_amx(Rows& rows, const T* kc, const T* vc, int64_t token_stride, i
   return false;
 }
 
+// Folds blocks b0..b1-1 into the rows by the AVX2 step (attention_avx2.h) where it takes them (AVX2 built, no AVX-512
+// step for this head dim, enough rows); returns whether it did. Arguments as folded_on_amx's.
+template <typename T, typename Base>
+bool folded_on_avx2(Rows& rows, const T* kc, const T* vc, int64_t token_stride, int64_t block_size, int64_t b0,
+                    int64_t b1, Base base, const int64_t* last) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (!std::is_same_v<T, double>) {
+#if defined(QUANTKIT_AVX512)
+    if (avx512::supports(rows.d)) return false;
+#endif
+    if (avx2att::supports(rows.n, rows.d)) {
+      avx2att::fold_blocks(rows.n, rows.d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kc, vc,
+                           token_stride, block_size, b0, b1, base, last);
+      return true;
+    }
+  }
+#endif
+  return false;
+}
+
 // The work item's outputs: each row's accumulator over its softmax sum, in the output's dtype.
 template <typename T>
 void finish_item(const WorkItem& w, const Rows& rows, T* out, int64_t group, int64_t heads) {
@@ -216,7 +230,9 @@ void attend_item(const WorkItem& w, const T* q, const T* kc, const T* vc, const 
   std::vector<int64_t> last(rows.n);  // causal: the row's query at position last[r] sees keys 0 .. last[r]
   for (int64_t r = 0; r < rows.n; ++r) last[r] = first_pos + (w.q_begin + r / group - chunk_begin);
   if (folded_on_amx(rows, kc, vc, token_stride, block_size, skip_blocks, last_key / block_size + 1, base_of,
-                    last.data()))
+                    last.data()) ||
+      folded_on_avx2(rows, kc, vc, token_stride, block_size, skip_blocks, last_key / block_size + 1, base_of,
+                     last.data()))
     return finish_item(w, rows, out, group, heads);
   std::vector<float> s(block_size);
   std::vector<int64_t> visible(rows.n);

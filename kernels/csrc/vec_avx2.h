@@ -1,9 +1,10 @@
-// Small AVX2 helpers the fp32 kernels share (int4_avx2.h, int4_x16_avx2.h, int4_q8_avx2.h, int8_f32_avx2.h), as
-// vec_avx512.h does for the AVX-512 ones.
+// Small AVX2 helpers the fp32 kernels share (int4_avx2.h, int4_x16_avx2.h, int4_q8_avx2.h, int8_f32_avx2.h,
+// attention_avx2.h), as vec_avx512.h does for the AVX-512 ones.
 #pragma once
 
 #include <immintrin.h>
 
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -17,6 +18,10 @@ namespace vec2 {
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const c10::BFloat16* p) {  // the top 16 bits of an fp32
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
 // max |p[i]| over n floats.

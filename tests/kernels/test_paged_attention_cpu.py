@@ -63,6 +63,15 @@ def test_both_avx512_paths_match_reference(attn, avx512_step, d, dtype):
     run_case(attn, [5, 40, 17, 64, 33, 150], [1, 12, 17, 64, 9, 30], 8, 2, d, 16, dtype=dtype, seed=11)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,d,block_size", [(8, 2, 64, 16), (6, 2, 40, 48), (12, 4, 24, 8)])
+def test_prefill_tiles_fold_keys_across_blocks(attn, dtype, heads, kv_heads, d, block_size):
+    """Prefill tiles of many rows (the AVX2 step where no AVX-512 one runs: 64 keys a step, gathered across blocks,
+    rows two at a time and one alone): whole prompts and chunks over a cached prefix, head dims in eights but not in
+    32s, blocks that a step's 64 keys cut in the middle, odd rows per tile (groups of 3)."""
+    run_case(attn, [150, 77, 200], [150, 30, 64], heads, kv_heads, d, block_size, dtype=dtype, seed=21)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [32, 64, 128])
 def test_blocks_of_32_keys_fold_16_keys_at_a_time(attn, dtype, d):
