@@ -37,26 +37,7 @@ constexpr int64_t kFromRows = 8;  // fewer rows (a decode's query heads) keep th
 
 inline bool supports(int64_t n, int64_t d) { return n >= kFromRows && d % 8 == 0 && d <= kMaxDim; }
 
-// exp(x) for x <= 0, 8 lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial (vec512::exp16's),
-// times 2^n built in the exponent bits. x below -87 (past fp32's normal range) gives about 1e-38, not 0: callers
-// zero the lanes they mask.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.4286068203094173e-06f), r);
-  __m256 p = _mm256_set1_ps(1.f / 5040.f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+using vec2::exp8;  // lanes below -87 give about 1e-38, not 0: callers zero the lanes they mask
 
 inline float hmax(__m256 v) {
   const __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -7,6 +7,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "exp_poly.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +37,24 @@ inline float abs_max(const float* p, int64_t n) {
   float m = *std::max_element(lanes, lanes + 8);
   for (; i < n; ++i) m = std::max(m, std::fabs(p[i]));
   return m;
+}
+
+// e^x lane-wise (exp_poly.h), times 2^n built in the exponent bits of two factors (2^(n/2) 2^(n - n/2), so that e^x
+// overflows to inf where fp32 does). x is clamped to [-87, 89]: below, about 1e-38 where e^x is subnormal or 0; above,
+// inf as for every x past 88.73.
+inline __m256 exp8(__m256 x) {
+  using namespace exppoly;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(89.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kTaylor[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < kTerms; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kTaylor[i]));
+  const __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1), bias = _mm256_set1_epi32(127);
+  const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 e2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
 }
 
 // The sum of the 8 int32 lanes of v.

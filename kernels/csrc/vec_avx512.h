@@ -11,6 +11,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "exp_poly.h"
+
 #include <cstdint>
 #include <type_traits>
 
@@ -49,23 +51,17 @@ inline __m512 round16(__m512 v) {
   }
 }
 
-// e^x lane-wise: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so that r is exact in fp32),
-// e^r by its degree-7 Taylor polynomial (truncation under 1e-8 relative), times 2^n by scalef
-// (0 below x = -104, inf above 88.7).
+// e^x lane-wise (exp_poly.h), times 2^n by scalef (0 below x = -104, inf above 88.7).
 inline __m512 exp16(__m512 x) {
+  using namespace exppoly;
   x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.4286068203094173e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kTaylor[0]);
+#pragma GCC unroll 8
+  for (int i = 1; i < kTerms; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
   return _mm512_scalef_ps(p, n);
 }
 

@@ -53,6 +53,17 @@ def test_silu_and_mul(fused, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_past_the_exponentials_range(fused, dtype):
+    """Gates whose e^-g leaves fp32's normal range (|g| up to 300: silu -> g or -> -0), and 0, +-inf and NaN, in the
+    vector body (the first 8 of each row) and in the tail."""
+    edge = torch.tensor([-300.0, -120.0, -88.5, -87.5, 0.0, 87.5, 88.5, 120.0, 300.0, float("inf"), float("-inf"),
+                         float("nan"), -5.0])
+    g = torch.cat([edge, edge.flip(0)]).repeat(3, 1).to(dtype)
+    u = (randn(3, g.shape[1], seed=3) + 2).to(dtype)
+    torch.testing.assert_close(fused.silu_and_mul(g, u), ref.silu_and_mul(g, u), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,i", [(13, 2816), (1, 20), (5, 4095)])
 def test_silu_and_mul_on_the_halves_of_a_fused_output(fused, dtype, rows, i):
     gate_up = (randn(rows, 2 * i) * 4).to(dtype)  # a fused gate|up linear's output
