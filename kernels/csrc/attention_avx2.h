@@ -169,9 +169,9 @@ inline void step_scores(int64_t d, const float* q, const float* kt, float* sc) {
 }
 
 // One step: the step's keys (at most kMaxKeys; kt their keys widened and transposed, [d, KV * 8], lanes past the
-// step's keys zero; vals their values widened, [keys, d]) folded into n rows, row r seeing the first valid[r] of them. In three
-// passes over the rows, so that each pass's shared operand stays in L1 (the keys, then the values): every row's
-// scores into sc [n, kMaxKeys], then their weights, then the values into the accumulators. Rows go two at a time
+// step's keys zero; vals their values widened, [keys, d]) folded into n rows, row r seeing the first valid[r] of them.
+// In three passes over the rows, so that each pass's shared operand stays in L1 (the keys, then the values): every
+// row's scores into sc [n, kMaxKeys], then their weights, then the values into the accumulators. Rows go two at a time
 // through the multiply-adds, each key and value vector loaded serving both.
 template <int KV>
 void fold_step(int64_t n, int64_t d, const float* q, float* acc, float* m, float* l, const float* kt,
@@ -231,8 +231,8 @@ void fold_blocks(int64_t n, int64_t d, const float* q, float* acc, float* m, flo
   alignas(32) float kt[kMaxDim * kMaxKeys];
   alignas(32) float vals[kMaxKeys * kMaxDim];
   std::vector<int64_t> valid(n);
-  std::vector<__m256> scratch(n * kMaxKeys / 8);  // the step's scores, then weights, of every row
-  std::vector<float> alpha(n);
+  std::vector<float> scratch, alpha(n);
+  float* sc = vec2::aligned32(scratch, n * kMaxKeys);  // the step's scores, then weights, of every row
   const int64_t end = b1 * block_size;
   for (int64_t k0 = b0 * block_size; k0 < end; k0 += kMaxKeys) {
     const int64_t keys = std::min(kMaxKeys, end - k0);
@@ -249,7 +249,6 @@ void fold_blocks(int64_t n, int64_t d, const float* q, float* acc, float* m, flo
       for (int64_t i = 0; i < d; i += 8) _mm256_store_ps(vals + t * d + i, load8(vc + off + i));
     }
     for (int64_t t = 0; t < w; t += 8) transpose_keys(krow + t, std::min<int64_t>(8, keys - t), d, kt + t, w);
-    float* sc = reinterpret_cast<float*>(scratch.data());
     switch (kv) {
       case 1: fold_step<1>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;
       case 2: fold_step<2>(n, d, q, acc, m, l, kt, vals, valid.data(), sc, alpha.data()); break;

@@ -181,10 +181,10 @@ constexpr int64_t kUnpackFromRows = 8;
 template <typename T>
 void block(const Args<T>& a, int64_t b, int64_t m_begin, int64_t m_end) {
   if (m_end - m_begin < kUnpackFromRows) return tiles(a, b, m_begin, m_end, Packed{a.w + b * a.K * 8});
-  thread_local std::vector<__m256i> buffer;
-  buffer.resize(a.K / 2);
-  unpack_block(a, b, buffer.data());
-  tiles(a, b, m_begin, m_end, Unpacked{buffer.data()});
+  thread_local std::vector<uint8_t> buffer;
+  auto* codes = reinterpret_cast<__m256i*>(vec2::aligned32(buffer, a.K * 16));  // [K / 4][2] vectors
+  unpack_block(a, b, codes);
+  tiles(a, b, m_begin, m_end, Unpacked{codes});
 }
 
 }  // namespace int4q8avx2

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace vec2 {
 
@@ -37,6 +38,15 @@ inline float abs_max(const float* p, int64_t n) {
   float m = *std::max_element(lanes, lanes + 8);
   for (; i < n; ++i) m = std::max(m, std::fabs(p[i]));
   return m;
+}
+
+// The first 32-byte aligned address of v resized to hold n elements past it (a scratch buffer the kernels load and
+// store whole vectors from; std::vector<__m256> would align it too, with a warning that its attributes are dropped).
+template <typename T>
+inline T* aligned32(std::vector<T>& v, size_t n) {
+  v.resize(n + 32 / sizeof(T));
+  const auto p = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<T*>((p + 31) & ~static_cast<uintptr_t>(31));
 }
 
 // e^x lane-wise (exp_poly.h), times 2^n built in the exponent bits of two factors (2^(n/2) 2^(n - n/2), so that e^x
