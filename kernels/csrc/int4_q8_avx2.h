@@ -7,8 +7,8 @@
 //
 // From kUnpackFromRows rows a block's codes are unpacked once into a per-thread buffer, then read by every tile of
 // rows: on Zen 3 the unpack (a cross-lane dword permute alone costs more than a vpmaddubsw) took 40% of a tile's
-// vector issue slots when each tile redid it (2048 rows, 2 threads: 1.28-1.42x the multiply-adds a second on the
-// 1B model's shapes, docs/BENCHMARKS.md).
+// vector issue slots when each tile redid it (2048 rows, 2 threads: 1.22-1.28x on the 1B model's shapes,
+// docs/BENCHMARKS.md).
 // Unpacking a column quad of a block (32 packed bytes: byte c * 8 + j holds row j in its low nibble and row j + 8 in
 // its high one, for column k + c): one dword permute and one in-lane byte shuffle transpose it so that dword j holds
 // row j's (and j + 8's) four columns; a mask (and a shift) then give each half's codes as bytes, 64 bytes a quad.
