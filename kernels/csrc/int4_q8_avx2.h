@@ -89,20 +89,26 @@ inline __m256i quad_of(const int8_t* x) {
   return _mm256_set1_epi32(four);
 }
 
-// Where a tile reads a column quad's unpacked codes (lo: rows 0-7, hi: rows 8-15) from: Packed unpacks them from the
-// weight at each tile, Unpacked loads them from a block unpacked once (unpack_block).
+// Where a tile reads the column quads' unpacked codes (lo: rows 0-7, hi: rows 8-15) from, quad after quad from a
+// cursor (`at`, then `next`): Packed unpacks them from the weight at each tile, Unpacked loads them from a block
+// unpacked once (unpack_block).
 struct Packed {
   const uint8_t* w;  // the block's packed bytes
   __m256i low4 = _mm256_set1_epi8(15);
-  void operator()(int64_t k, __m256i& lo, __m256i& hi) const { unpack_quad(w + k * 8, low4, lo, hi); }
+  const uint8_t* at(int64_t k) const { return w + k * 8; }
+  void next(const uint8_t*& p, __m256i& lo, __m256i& hi) const {
+    unpack_quad(p, low4, lo, hi);
+    p += 32;
+  }
 };
 
 struct Unpacked {
   const __m256i* codes;  // [K / 4][2]
-  void operator()(int64_t k, __m256i& lo, __m256i& hi) const {
-    const __m256i* q = codes + (k >> 1);  // k >= 0, a multiple of 4: quad k / 4 at vector k / 2
-    lo = _mm256_load_si256(q);
-    hi = _mm256_load_si256(q + 1);
+  const __m256i* at(int64_t k) const { return codes + k / 4 * 2; }
+  static void next(const __m256i*& p, __m256i& lo, __m256i& hi) {
+    lo = _mm256_load_si256(p);
+    hi = _mm256_load_si256(p + 1);
+    p += 2;
   }
 };
 
@@ -110,7 +116,8 @@ struct Unpacked {
 template <typename T>
 void unpack_block(const Args<T>& a, int64_t b, __m256i* codes) {
   const Packed packed{a.w + b * a.K * 8};
-  for (int64_t k = 0; k < a.K; k += 4) packed(k, codes[k / 2], codes[k / 2 + 1]);
+  const uint8_t* p = packed.at(0);
+  for (int64_t q = 0; q < a.K / 4; ++q) packed.next(p, codes[2 * q], codes[2 * q + 1]);
 }
 
 // Columns [k0, k1) of MT rows (at most kQuadsInt16 quads): acc[m] = (first) or += row m's int32 sums. Only the int16
@@ -122,9 +129,10 @@ inline void run(const Codes& codes, const int8_t* const (&x)[MT], int64_t k0, in
                 int32_t (&acc)[MT][16]) {
   __m256i s16[MT][2];
   for (int m = 0; m < MT; ++m) s16[m][0] = s16[m][1] = _mm256_setzero_si256();
+  auto p = codes.at(k0);
   for (int64_t k = k0; k < k1; k += 4) {
     __m256i lo, hi;
-    codes(k, lo, hi);
+    codes.next(p, lo, hi);
     for (int m = 0; m < MT; ++m) {
       const __m256i xb = quad_of(x[m] + k);
       s16[m][0] = _mm256_add_epi16(s16[m][0], _mm256_maddubs_epi16(lo, xb));
