@@ -38,18 +38,8 @@ constexpr int64_t kFromRows = 8;  // fewer rows (a decode's query heads) keep th
 inline bool supports(int64_t n, int64_t d) { return n >= kFromRows && d % 8 == 0 && d <= kMaxDim; }
 
 using vec2::exp8;  // lanes below -87 give about 1e-38, not 0: callers zero the lanes they mask
-
-inline float hmax(__m256 v) {
-  const __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
-}
-
-inline float hsum(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-}
+using vec2::max8;
+using vec2::sum8;
 
 using vec2::load8;  // 8 elements of a cache row as fp32
 
@@ -112,7 +102,7 @@ inline float weights(float* sc, int64_t valid, float& m, float& l) {
     s[v] = _mm256_blendv_ps(neg, _mm256_load_ps(sc + 8 * v), first(valid - 8 * v));
     mx = _mm256_max_ps(mx, s[v]);
   }
-  const float m_new = std::max(m, hmax(mx));
+  const float m_new = std::max(m, max8(mx));
   const float alpha = std::exp(m - m_new);  // 0 on the first step (m = -inf)
   const __m256 mv = _mm256_set1_ps(m_new);
   __m256 sum = _mm256_setzero_ps();
@@ -122,7 +112,7 @@ inline float weights(float* sc, int64_t valid, float& m, float& l) {
     sum = _mm256_add_ps(sum, e);
     _mm256_store_ps(sc + 8 * v, e);
   }
-  l = l * alpha + hsum(sum);
+  l = l * alpha + sum8(sum);
   m = m_new;
   return alpha;
 }

@@ -27,15 +27,27 @@ inline __m256 load8(const c10::BFloat16* p) {  // the top 16 bits of an fp32
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
+// The largest of the 8 fp32 lanes of v.
+inline float max8(__m256 v) {
+  const __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
+// The sum of the 8 fp32 lanes of v.
+inline float sum8(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
 // max |p[i]| over n floats.
 inline float abs_max(const float* p, int64_t n) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   __m256 v = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_andnot_ps(sign, _mm256_loadu_ps(p + i)));
-  float lanes[8];
-  _mm256_storeu_ps(lanes, v);
-  float m = *std::max_element(lanes, lanes + 8);
+  float m = max8(v);
   for (; i < n; ++i) m = std::max(m, std::fabs(p[i]));
   return m;
 }
