@@ -5,13 +5,19 @@ Beside perplexity, each variant's next-token distributions are compared with the
 the mean KL divergence KL(float || variant) per prediction, and how often the two argmax tokens agree (what
 llama.cpp's perplexity tool reports as KLD and "same top p").
 
-  python benchmarks/int8_activations.py [--model tiny|stories] [--method gptq] [--threads 2] [--split]
+  python benchmarks/int8_activations.py [--model tiny|stories] [--method gptq] [--threads 2] [--split | --x16]
 
 `--split` measures what the engine's `cpu_int8_prefill` costs instead: each window's first half is the prompt, run in
 one forward through one kernel into the KV cache, and its second half the continuation, teacher-forced through the
 other; the 64 predictions of each continuation (the prompt's last position, then the continuation's) are scored, for
 W4A16 / W4A16, W4A8 prompt / W4A16 continuation (the engine's split) and W4A8 / W4A8, beside the float model on the
 same predictions.
+
+`--x16` measures what the fp32 kernel's decode tiles cost (kernels/csrc/int4_x16_avx2.h: below 4 rows x is rounded to
+16-bit fixed point per row and group): the model and the 4-bit checkpoint in fp32, the checkpoint scored twice on
+the same windows, once a whole window a forward (its linears on the fp32 FMA tiles, x as it is) and once a token a
+forward through the KV cache (every linear at one row: the 16-bit tiles), with KL(whole || token by token) beside
+each one's KL to the float model.
 
 The model is quantized as quantkit.bench.vs_llmcompressor does (calibration 32 x 256 tokens of
 wikitext2/valid.txt, seed 0; the GQA model at group 128, stories260K at group 64) and scored on the first
@@ -87,22 +93,38 @@ def split_logprobs(model, ids: torch.Tensor, prompt_int8: bool, rest_int8: bool)
     return torch.cat(rows)
 
 
+def decode_logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    """window_logprobs' predictions, one token a forward through the KV cache: every linear sees one row."""
+    from quantkit.eval.windows import disjoint_windows
+
+    rows = []
+    for a, b in disjoint_windows(len(ids), WINDOW):
+        past, logits = None, []
+        for t in range(a, b - 1):
+            out = model(ids[t:t + 1][None], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits.append(out.logits[0, -1])
+        rows.append(F.log_softmax(torch.stack(logits).float(), dim=-1))
+    return torch.cat(rows)
+
+
 def split_targets(ids: torch.Tensor) -> torch.Tensor:
     from quantkit.eval.windows import disjoint_windows
 
     return torch.cat([ids[a + WINDOW // 2:b] for a, b in disjoint_windows(len(ids), WINDOW)])
 
 
-def score(model, ids: torch.Tensor, base: torch.Tensor | None = None, split: tuple | None = None
-          ) -> tuple[Score, torch.Tensor]:
+def score(model, ids: torch.Tensor, base: torch.Tensor | None = None, split: tuple | None = None,
+          token_by_token: bool = False) -> tuple[Score, torch.Tensor]:
     """`model` scored on `ids`; against `base` (the float model's log-probs), or against itself when None.
-    `split`: (prompt_int8, rest_int8) to score the continuations only, as split_logprobs."""
+    `split`: (prompt_int8, rest_int8) to score the continuations only, as split_logprobs; `token_by_token`: the
+    windows' predictions one token a forward (decode_logprobs)."""
     from quantkit.eval.windows import disjoint_windows
 
     if split is not None:
         logp, targets = split_logprobs(model.eval(), ids, *split), split_targets(ids)
     else:
-        logp = window_logprobs(model.eval(), ids)
+        logp = (decode_logprobs if token_by_token else window_logprobs)(model.eval(), ids)
         targets = torch.cat([ids[a + 1:b] for a, b in disjoint_windows(len(ids), WINDOW)])
     nll = -logp.gather(-1, targets[:, None]).mean()
     kl, top1 = divergence(logp if base is None else base, logp)
@@ -122,7 +144,9 @@ def main() -> None:
     ap.add_argument("--model", default="tiny", help="tiny, stories or a model of the accuracy suite")
     ap.add_argument("--method", default="gptq", choices=("rtn", "gptq", "awq"))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--split", action="store_true", help="the engine's W4A8 prompt / W4A16 continuation instead")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--split", action="store_true", help="the engine's W4A8 prompt / W4A16 continuation instead")
+    mode.add_argument("--x16", action="store_true", help="the fp32 kernel's 16-bit decode tiles instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from quantkit.config import CalibConfig, QuantizeConfig
@@ -134,31 +158,55 @@ def main() -> None:
     ids, _ = tokenize_once(load_tokenizer(path), PPL_TEXT.read_text(encoding="utf-8"))
     ids = ids[:PPL_TOKENS]
     split = (False, False) if args.split else None
+    dtype = torch.float32 if args.x16 else torch.bfloat16
     with torch.inference_mode():
-        base, base_logp = score(load_model(path, dtype=torch.bfloat16)[0], ids, split=split)
-        head8, _ = score(int8_head(load_model(path, dtype=torch.bfloat16)[0]), ids, base_logp, split=split)
-    print(f"# {args.model}: float (bf16) {base.describe()}; with an int8 lm_head {head8.describe()} "
-          f"({head8.ppl / base.ppl:.5f}x){' (continuations only)' if args.split else ''}", flush=True)
+        base, base_logp = score(load_model(path, dtype=dtype)[0], ids, split=split)
+        head8, _ = score(int8_head(load_model(path, dtype=dtype)[0]), ids, base_logp, split=split)
+    print(f"# {args.model}: float ({'fp32' if args.x16 else 'bf16'}) {base.describe()}; with an int8 lm_head "
+          f"{head8.describe()} ({head8.ppl / base.ppl:.5f}x){' (continuations only)' if args.split else ''}",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-int8-act-") as tmp:
         out = Path(tmp)
         cfg = QuantizeConfig(model=str(path), out=out, method=args.method, group_size=group_size,
                              calib=CalibConfig(source=str(CALIB), nsamples=NSAMPLES, seqlen=SEQLEN, seed=0))
         quantize_model(cfg, out, show_progress=False)
-        (split_runs if args.split else whole_runs)(args.method, out, ids, base, base_logp)
+        runs = x16_runs if args.x16 else split_runs if args.split else whole_runs
+        runs(args.method, out, ids, base, base_logp)
 
 
-def quantized(out: Path, head: bool, int8: bool, int8_prefill: bool = False):
-    """The 4-bit checkpoint in bf16, its linears repacked for the CPU kernels (W4A8 where `int8`, prompt rows W4A8
+def quantized(out: Path, head: bool, int8: bool, int8_prefill: bool = False, dtype: torch.dtype = torch.bfloat16):
+    """The 4-bit checkpoint in `dtype`, its linears repacked for the CPU kernels (W4A8 where `int8`, prompt rows W4A8
     where `int8_prefill`), the lm_head in int8 where `head`; (model, its QuantLinears, the paths they run)."""
     from quantkit.model.loader import load_model
     from quantkit.model.quant_linear import QuantLinear
 
-    model, _ = load_model(out, dtype=torch.bfloat16)
+    model, _ = load_model(out, dtype=dtype)
     if head:
         int8_head(model)
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    paths = {m.repack_for_cpu(torch.bfloat16, int8_activations=int8, int8_prefill=int8_prefill) for m in linears}
+    paths = {m.repack_for_cpu(dtype, int8_activations=int8, int8_prefill=int8_prefill) for m in linears}
     return model, linears, paths
+
+
+def x16_runs(method: str, out: Path, ids: torch.Tensor, base: Score, base_logp: torch.Tensor) -> None:
+    """The fp32 checkpoint a window a forward (FMA tiles) and a token a forward (the 16-bit decode tiles), float
+    lm_head: each against the float model, and the token-by-token run against the whole-window one."""
+    from quantkit.kernels import int4_cpu
+
+    model, linears, paths = quantized(out, head=False, int8=False, dtype=torch.float32)
+    x16 = [m for m in linears if m._direct is not None and m._cpu.group_size % 4 == 0
+           and m._cpu.group_size <= int4_cpu.X16_MAX_GROUP]
+    if not hasattr(int4_cpu.extension(), "int4_linear_x16") or len(x16) != len(linears):
+        raise SystemExit(f"the fp32 kernel's 16-bit decode tiles do not take every linear here: {sorted(paths)}")
+    with torch.inference_mode():
+        whole, whole_logp = score(model, ids, base_logp)
+        tokens, token_logp = score(model, ids, base_logp, token_by_token=True)
+    kl, top1 = divergence(whole_logp, token_logp)
+    for name, got in (("a window a forward (FMA tiles)", whole), ("a token a forward (16-bit x tiles)", tokens)):
+        print(f"{method} 4-bit fp32, float lm_head, {name} ({', '.join(sorted(paths))}): {got.describe()} "
+              f"({got.ppl / base.ppl:.5f}x float)", flush=True)
+    print(f"token by token against a window a forward: KL {kl:.3e}, top-1 agreement {100 * top1:.2f}%; "
+          f"its KL to float {tokens.kl / whole.kl:.4f}x the window's", flush=True)
 
 
 def whole_runs(method: str, out: Path, ids: torch.Tensor, base: Score, base_logp: torch.Tensor) -> None:
