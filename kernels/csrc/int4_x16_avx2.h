@@ -7,10 +7,11 @@
 // Why: the FMA tiles spend a widening, a mask or shift and a conversion to fp32 on every 8 codes before the one FMA
 // that uses them; at one row of x nothing amortizes that, so they read the codes at a third of the memory bandwidth
 // (docs/BENCHMARKS.md, "On the EPYC AVX2"). Here one column quad of a block (32 packed bytes: byte c * 8 + j holds
-// row j in its low nibble and row j + 8 in its high one, for column k + c) is transposed by one cross-lane dword
-// permute, and two byte shuffles spread it into 16-bit words (row r's four columns side by side); a mask or a shift
-// gives each half's codes, and four vpmaddwd against x's four digits (one broadcast load) give 64 products as int32
-// pairs. A group's sums are exact in int32 (at most 15 * 32767 a column: groups up to kMaxGroup columns),
+// row j in its low nibble and row j + 8 in its high one, for column k + c) is spread by two in-lane byte shuffles
+// into 16-bit words (a row's two columns of each lane side by side); a mask or a shift gives each half's codes, and
+// four vpmaddwd against x's four digits (one broadcast load and an in-lane permute) give 64 products as int32 sums of
+// two, each lane one column pair, added at the group's end. (A cross-lane dword permute of the codes, which put a
+// row's four columns in one lane, cost more than the rest of the quad's unpacking on Zen 3.) A group's sums are exact in int32 (at most 15 * 32767 a column: groups up to kMaxGroup columns),
 // then scaled as int4_q8_avx2.h scales its own: out += (sum - z * sum(xq)) * s * sx.
 #pragma once
 
@@ -34,22 +35,38 @@ using Args = vec2::IntArgs<int16_t, T>;
 
 using vec2::load8;
 
-// Columns k..k+3 of one block (32 bytes at p) as 16-bit codes: c[0] rows 0, 1 | 4, 5 and c[1] rows 2, 3 | 6, 7 (each
-// row's four columns side by side), c[2] and c[3] the same for rows 8-15.
+// Columns k..k+3 of one block (32 bytes at p) as 16-bit codes, in-lane: lane 0 holds columns k, k+1 and lane 1 columns
+// k+2, k+3 (as the block stores them), and each dword a row's two columns side by side: c[0] rows 0-3, c[1] rows 4-7,
+// c[2] rows 8-11, c[3] rows 12-15 (dword i of a lane: row i of the four). No cross-lane permute: x's digits are
+// spread to match instead (spread_x), and a group's two lanes added at its end (rows).
 inline void unpack_quad(const uint8_t* p, __m256i (&c)[4]) {
-  // dword 2c + h: column c, rows 4h..4h+3 -> lane h: byte 4c + r is column c of row 4h + r
-  const __m256i by_rows = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  const __m256i rows01 = _mm256_setr_epi8(0, -1, 4, -1, 8, -1, 12, -1, 1, -1, 5, -1, 9, -1, 13, -1,
-                                          0, -1, 4, -1, 8, -1, 12, -1, 1, -1, 5, -1, 9, -1, 13, -1);
-  const __m256i rows23 = _mm256_setr_epi8(2, -1, 6, -1, 10, -1, 14, -1, 3, -1, 7, -1, 11, -1, 15, -1,
-                                          2, -1, 6, -1, 10, -1, 14, -1, 3, -1, 7, -1, 11, -1, 15, -1);
+  // byte 8 * (c % 2) + j of a lane: column c, rows j (low nibble) and j + 8 (high) -> word 2i + h: column h, row i
+  const __m256i rows03 = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
+                                          0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1);
+  const __m256i rows47 = _mm256_setr_epi8(4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1,
+                                          4, -1, 12, -1, 5, -1, 13, -1, 6, -1, 14, -1, 7, -1, 15, -1);
   const __m256i low4 = _mm256_set1_epi16(15);
-  const __m256i t = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), by_rows);
-  const __m256i a = _mm256_shuffle_epi8(t, rows01), b = _mm256_shuffle_epi8(t, rows23);
+  const __m256i t = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i a = _mm256_shuffle_epi8(t, rows03), b = _mm256_shuffle_epi8(t, rows47);
   c[0] = _mm256_and_si256(a, low4);
   c[1] = _mm256_and_si256(b, low4);
   c[2] = _mm256_srli_epi16(a, 4);  // the word's high byte is zero
   c[3] = _mm256_srli_epi16(b, 4);
+}
+
+// x's four digits of columns k..k+3 (at q) spread as unpack_quad's codes want them: lane 0's dwords (x[k], x[k+1]),
+// lane 1's (x[k+2], x[k+3]).
+inline __m256i spread_x(const int16_t* q) {
+  int64_t digits;
+  std::memcpy(&digits, q, sizeof digits);
+  const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);  // in-lane dword picks
+  return _mm256_castps_si256(_mm256_permutevar_ps(_mm256_castsi256_ps(_mm256_set1_epi64x(digits)), pick));
+}
+
+// A group's sums of c[j] x x (lanes: the group's even and odd column pairs) -> rows 0-7 (lo) and 8-15 (hi) in order.
+inline void rows(const __m256i (&acc)[4], __m256i& lo, __m256i& hi) {
+  lo = _mm256_add_epi32(_mm256_permute2x128_si256(acc[0], acc[1], 0x20), _mm256_permute2x128_si256(acc[0], acc[1], 0x31));
+  hi = _mm256_add_epi32(_mm256_permute2x128_si256(acc[2], acc[3], 0x20), _mm256_permute2x128_si256(acc[2], acc[3], 0x31));
 }
 
 // Rows m0..m0+MT-1 of xq (MT <= 2: four int32 accumulators a row, with the codes, fill the 16 registers) against block
@@ -68,9 +85,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
       __m256i c[4];
       unpack_quad(w + k * 8, c);
       for (int m = 0; m < MT; ++m) {
-        int64_t digits;
-        std::memcpy(&digits, a.xq + (m0 + m) * a.K + k, sizeof digits);
-        const __m256i xb = _mm256_set1_epi64x(digits);
+        const __m256i xb = spread_x(a.xq + (m0 + m) * a.K + k);
         for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_add_epi32(acc[m][j], _mm256_madd_epi16(c[j], xb));
       }
     }
@@ -78,9 +93,9 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + kRows), z1 = load8(s + kRows + 8);
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * a.G + g;
-      // hadd of (rows 0, 1 | 4, 5) and (rows 2, 3 | 6, 7), two lanes a row: rows 0-3 | 4-7 in order
-      vec2::add_group(_mm256_hadd_epi32(acc[m][0], acc[m][1]), _mm256_hadd_epi32(acc[m][2], acc[m][3]), a.xqsum[i],
-                      a.sx[i], s0, s1, z0, z1, out[m]);
+      __m256i lo, hi;
+      rows(acc[m], lo, hi);
+      vec2::add_group(lo, hi, a.xqsum[i], a.sx[i], s0, s1, z0, z1, out[m]);
     }
   }
   vec2::store_tile<MT>(o, out);
