@@ -194,8 +194,7 @@ def x16_runs(method: str, out: Path, ids: torch.Tensor, base: Score, base_logp: 
     from quantkit.kernels import int4_cpu
 
     model, linears, paths = quantized(out, head=False, int8=False, dtype=torch.float32)
-    x16 = [m for m in linears if m._direct is not None and m._cpu.group_size % 4 == 0
-           and m._cpu.group_size <= int4_cpu.X16_MAX_GROUP]
+    x16 = [m for m in linears if m._direct is not None and int4_cpu.x16_tiles_take(m._cpu)]
     if not hasattr(int4_cpu.extension(), "int4_linear_x16") or len(x16) != len(linears):
         raise SystemExit(f"the fp32 kernel's 16-bit decode tiles do not take every linear here: {sorted(paths)}")
     with torch.inference_mode():

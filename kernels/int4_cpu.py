@@ -224,10 +224,15 @@ X16_BELOW_M = 4
 X16_MAX_GROUP = 4096
 
 
+def x16_tiles_take(w: Int4Blocked, m: int = 1) -> bool:
+    """Whether the fp32 kernel runs `m` rows of x against `w` on its 16-bit fixed-point tiles."""
+    return m < X16_BELOW_M and w.group_size % 4 == 0 and w.group_size <= X16_MAX_GROUP
+
+
 def int4_linear_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None) -> torch.Tensor:
     """The oracle of the fp32 kernel (`int4_linear`) on x [M, K] in the checkpoint's column order: int4_x16_reference
     where it runs the 16-bit fixed-point tiles, else int4_blocked_reference."""
-    if x.shape[0] < X16_BELOW_M and w.group_size % 4 == 0 and w.group_size <= X16_MAX_GROUP:
+    if x16_tiles_take(w, x.shape[0]):
         out = int4_x16_reference(x.float() if w.perm is None else x.float().index_select(1, w.perm), w)
         return (out if bias is None else out + bias.float()).to(x.dtype)
     return int4_blocked_reference(x, w, bias)

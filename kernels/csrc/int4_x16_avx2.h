@@ -11,8 +11,9 @@
 // into 16-bit words (a row's two columns of each lane side by side); a mask or a shift gives each half's codes, and
 // four vpmaddwd against x's four digits (one broadcast load and an in-lane permute) give 64 products as int32 sums of
 // two, each lane one column pair, added at the group's end. (A cross-lane dword permute of the codes, which put a
-// row's four columns in one lane, cost more than the rest of the quad's unpacking on Zen 3.) A group's sums are exact in int32 (at most 15 * 32767 a column: groups up to kMaxGroup columns),
-// then scaled as int4_q8_avx2.h scales its own: out += (sum - z * sum(xq)) * s * sx.
+// row's four columns in one lane, cost more than the rest of the quad's unpacking on Zen 3.) A group's sums are exact
+// in int32 (at most 15 * 32767 a column: groups up to kMaxGroup columns), then scaled as int4_q8_avx2.h scales its
+// own: out += (sum - z * sum(xq)) * s * sx.
 #pragma once
 
 #include <immintrin.h>
@@ -38,7 +39,7 @@ using vec2::load8;
 // Columns k..k+3 of one block (32 bytes at p) as 16-bit codes, in-lane: lane 0 holds columns k, k+1 and lane 1 columns
 // k+2, k+3 (as the block stores them), and each dword a row's two columns side by side: c[0] rows 0-3, c[1] rows 4-7,
 // c[2] rows 8-11, c[3] rows 12-15 (dword i of a lane: row i of the four). No cross-lane permute: x's digits are
-// spread to match instead (spread_x), and a group's two lanes added at its end (rows).
+// spread to match instead (spread_x), and a group's two lanes added at its end (eight_rows).
 inline void unpack_quad(const uint8_t* p, __m256i (&c)[4]) {
   // byte 8 * (c % 2) + j of a lane: column c, rows j (low nibble) and j + 8 (high) -> word 2i + h: column h, row i
   const __m256i rows03 = _mm256_setr_epi8(0, -1, 8, -1, 1, -1, 9, -1, 2, -1, 10, -1, 3, -1, 11, -1,
@@ -63,10 +64,9 @@ inline __m256i spread_x(const int16_t* q) {
   return _mm256_castps_si256(_mm256_permutevar_ps(_mm256_castsi256_ps(_mm256_set1_epi64x(digits)), pick));
 }
 
-// A group's sums of c[j] x x (lanes: the group's even and odd column pairs) -> rows 0-7 (lo) and 8-15 (hi) in order.
-inline void rows(const __m256i (&acc)[4], __m256i& lo, __m256i& hi) {
-  lo = _mm256_add_epi32(_mm256_permute2x128_si256(acc[0], acc[1], 0x20), _mm256_permute2x128_si256(acc[0], acc[1], 0x31));
-  hi = _mm256_add_epi32(_mm256_permute2x128_si256(acc[2], acc[3], 0x20), _mm256_permute2x128_si256(acc[2], acc[3], 0x31));
+// Two groups of four rows' sums, each lane one column pair -> the eight rows in order (a's four, then b's).
+inline __m256i eight_rows(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 // Rows m0..m0+MT-1 of xq (MT <= 2: four int32 accumulators a row, with the codes, fill the 16 registers) against block
@@ -93,9 +93,8 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     const __m256 s0 = load8(s), s1 = load8(s + 8), z0 = load8(s + kRows), z1 = load8(s + kRows + 8);
     for (int m = 0; m < MT; ++m) {
       const int64_t i = (m0 + m) * a.G + g;
-      __m256i lo, hi;
-      rows(acc[m], lo, hi);
-      vec2::add_group(lo, hi, a.xqsum[i], a.sx[i], s0, s1, z0, z1, out[m]);
+      vec2::add_group(eight_rows(acc[m][0], acc[m][1]), eight_rows(acc[m][2], acc[m][3]), a.xqsum[i], a.sx[i], s0, s1,
+                      z0, z1, out[m]);
     }
   }
   vec2::store_tile<MT>(o, out);
