@@ -1,9 +1,10 @@
 """Batch-1 decode's CPU kernels (M = 1) with their codes prefetched at several distances ahead of the loads
-(tiles512::stream_ahead, the `set_stream_ahead` switch), against none, in one process. Three kernels, each over
-what an 8B model's decode step reads through it:
+(kernels/csrc/stream_ahead.h, the `set_stream_ahead` switch), against none, in one process. Three kernels, each over
+what an 8B model's decode step reads through it (bf16 activations where the AVX-512 BF16 kernel runs, else fp32):
 
-  - W4A16 (the AVX-512 BF16 lane tile): Llama-3.1-8B's layer linears (q|k|v, o, gate|up, down), three copies;
-  - W4A8 (`--cpu-int8-activations`, the VNNI kernel): the same weights;
+  - W4A16 (the AVX-512 BF16 lane tile; on AVX2 the fp32 kernel's 16-bit x tiles): Llama-3.1-8B's layer linears
+    (q|k|v, o, gate|up, down), three copies;
+  - W4A8 (`--cpu-int8-activations`: the VNNI kernel, or the AVX2 maddubs one): the same weights;
   - the int8 lm_head (`--cpu-int8-lm-head`): 128256 x 4096, which prefetches nothing itself (its row: the switch's
     cost, none, and the host's drift).
 
@@ -30,7 +31,8 @@ VOCAB, HIDDEN = 128256, 4096
 
 
 def kernels(copies: int) -> dict[str, tuple[Callable[[], float | None], int]]:
-    """name -> (one pass over its weights at M = 1, the bytes of codes that pass reads)."""
+    """name -> (one pass over its weights at M = 1, the bytes of codes that pass reads). bf16 activations where the
+    AVX-512 BF16 kernel runs, else fp32 (the AVX2 kernels: W4A16 on its 16-bit x tiles, W4A8 on maddubs)."""
     from quantkit.format.packing import pack
     from quantkit.format.primitives import QuantScheme, rtn_quantize
     from quantkit.kernels.int4_cpu import bf16_kernel, direct_call, int4_blocked_linear, q8_kernel, repack
@@ -38,9 +40,8 @@ def kernels(copies: int) -> dict[str, tuple[Callable[[], float | None], int]]:
 
     ws = [(repack(pack(rtn_quantize(torch.randn(n, k) * 0.02, QuantScheme(4, 128, True)), "gptq")), k)
           for _ in range(copies) for n, k in SHAPES]
-    if not bf16_kernel(ws[0][0]):
-        raise SystemExit("the AVX-512 BF16 int4 kernel does not run here: nothing to compare")
-    xs = {k: torch.randn(1, k).bfloat16() for _, k in SHAPES}
+    dtype = torch.bfloat16 if bf16_kernel(ws[0][0]) else torch.float32
+    xs = {k: torch.randn(1, k).to(dtype) for _, k in SHAPES}
     int4_bytes = sum(n * k // 2 for n, k in SHAPES) * copies
 
     def w4a16() -> None:
@@ -48,18 +49,18 @@ def kernels(copies: int) -> dict[str, tuple[Callable[[], float | None], int]]:
             int4_blocked_linear(xs[k], w, None, dense_from_m=2)
 
     out = {"W4A16": (w4a16, int4_bytes)}
-    if q8_kernel(ws[0][0]):
-        calls = [(direct_call(w, "q8", 2), k) for w, k in ws]
+    if dtype == torch.float32 or q8_kernel(ws[0][0]):  # the AVX2 int8-activation kernel is built everywhere
+        calls = [(direct_call(w, "q8", 2, dtype), k) for w, k in ws]
 
         def w4a8() -> None:
             for call, k in calls:
                 call(xs[k])
 
         out["W4A8"] = (w4a8, int4_bytes)
-    if int8_kernel_available():
+    if int8_kernel_available(dtype):
         from quantkit.kernels.int8_cpu import Int8Linear
 
-        head, x = Int8Linear(pack_int8(torch.randn(VOCAB, HIDDEN) * 0.02, 128)), torch.randn(1, HIDDEN).bfloat16()
+        head, x = Int8Linear(pack_int8(torch.randn(VOCAB, HIDDEN) * 0.02, 128)), torch.randn(1, HIDDEN).to(dtype)
 
         def lm_head() -> None:
             head(x)

@@ -212,7 +212,7 @@ void lane_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   constexpr int U = MT == 1 ? 2 : 1;  // 8 chains at one row
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
-  const int64_t ahead = stream_ahead();
+  const int64_t ahead = stream::ahead();
   const uint16_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.x + (m0 + m) * a.K;
   __m512i rows_of[4];  // lane 4L + q -> row 4c + q
@@ -228,7 +228,7 @@ void lane_tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
         for (int m = 0; m < MT; ++m) acc[u][c][m] = _mm512_setzero_ps();
     auto step = [&](int u, int64_t k) {
       __m512bh wv[4];
-      prefetch_ahead(w + k * 8, ahead);  // one 64-byte line a step
+      stream::prefetch(w + k * 8, ahead);  // one 64-byte line a step
       unpack_eight(w + k * 8, wv);
       for (int m = 0; m < MT; ++m) {
         const __m512bh xv = quad(x[m] + k);

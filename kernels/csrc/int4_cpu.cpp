@@ -145,9 +145,9 @@ bool x16_tiles(int64_t m, int64_t gs) {
 // x fp32 [M, K] rounded per row and group to 16-bit fixed point, @ W4.T by vpmaddwd (int4_x16_avx2.h).
 torch::Tensor run_x16(const F32Call& c, const torch::Tensor& packed, const torch::Tensor& sz, int64_t n, int64_t gs) {
   const int64_t groups = c.k / gs;
-  std::vector<int16_t> xq(c.m * c.k);
+  std::vector<int16_t> xq(c.m * 4 * c.k);
   std::vector<float> sx(c.m * groups), xqsum(c.m * groups);
-  vec2::quantize16(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
+  int4x16::quantize(c.x.data_ptr<float>(), c.m, c.k, gs, xq.data(), sx.data(), xqsum.data());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* out = c.out.data_ptr<float>();
   if (sz.dtype() == torch::kHalf) {
@@ -418,6 +418,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear_q8_f32", &int4_linear_q8_f32, "x fp32 [M, K] rounded to int8 per row and group @ W4.T -> fp32 "
         "[M, N] (AVX2/FMA; int4_q8_avx2.h)");
   m.def("int8_linear_f32", &int8_linear_f32, "x fp32 [M, K] @ W8.T -> fp32 [M, N] (AVX2/FMA; int8_f32_avx2.h)");
+  dev.def("set_stream_ahead", [](int64_t bytes) { return std::exchange(stream::ahead(), bytes); },
+        "the tiles of 1-3 rows of x that stream their codes (stream_ahead.h): prefetch them this many bytes ahead "
+        "of the loads (0: none); returns the previous setting");
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_dequantize_pairs", &int4_dequantize_pairs,
         "rows n0..n1 of W4 as bf16 in the bf16 kernel's pair layout [ceil((n1 - n0) / 16), K / 2, 16, 2]");
@@ -426,9 +429,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   dev.def("set_eight_columns", [](bool on) { return std::exchange(int4bf16::eight_columns(), on); },
         "the 8-row tile: 8 columns a step where the group size allows (True, the default) or a pair; returns the "
         "previous setting");
-  dev.def("set_stream_ahead", [](int64_t bytes) { return std::exchange(tiles512::stream_ahead(), bytes); },
-        "1-2 rows of x (1-3 in the int8-activation kernel): prefetch the codes this many bytes "
-        "ahead of the loads (0: none); returns the previous setting");
   dev.def("set_lane_tiles", [](bool on) { return std::exchange(int4bf16::lane_tiles(), on); },
         "1-2 rows of x: 8 columns a step (True, the default) or a pair a step; returns the previous setting");
 #if defined(QUANTKIT_INT4_AMX)

@@ -21,6 +21,7 @@
 
 #include <c10/util/Half.h>
 
+#include "stream_ahead.h"
 #include "vec_avx2.h"
 
 #include <algorithm>
@@ -94,9 +95,11 @@ inline __m256i quad_of(const int8_t* x) {
 // unpacked once (unpack_block).
 struct Packed {
   const uint8_t* w;  // the block's packed bytes
+  int64_t ahead;  // prefetch the codes this many bytes ahead of the loads (stream_ahead.h; 0: none)
   __m256i low4 = _mm256_set1_epi8(15);
   const uint8_t* at(int64_t k) const { return w + k * 8; }
   void next(const uint8_t*& p, __m256i& lo, __m256i& hi) const {
+    stream::prefetch(p, ahead);
     unpack_quad(p, low4, lo, hi);
     p += 32;
   }
@@ -115,7 +118,7 @@ struct Unpacked {
 // Block b's codes -> codes[2q] (rows 0-7) and codes[2q + 1] (rows 8-15) for each column quad q.
 template <typename T>
 void unpack_block(const Args<T>& a, int64_t b, __m256i* codes) {
-  const Packed packed{a.w + b * a.K * 8};
+  const Packed packed{a.w + b * a.K * 8, 0};
   const uint8_t* p = packed.at(0);
   for (int64_t q = 0; q < a.K / 4; ++q) packed.next(p, codes[2 * q], codes[2 * q + 1]);
 }
@@ -193,7 +196,9 @@ constexpr int64_t kUnpackFromRows = 8;
 
 template <typename T>
 void block(const Args<T>& a, int64_t b, int64_t m_begin, int64_t m_end) {
-  if (m_end - m_begin < kUnpackFromRows) return tiles(a, b, m_begin, m_end, Packed{a.w + b * a.K * 8});
+  const int64_t rows = m_end - m_begin;
+  if (rows < kUnpackFromRows)  // 1-3 rows stream the codes (stream_ahead.h), 4-7 are bound by their arithmetic
+    return tiles(a, b, m_begin, m_end, Packed{a.w + b * a.K * 8, rows < 4 ? stream::ahead() : 0});
   thread_local std::vector<uint8_t> buffer;
   auto* codes = reinterpret_cast<__m256i*>(vec2::aligned32(buffer, a.K * 16));  // [K / 4][2] vectors
   unpack_block(a, b, codes);

@@ -112,7 +112,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
   const __m512i index = quad_index();
   const uint8_t* w = a.w + b * a.K * 8;
   const T* sz = a.sz + b * a.G * 2 * kRows;
-  [[maybe_unused]] const int64_t ahead = MT >= 4 ? 0 : tiles512::stream_ahead();
+  [[maybe_unused]] const int64_t ahead = MT >= 4 ? 0 : stream::ahead();
   const int8_t* x[MT];
   for (int m = 0; m < MT; ++m) x[m] = a.xq + (m0 + m) * a.K;
   __m512 out[MT];
@@ -126,8 +126,8 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     for (; k + 4 * U <= k1; k += 4 * U) {
       if constexpr (MT >= 4) {
         tiles512::prefetch_next_block(w, a.K, k);
-      } else {  // 1-3 rows stream: a 64-byte line every two quads (tiles512::prefetch_ahead)
-        for (int u = 0; u < U; u += 2) tiles512::prefetch_ahead(w + (k + 4 * u) * 8, ahead);
+      } else {  // 1-3 rows stream: a 64-byte line every two quads (stream::prefetch)
+        for (int u = 0; u < U; u += 2) stream::prefetch(w + (k + 4 * u) * 8, ahead);
       }
       for (int u = 0; u < U; ++u) {
         const __m512i codes = unpack_quad(w + (k + 4 * u) * 8, index);

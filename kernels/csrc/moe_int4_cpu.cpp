@@ -119,20 +119,20 @@ void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& 
   const float *x = in.data_ptr<float>(), *xs = xsum.data_ptr<float>();
   const bool x16 = lin.gs % 4 == 0 && lin.gs <= int4x16::kMaxGroup;
   const auto on_x16 = [&](int64_t a) { return x16 && s.count[a] <= int4x16::kMaxRows; };
-  std::vector<int16_t> xq(x16 ? rows * lin.k : 0);  // the digits of the rows of experts with few rows (each row's own,
+  std::vector<int16_t> xq(x16 ? rows * 4 * lin.k : 0);  // the digits of the rows of experts with few rows (each row's own,
   std::vector<float> sx(x16 ? rows * groups : 0), xqsum(sx.size());  // as int4_linear's); the rest go unrounded
   for (int64_t a = 0; a < static_cast<int64_t>(s.expert.size()); ++a)
     if (on_x16(a)) {
       const int64_t r = s.start[a];
-      vec2::quantize16(x + r * lin.k, s.count[a], lin.k, lin.gs, xq.data() + r * lin.k, sx.data() + r * groups,
-                       xqsum.data() + r * groups);
+      int4x16::quantize(x + r * lin.k, s.count[a], lin.k, lin.gs, xq.data() + r * 4 * lin.k, sx.data() + r * groups,
+                        xqsum.data() + r * groups);
     }
   over_expert_blocks(s, lin.blocks, [&](int64_t a, int64_t b0, int64_t b1) {
     const int64_t r = s.start[a];
     const uint8_t* w = lin.w + s.expert[a] * lin.per_w();
     const T* sz = lin.sz + s.expert[a] * lin.per_s();
     if (on_x16(a)) {
-      const int4x16::Args<T> args{xq.data() + r * lin.k, sx.data() + r * groups, xqsum.data() + r * groups, w, sz,
+      const int4x16::Args<T> args{xq.data() + r * 4 * lin.k, sx.data() + r * groups, xqsum.data() + r * groups, w, sz,
                                   out + r * lin.n, s.count[a], lin.k, lin.n, groups, lin.gs};
       for (int64_t b = b0; b < b1; ++b) int4x16::block(args, b);
       return;

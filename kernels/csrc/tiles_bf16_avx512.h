@@ -18,6 +18,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "stream_ahead.h"
+
 namespace tiles512 {
 
 constexpr int kRows = 16;  // output rows of a block: one fp32 vector
@@ -62,24 +64,6 @@ inline __m512bh pair(const uint16_t* x) {
 // rows the loop streams and the extra prefetches cost. Column k of the block after `w` (K columns of 8 bytes).
 inline void prefetch_next_block(const uint8_t* w, int64_t K, int64_t k) {
   _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * 8), _MM_HINT_T0);
-}
-
-// The int4 tiles of 1-2 rows (batch-1 decode; 1-3 in the int8-activation kernel) stream each thread's blocks front
-// to back, a 64-byte line a step, with enough unpacking work a line that the core keeps too few lines in flight for
-// the memory's bandwidth: they fetch the line this many bytes ahead of their loads (a 4 KiB page: the hardware's
-// stream prefetcher stops at each). On an 8B layer's int4 linears at M = 1 (EPYC BF16, 2 threads) W4A16 read 1.12x
-// and W4A8 1.09x the codes a second of none; the int8 lm_head's tile, one load and two multiply-adds a line, reads
-// faster without it (0.95x with it), so it has none (benchmarks/int4_prefetch.py, docs/BENCHMARKS.md). A switch so
-// that a benchmark can time distances in one process (set_stream_ahead; 0: none).
-inline int64_t& stream_ahead() {
-  static int64_t bytes = 4096;
-  return bytes;
-}
-
-// The line `ahead` bytes past p (nothing where it is 0): a tile reads stream_ahead() once, into a local, so that
-// its hot loop holds the distance in a register.
-inline void prefetch_ahead(const void* p, int64_t ahead) {
-  if (ahead > 0) _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 }
 
 // Independent vdpbf16ps chains for a tile of MT rows: U * MT >= 16 (two issue a cycle at a latency of about 6 on

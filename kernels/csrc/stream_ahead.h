@@ -1,0 +1,29 @@
+// The software prefetch of the int4 tiles that stream their codes at one to three rows of x (batch-1 decode): the
+// AVX-512 tiles of int4_bf16_avx512.h and int4_q8_avx512.h, and the AVX2 16-bit tiles of int4_x16_avx2.h. Each
+// thread walks its blocks front to back, a 64-byte line a step, with enough unpacking work a line that the core keeps
+// too few lines in flight for the memory's bandwidth: the tiles fetch the line this many bytes ahead of their loads
+// (a 4 KiB page: the hardware's stream prefetcher stops at each). Measured on an 8B layer's int4 linears at M = 1,
+// 2 threads: the AVX-512 BF16 W4A16 tile read 1.12x and W4A8 1.09x the codes a second of none (EPYC BF16); the AVX2
+// 16-bit tile about 1.3x (EPYC AVX2). The int8 lm_head's tile, one load and two multiply-adds a line, reads faster
+// without it (0.95x with it on EPYC BF16), so it has none (benchmarks/int4_prefetch.py, docs/BENCHMARKS.md). A switch
+// so that a benchmark can time distances in one process (the extension's dev.set_stream_ahead; 0: none).
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <cstdint>
+
+namespace stream {
+
+inline int64_t& ahead() {
+  static int64_t bytes = 4096;
+  return bytes;
+}
+
+// The line `bytes` past p (nothing where it is 0): a tile reads ahead() once, into a local, so that its hot loop
+// holds the distance in a register.
+inline void prefetch(const void* p, int64_t bytes) {
+  if (bytes > 0) _mm_prefetch(static_cast<const char*>(p) + bytes, _MM_HINT_T0);
+}
+
+}  // namespace stream
