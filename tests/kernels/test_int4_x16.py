@@ -74,16 +74,18 @@ def test_groups_not_in_fours_run_the_fma_tiles(kernel):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sign", [1, -1])
 @pytest.mark.parametrize("group_size", [4096, 8192])
-def test_the_largest_sums_stay_exact_and_larger_groups_run_the_fma_tiles(kernel, group_size):
-    """Every code 15 and every x at its group's max: a row's int32 sum over a group of 4096 columns is
-    4096 * 15 * 32767 = 2.01e9 < 2^31 (exact: 15 * 4096 a row); a group of 8192 would not fit, and runs in fp32."""
+def test_the_largest_sums_stay_exact_and_larger_groups_run_the_fma_tiles(kernel, group_size, sign):
+    """Every code 15 and every x at its group's max (or min): a row's int32 sum over a group of 4096 columns is
+    4096 * 15 * 32767 = 2.01e9 < 2^31 (exact: 15 * 4096 a row), while the tiles' unmasked sums of whole bytes
+    (255 a column) wrap around on the way; a group of 8192 would not fit, and runs in fp32."""
     k = group_size
     codes = torch.full((16, k), 15)
     w = int4_cpu.Int4Blocked(*pack_blocks(codes, torch.ones(1, 16), torch.zeros(1, 16), k), 16, k, None)
-    x = torch.ones(1, k)
+    x = torch.full((1, k), float(sign))
     got = kernel.int4_linear(x, w.packed, w.scale_zero, 16, k)
-    assert torch.equal(got, torch.full((1, 16), 15.0 * k))
+    assert torch.equal(got, torch.full((1, 16), sign * 15.0 * k))
     if group_size > 4096:
         with pytest.raises(RuntimeError, match="at most 4096"):
             kernel.int4_linear_x16(x, w.packed, w.scale_zero, 16, k)
