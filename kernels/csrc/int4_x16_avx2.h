@@ -12,7 +12,7 @@
 // against x's four digits (spread once a call by quantize, one load a quad) give 64 products as int32 sums of two,
 // each lane one column pair, added at the group's end. (A cross-lane dword permute of the codes, which put a row's
 // four columns in one lane, cost more than the rest of the quad's unpacking on Zen 3.) A quad is then 12 vector
-// operations, two loads and a prefetch every other quad (stream_ahead.h): about 3 cycles on Zen 3 from L1, where its
+// operations, two loads and a prefetch (stream_ahead.h): about 3 cycles on Zen 3 from L1, where its
 // four ALU pipes are the limit. A group's sums are exact in int32 (at most 15 * 32767 a column: groups up to kMaxGroup
 // columns), then scaled as int4_q8_avx2.h scales its own: out += (sum - z * sum(xq)) * s * sx.
 #pragma once
@@ -101,7 +101,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
       for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_setzero_si256();
 #pragma GCC unroll 2
     for (int64_t k = g * a.gs, k1 = k + a.gs; k < k1; k += 4) {
-      if ((k & 4) == 0) stream::prefetch(w + k * 8, ahead);  // a 64-byte line every two quads
+      stream::prefetch(w + k * 8, ahead);  // each quad (one every other, once a line, measured no faster)
       __m256i c[4];
       unpack_quad(w + k * 8, c);
       for (int m = 0; m < MT; ++m) {

@@ -119,8 +119,10 @@ void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& 
   const float *x = in.data_ptr<float>(), *xs = xsum.data_ptr<float>();
   const bool x16 = lin.gs % 4 == 0 && lin.gs <= int4x16::kMaxGroup;
   const auto on_x16 = [&](int64_t a) { return x16 && s.count[a] <= int4x16::kMaxRows; };
-  std::vector<int16_t> xq(x16 ? rows * 4 * lin.k : 0);  // the digits of the rows of experts with few rows (each row's own,
-  std::vector<float> sx(x16 ? rows * groups : 0), xqsum(sx.size());  // as int4_linear's); the rest go unrounded
+  // the digits of the rows of experts with few rows (each row's own, spread as int4_linear's: 4K a row); the rest go
+  // unrounded
+  std::vector<int16_t> xq(x16 ? rows * 4 * lin.k : 0);
+  std::vector<float> sx(x16 ? rows * groups : 0), xqsum(sx.size());
   for (int64_t a = 0; a < static_cast<int64_t>(s.expert.size()); ++a)
     if (on_x16(a)) {
       const int64_t r = s.start[a];
