@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "act_mul.h"
@@ -119,22 +120,26 @@ void experts_linear(const Slots& s, const Stacked<T>& lin, const torch::Tensor& 
   const float *x = in.data_ptr<float>(), *xs = xsum.data_ptr<float>();
   const bool x16 = lin.gs % 4 == 0 && lin.gs <= int4x16::kMaxGroup;
   const auto on_x16 = [&](int64_t a) { return x16 && s.count[a] <= int4x16::kMaxRows; };
-  // the digits of the rows of experts with few rows (each row's own, spread as int4_linear's: 4K a row); the rest go
-  // unrounded
-  std::vector<int16_t> xq(x16 ? rows * 4 * lin.k : 0);
-  std::vector<float> sx(x16 ? rows * groups : 0), xqsum(sx.size());
-  for (int64_t a = 0; a < static_cast<int64_t>(s.expert.size()); ++a)
-    if (on_x16(a)) {
-      const int64_t r = s.start[a];
-      int4x16::quantize(x + r * lin.k, s.count[a], lin.k, lin.gs, xq.data() + r * 4 * lin.k, sx.data() + r * groups,
-                        xqsum.data() + r * groups);
-    }
+  // The digits of the rows of experts with few rows, each row's own (spread as int4_linear's: 4K a row), those
+  // experts' rows one after another from at[a]; the rest go unrounded.
+  const int64_t experts = static_cast<int64_t>(s.expert.size());
+  std::vector<int64_t> at(experts, 0);
+  int64_t few = 0;
+  for (int64_t a = 0; a < experts; ++a)
+    if (on_x16(a)) at[a] = std::exchange(few, few + s.count[a]);
+  std::vector<int16_t> xq(few * 4 * lin.k);
+  std::vector<float> sx(few * groups), xqsum(sx.size());
+  for (int64_t a = 0; a < experts; ++a)
+    if (on_x16(a))
+      int4x16::quantize(x + s.start[a] * lin.k, s.count[a], lin.k, lin.gs, xq.data() + at[a] * 4 * lin.k,
+                        sx.data() + at[a] * groups, xqsum.data() + at[a] * groups);
   over_expert_blocks(s, lin.blocks, [&](int64_t a, int64_t b0, int64_t b1) {
     const int64_t r = s.start[a];
     const uint8_t* w = lin.w + s.expert[a] * lin.per_w();
     const T* sz = lin.sz + s.expert[a] * lin.per_s();
     if (on_x16(a)) {
-      const int4x16::Args<T> args{xq.data() + r * 4 * lin.k, sx.data() + r * groups, xqsum.data() + r * groups, w, sz,
+      const int64_t i = at[a];
+      const int4x16::Args<T> args{xq.data() + i * 4 * lin.k, sx.data() + i * groups, xqsum.data() + i * groups, w, sz,
                                   out + r * lin.n, s.count[a], lin.k, lin.n, groups, lin.gs};
       for (int64_t b = b0; b < b1; ++b) int4x16::block(args, b);
       return;
