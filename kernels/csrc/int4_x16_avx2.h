@@ -99,7 +99,7 @@ void tile(const Args<T>& a, int64_t b, int64_t m0, float* o) {
     __m256i acc[MT][4];
     for (int m = 0; m < MT; ++m)
       for (int j = 0; j < 4; ++j) acc[m][j] = _mm256_setzero_si256();
-#pragma GCC unroll 2
+#pragma GCC unroll 2  // two quads a turn: GCC moves the accumulators between registers once a turn (1.04x from L3)
     for (int64_t k = g * a.gs, k1 = k + a.gs; k < k1; k += 4) {
       stream::prefetch(w + k * 8, ahead);  // each quad (one every other, once a line, measured no faster)
       __m256i c[4];

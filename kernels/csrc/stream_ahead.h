@@ -1,12 +1,13 @@
 // The software prefetch of the int4 tiles that stream their codes at one to three rows of x (batch-1 decode): the
-// AVX-512 tiles of int4_bf16_avx512.h and int4_q8_avx512.h, and the AVX2 16-bit tiles of int4_x16_avx2.h. Each
-// thread walks its blocks front to back, a 64-byte line a step, with enough unpacking work a line that the core keeps
-// too few lines in flight for the memory's bandwidth: the tiles fetch the line this many bytes ahead of their loads
-// (a 4 KiB page: the hardware's stream prefetcher stops at each). Measured on an 8B layer's int4 linears at M = 1,
-// 2 threads: the AVX-512 BF16 W4A16 tile read 1.12x and W4A8 1.09x the codes a second of none (EPYC BF16); the AVX2
-// 16-bit tile about 1.3x (EPYC AVX2). The int8 lm_head's tile, one load and two multiply-adds a line, reads faster
-// without it (0.95x with it on EPYC BF16), so it has none (benchmarks/int4_prefetch.py, docs/BENCHMARKS.md). A switch
-// so that a benchmark can time distances in one process (the extension's dev.set_stream_ahead; 0: none).
+// AVX-512 tiles of int4_bf16_avx512.h and int4_q8_avx512.h, and the AVX2 tiles of int4_x16_avx2.h and int4_q8_avx2.h.
+// Each thread walks its blocks front to back, a 64-byte line a step or two, with enough unpacking work a line that the
+// core keeps too few lines in flight for the memory's bandwidth: the tiles fetch the line this many bytes ahead of
+// their loads (a 4 KiB page: the hardware's stream prefetcher stops at each). Measured on an 8B layer's int4 linears
+// at M = 1, 2 threads, against none: the AVX-512 BF16 W4A16 tile read 1.12x the codes a second and W4A8 1.09x (EPYC
+// BF16); the AVX2 16-bit tile 1.32x and W4A8 1.26x (EPYC AVX2). The int8 lm_head's tile, one load and two
+// multiply-adds a line, reads faster without it on EPYC BF16 (0.95x with it) and no faster with it on EPYC AVX2, so
+// it has none (benchmarks/int4_prefetch.py, docs/BENCHMARKS.md). A switch so that a benchmark can time distances in
+// one process (the extension's dev.set_stream_ahead; 0: none).
 #pragma once
 
 #include <xmmintrin.h>

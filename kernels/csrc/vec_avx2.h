@@ -130,7 +130,7 @@ inline void store_rows(float* out, int64_t N, int64_t b, int64_t m0, int64_t mt,
 // per-(row, group) scale and digit sum, the Int4Blocked weight with its scales and zeros (T fp16 or fp32), the output.
 template <typename D, typename T>
 struct IntArgs {
-  const D* xq;         // [M, K]
+  const D* xq;         // [M, K] (int4_x16_avx2.h: [M, 4K], each quad of columns spread by its quantize)
   const float* sx;     // [M, G]: the scale of each row and group
   const float* xqsum;  // [M, G]: the sum of xq over the group
   const uint8_t* w;    // [NB, K, 8]
