@@ -3,11 +3,12 @@
   python benchmarks/engine_profile.py [--threads 2] [--workloads a,b,c] [--dtype auto] [--paths torch,cpp]
                                          [--decode-batch 8] [--prefill 8:256] [--model PATH]
                                          [--int8-activations] [--lm-head auto|int8|float]
-                                         [--float-linears auto|onednn]
+                                         [--float-linears auto|onednn] [--decode-only]
 
 --decode-batch N adds a workload "c xN": N requests of (c)'s shape (128 in, 128 out) decoding together.
 --prefill N:LEN adds "prefill NxLEN": N random prompts of LEN tokens, one token out (one prefill step when
 N x LEN fits the step's token budget), on fresh prompts each repeat (no prefix-cache hits).
+--decode-only counts only the steps that compute no prompt token: a batch's decode, its prefill left out.
 --float-linears onednn loads the float linears as oneDNN-prepacked where the engine would run quantkit's bf16
 kernel (benchmarks/bf16_dot.py).
 --model PATH profiles that checkpoint instead of the random 1024-hidden Llama (`--workloads ""` with it
@@ -154,22 +155,32 @@ def breakdown(clock: Clock) -> dict[str, float]:
             "scheduler + rest of step": t["step"] - t["execute"] - t["sampling + postprocess"]}
 
 
-def profile(llm, prompts: list[list[int]], max_tokens: int) -> tuple[dict[str, float], float, int, int]:
-    """(seconds per part, wall seconds, generated tokens, steps) of one generate over `prompts`."""
+def profile(llm, prompts: list[list[int]], max_tokens: int,
+            decode_only: bool = False) -> tuple[dict[str, float], float, int, int]:
+    """(seconds per part, wall seconds, generated tokens, steps) of one generate over `prompts`; with
+    `decode_only`, of its steps that compute no prompt token (one token a running request)."""
     from quantkit.engine import SamplingParams
 
     clock = Clock()
-    steps = 0
+    steps = tokens = 0
+    wall = 0.0
     with instrumented(clock):
         eng = llm.engine
         for p in prompts:
             eng.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-        t = time.perf_counter()
         while eng.has_unfinished_requests():
+            before = dict(clock.total)
+            t = time.perf_counter()
             eng.step()
+            took = time.perf_counter() - t
+            ran = eng.last_step
+            if decode_only and ran.num_scheduled_tokens > ran.num_running:
+                clock.total = defaultdict(float, before)
+                continue
+            wall += took
             steps += 1
-        wall = time.perf_counter() - t
-    return breakdown(clock), wall, len(prompts) * max_tokens, steps
+            tokens += ran.num_running if decode_only else 0
+    return breakdown(clock), wall, tokens if decode_only else len(prompts) * max_tokens, steps
 
 
 def batched_c(n: int):
@@ -202,6 +213,8 @@ def main() -> None:
     ap.add_argument("--paths", default="cpp", help=f"a comma-separated list of {', '.join(PATHS)}")
     ap.add_argument("--decode-batch", type=int, default=0, help="also N requests of (c)'s shape together")
     ap.add_argument("--prefill", help="N:LEN: also N prompts of LEN tokens, one token out")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="count only the steps that compute no prompt token (the decode of a batch)")
     ap.add_argument("--repeats", type=int, default=1, help="profile each workload this many times")
     ap.add_argument("--model", help="a checkpoint to profile (default: the random 1024-hidden Llama)")
     ap.add_argument("--int8-activations", action="store_true", help="EngineConfig.cpu_int8_activations")
@@ -240,7 +253,7 @@ def main() -> None:
                 llm.generate(w.prompts[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))  # warm-up
                 if w.name.startswith("prefill"):  # every prompt token computed in the timed run
                     llm.engine.kv.pool.reset_prefix_cache()
-                parts, wall, tokens, steps = profile(llm, w.prompts, w.max_tokens)
+                parts, wall, tokens, steps = profile(llm, w.prompts, w.max_tokens, args.decode_only)
             total = sum(parts.values())
             cells = " | ".join(f"{parts[p] / total:5.1%}" for p in PARTS)
             print(f"| ({w.name}) | {path} | {tokens / wall:.1f} | {steps} | {wall / steps * 1e3:.1f} | {cells} |",

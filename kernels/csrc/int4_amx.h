@@ -16,6 +16,7 @@
 
 #include "amx_bf16.h"
 #include "int4_bf16_avx512.h"
+#include "stream_ahead.h"
 
 #if defined(QUANTKIT_AMX) && defined(QUANTKIT_INT4_BF16)
 #define QUANTKIT_INT4_AMX 1
@@ -36,10 +37,12 @@ constexpr int kTileElems = kTileK / 2 * 32;  // bf16 values in a B tile: 16 rows
 static inline bool usable(int64_t gs) { return gs % kTileK == 0 && amx::usable(gs); }
 
 // Columns k..k+31 of a block (codes at blk: [K, 8]) -> B tile t[16][32]: row p holds the 16 outputs' (128 + code)
-// pairs for columns k + 2p, k + 2p + 1 (pair_of's operand for that pair).
-inline void unpack_tile(const uint8_t* blk, int64_t k, uint16_t* t) {
+// pairs for columns k + 2p, k + 2p + 1 (pair_of's operand for that pair). Each of the 4 lines of codes it reads is
+// fetched `ahead` bytes beforehand (stream_ahead.h; 0: none): all 64 int4 linears of the 1B shape at M = 8, 1.13x.
+inline void unpack_tile(const uint8_t* blk, int64_t k, uint16_t* t, int64_t ahead) {
   const int4bf16::PairIndex& pairs = int4bf16::pair_index();
   for (int l = 0; l < 4; ++l) {
+    stream::prefetch(blk + (k + 8 * l) * 8, ahead);
     const int4bf16::Nibbles n = int4bf16::nibbles(blk + (k + 8 * l) * 8);
     for (int c = 0; c < 4; ++c) _mm512_store_si512(t + (4 * l + c) * 32, (__m512i)int4bf16::pair_of(n, pairs.of[c]));
   }
@@ -73,6 +76,7 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
   // Without kept tiles, a group's tiles are unpacked into one of two sets (alternating by group) before its tile
   // steps: a tile load waits for the stores of its buffer, and one buffer reused every step serialized them.
   const int64_t steps = a.gs / kTileK;
+  const int64_t ahead = stream::ahead();
   uint16_t* own = kept != nullptr ? nullptr : group_tiles(2 * 2 * steps);  // two sets of steps x 2 blocks
   for (int t = 0; t < 4; ++t) std::fill(o[t], o[t] + kRows * kRows, 0.f);
   for (int64_t g = 0; g < a.G; ++g) {
@@ -80,7 +84,8 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
     uint16_t* base = kept != nullptr ? kept + g * steps * 2 * kTileElems : own + (g % 2) * steps * 2 * kTileElems;
     if (kept == nullptr || fill)
       for (int64_t i = 0; i < steps; ++i)
-        for (int j = 0; j < NB; ++j) unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kTileK, base + (i * 2 + j) * kTileElems);
+        for (int j = 0; j < NB; ++j)
+          unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kTileK, base + (i * 2 + j) * kTileElems, ahead);
     amx::zero_c<MA, NB>();
     for (int64_t i = 0; i < steps; ++i) {
       const uint16_t* bt[2] = {base + i * 2 * kTileElems, base + (i * 2 + 1) * kTileElems};

@@ -123,19 +123,30 @@ def engine_table(c):
                     + ", ".join(f"{n} {s:.1f} s" for n, s in c.startup_s.items()),
               caption=f"quantkit {c.quantkit_weights}")
     systems = list(c.results[0].tok_s) if c.results else ["quantkit"]
+    decode = any(r.decode_tok_s for r in c.results)  # (d8), (d32): the decode rate, prefill's time taken out
     t.add_column("workload")
     for name in systems:
         t.add_column(f"{name} tok/s", justify="right")
         t.add_column(f"{name} TTFT", justify="right")
+        if decode:
+            t.add_column(f"{name} decode tok/s", justify="right")
     if "vLLM" in systems:
         t.add_column("tok/s ratio", justify="right")
         t.add_column("TTFT ratio", justify="right")
+        if decode:
+            t.add_column("decode ratio", justify="right")
     for r in c.results:
         row = [f"({r.workload})"]
         for name in systems:
             row += [f"{r.median_tok_s(name):.1f}", f"{r.median_ttft_s(name) * 1e3:.1f} ms"]
+            if decode:
+                rate = r.median_decode_tok_s(name)
+                row.append("" if rate is None else f"{rate:.1f}")
         if (ratios := r.ratios()) is not None:
             row += [f"{ratios[0]:.2f}x", f"{ratios[1]:.2f}x"]
+            if decode:
+                rates = r.median_decode_tok_s("quantkit"), r.median_decode_tok_s("vLLM")
+                row.append(f"{rates[0] / rates[1]:.2f}x" if None not in rates else "")
         t.add_row(*row)
     return t
 

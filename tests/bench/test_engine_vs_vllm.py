@@ -69,6 +69,26 @@ def test_a_fixed_workload_reruns_its_prompts_and_rates_no_decode():
     assert engine.seen == [w.prompts, w.prompts] and result.decode_tok_s == {}
 
 
+def test_the_table_shows_each_systems_decode_rate_and_their_ratio_for_the_decode_workloads():
+    from rich.console import Console
+
+    from quantkit.bench.engine_vs_vllm import Comparison
+    from quantkit.commands.bench import engine_table
+
+    fixed, fresh = WorkloadResult("c"), WorkloadResult("d8")
+    for r in (fixed, fresh):
+        r.tok_s, r.ttft_s = {"quantkit": [90.0], "vLLM": [60.0]}, {"quantkit": [1.0], "vLLM": [2.0]}
+    fresh.decode_tok_s = {"quantkit": [120.0], "vLLM": [100.0]}
+    c = Comparison("m", "m", "bfloat16", 2, 1, (1.0, 1.0), {}, "", [fixed, fresh])
+    console = Console(width=250, record=True)
+    console.print(engine_table(c))
+    text = console.export_text()
+    assert "quantkit decode tok/s" in text and "decode ratio" in text
+    d8 = next(line for line in text.splitlines() if "(d8)" in line)
+    assert "120.0" in d8 and "100.0" in d8 and "1.20x" in d8 and "1.50x" in d8  # decode ratio beside tok/s ratio
+    assert "1.20x" not in next(line for line in text.splitlines() if "(c)" in line)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(workloads=("a", "d")), "--workloads: a,d"),
     (dict(workloads=("a", "a")), "distinct names"),

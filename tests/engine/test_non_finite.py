@@ -5,10 +5,12 @@ with an error, never turn into text (greedy sampling of NaN logits picks token 0
 from __future__ import annotations
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from quantkit.cli import build_app
 from quantkit.engine import LLM, SamplingParams
+from quantkit.engine.llm_engine import non_finite_rows
 from tests_support.corrupt import corrupt, nan_every_seventh
 
 BAD_SCALES = "model.layers.0.self_attn.q_proj"
@@ -47,3 +49,20 @@ def test_non_finite_logits_fail_the_request_never_text(tiny_llama, tmp_path):
     done = CliRunner().invoke(build_app(), ["generate", str(bad), "--prompt", "Once upon a time", "--max-tokens", "8",
                                             "--threads", "1", "--dtype", "float32"])
     assert done.exit_code == 2 and done.stdout == "" and "non-finite logits" in done.stderr, done.output
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_rows_finds_each_kind_in_any_row(bad):
+    logits = torch.randn(5, 1000)
+    logits[1, 7] = bad
+    logits[4, 999] = bad
+    assert non_finite_rows(logits) == [1, 4]
+
+
+def test_non_finite_rows_keeps_rows_whose_sum_overflows_but_whose_logits_are_finite():
+    logits = torch.randn(3, 64)
+    logits[2] = 3e37  # finite logits whose row sum is inf in fp32: the cheap test misses, the exact one keeps it
+    assert not torch.isfinite(logits[2].sum())
+    assert non_finite_rows(logits) == []
+    logits[0, 0] = float("nan")
+    assert non_finite_rows(logits) == [0]
