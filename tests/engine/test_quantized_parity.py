@@ -4,6 +4,8 @@ the engine, against the same checkpoint loaded through QuantLinear in transforme
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,6 +15,9 @@ from tests_support.int4_checkpoints import quantize_tiny
 pytestmark = pytest.mark.usefixtures("cpu_level")  # every test at each CPU level this machine runs (conftest.py)
 
 MAX_TOKENS = 16
+# W4A8 against W4A16: a first token may differ only where the W4A16 engine's logprobs of the two are this close
+# (nats; the widest such gap seen, on the Xeon AMX's tiny GPTQ model, was 0.047: its logits are near-flat)
+NEAR_TIE = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -138,5 +143,10 @@ def test_int8_prefill_runs_prompt_tokens_w4a8_and_generated_tokens_w4a16(gptq_di
     assert sum(w4a16_rows) == len(linears) * sum(p.max_tokens - 1 for p in params)
     plain = LLM(str(gptq_dir), dtype=dtype, max_model_len=256, max_num_seqs=4, cpu_int8_prefill=False)
     assert not plain.engine.runner.names_prompt_rows
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
-    assert sum(a[0] == b[0] for a, b in zip(got, want)) >= 10, (got, want)
+    ranked = [dataclasses.replace(p, logprobs=5) for p in params]
+    outs = [o.outputs[0] for o in plain.generate(prompts, ranked)]
+    want = [o.token_ids for o in outs]
+    assert sum(a[0] == b[0] for a, b in zip(got, want)) >= len(prompts) // 2, (got, want)
+    for a, o in zip(got, outs):  # each first token that differs is a near-tie of the W4A16 engine's own logits
+        top = o.logprobs[0]
+        assert a[0] in top and top[o.token_ids[0]].logprob - top[a[0]].logprob < NEAR_TIE, (a, o.token_ids, top)
