@@ -419,8 +419,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "[M, N] (AVX2/FMA; int4_q8_avx2.h)");
   m.def("int8_linear_f32", &int8_linear_f32, "x fp32 [M, K] @ W8.T -> fp32 [M, N] (AVX2/FMA; int8_f32_avx2.h)");
   dev.def("set_stream_ahead", [](int64_t bytes) { return std::exchange(stream::ahead(), bytes); },
-        "the tiles of 1-3 rows of x that stream their codes (stream_ahead.h): prefetch them this many bytes ahead "
-        "of the loads (0: none); returns the previous setting");
+        "the tiles that stream their codes (stream_ahead.h: 1-3 rows of x; on AMX the int4 tiles and the int8 head "
+        "up to 16 rows): prefetch them this many bytes ahead of the loads (0: none); returns the previous setting");
 #if defined(QUANTKIT_INT4_BF16)
   m.def("int4_dequantize_pairs", &int4_dequantize_pairs,
         "rows n0..n1 of W4 as bf16 in the bf16 kernel's pair layout [ceil((n1 - n0) / 16), K / 2, 16, 2]");
