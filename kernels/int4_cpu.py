@@ -243,6 +243,13 @@ def q8_kernel(w: Int4Blocked) -> bool:
     return hasattr(extension(), "int4_linear_q8") and w.group_size % 4 == 0
 
 
+def q8_amx_kernel(w: Int4Blocked) -> bool:
+    """Whether the int8-activation kernel runs `w` on AMX-INT8 tiles (kernels/csrc/int4_q8_amx.h): built for a CPU
+    with AMX-INT8, Linux granted the tile state, and groups of whole 64-column tile steps."""
+    ext = extension()
+    return q8_kernel(w) and hasattr(ext.dev, "set_int4_q8_amx_from_m") and ext.has_amx() and w.group_size % 64 == 0
+
+
 def dense_threshold(dtype: torch.dtype, bf16_kernel: bool = False, amx: bool = False) -> int:
     """The M from which `int4_blocked_linear` dequantizes tiles instead of running a kernel (`bf16_kernel`:
     bf16 activations run the AVX-512 BF16 kernel; `amx`: from a few rows on AMX tiles, `amx_kernel`)."""

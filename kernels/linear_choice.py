@@ -4,6 +4,8 @@ weight out for the row chosen, `int4_blocked_linear` reads from it where its den
 and `quantkit env` prints the table with what each row needs on this CPU.
 
 The rows, best first:
+  W4A8 AMX        the W4A8 row's needs, AMX tiles granted and groups of whole 64-column tile steps: the same kernel
+                  and bits, its products on AMX-INT8 tiles (kernels/csrc/int4_q8_amx.h) below the dense crossover
   W4A8            4-bit, bf16 activations, int8 activations asked (EngineConfig.cpu_int8_activations), the AVX-512
                   VNNI + VBMI kernel built, groups in fours; batches of a linear without bias or act-order go
                   straight to it (x rounded to int8 per row and group): every batch, prefill chunks too, unless
@@ -139,10 +141,12 @@ def _dense_q8(case: LinearCase) -> int:
 
 INT4 = (_bits(4), _loaded)
 BF16 = (*INT4, _bf16, _built("int4_linear_bf16", "the AVX-512 BF16 kernel"), _groups_of(2))
+Q8 = (*BF16, _q8_asked, _plain, _built("int4_linear_q8", "the int8-activation kernel"), _groups_of(4))
 TABLE: tuple[LinearKernel, ...] = (
-    LinearKernel("int4 (quantkit AVX-512 VNNI int8-activation kernel)", "int4 blocks",
-                 (*BF16, _q8_asked, _plain, _built("int4_linear_q8", "the int8-activation kernel"), _groups_of(4)),
+    LinearKernel("int4 (quantkit AMX-INT8 int8-activation kernel)", "int4 blocks", (*Q8, _amx, _groups_of(64)),
                  direct="q8", dense_from=_dense_q8),
+    LinearKernel("int4 (quantkit AVX-512 VNNI int8-activation kernel)", "int4 blocks", Q8, direct="q8",
+                 dense_from=_dense_q8),
     LinearKernel("int4 (quantkit AMX + AVX-512 BF16 kernel)", "int4 blocks", (*BF16, _amx, _groups_of(32)),
                  direct="bf16", dense_from=_dense_bf16_kernel(True)),
     LinearKernel("int4 (quantkit AVX-512 BF16 kernel)", "int4 blocks", BF16, direct="bf16",

@@ -150,22 +150,32 @@ inline void dots_any(int ma, int nb, const uint16_t* x, int64_t ldx, const uint1
 constexpr int64_t kStepRows = 2 * kRows;
 constexpr int64_t kChunkBytes = 1 << 20;
 
+// The row tiles of the step at row m0 of M (r1 0: one tile), with their palette loaded where `configured` (r0 * 32 + r1
+// of the palette this thread has loaded; -1: none) differs.
+struct RowStep {
+  int r0, r1;
+};
+inline RowStep row_step(int64_t M, int64_t m0, int& configured) {
+  const int r0 = static_cast<int>(std::min<int64_t>(kRows, M - m0));
+  const int r1 = static_cast<int>(std::clamp<int64_t>(M - m0 - kRows, 0, kRows));
+  if (r0 * 32 + r1 != configured) {
+    configure(r0, r1);
+    configured = r0 * 32 + r1;
+  }
+  return {r0, r1};
+}
+
 // For blocks b0..b1-1 of a pair-layout weight (K columns) and every row of x [M, K]: emit(b, m0, rows, c) receives
 // the fp32 sums c[rows][16] of rows m0..m0+rows-1 against block b. Configures and releases the tiles itself.
 template <typename Emit>
 void for_blocks(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t b0, int64_t b1, Emit emit) {
   alignas(64) float c[4][kRows * kRows];
   const int64_t block_elems = K * kRows, per_chunk = std::max<int64_t>(2, kChunkBytes / (block_elems * 2));
-  int configured = -1;  // r0 * 32 + r1 of the palette this thread has loaded
+  int configured = -1;
   for (int64_t cb = b0; cb < b1; cb += per_chunk) {
     const int64_t ce = std::min(b1, cb + per_chunk);
     for (int64_t m0 = 0; m0 < M; m0 += kStepRows) {
-      const int r0 = static_cast<int>(std::min<int64_t>(kRows, M - m0));
-      const int r1 = static_cast<int>(std::clamp<int64_t>(M - m0 - kRows, 0, kRows));
-      if (r0 * 32 + r1 != configured) {
-        configure(r0, r1);
-        configured = r0 * 32 + r1;
-      }
+      const auto [r0, r1] = row_step(M, m0, configured);
       for (int64_t b = cb; b < ce; b += 2) {
         const int nb = static_cast<int>(std::min<int64_t>(2, ce - b));
         const uint16_t* w2[2] = {w + b * block_elems, w + (b + nb - 1) * block_elems};

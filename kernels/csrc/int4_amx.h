@@ -14,7 +14,7 @@
 // load them back.
 #pragma once
 
-#include "amx_bf16.h"
+#include "amx_pairs.h"
 #include "int4_bf16_avx512.h"
 #include "stream_ahead.h"
 
@@ -25,13 +25,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 namespace int4amx {
 
 constexpr int kRows = 16;
 constexpr int kTileK = amx::kTileK;
 constexpr int kTileElems = kTileK / 2 * 32;  // bf16 values in a B tile: 16 rows of 16 outputs x 2 columns
+static_assert(kTileElems * 2 == amx::kTileBytes, "a B tile is amx_pairs.h's room of 1 KiB");
 
 // Whether w can run here: AMX granted, and groups of whole tile steps (32 columns).
 static inline bool usable(int64_t gs) { return gs % kTileK == 0 && amx::usable(gs); }
@@ -48,21 +48,10 @@ inline void unpack_tile(const uint8_t* blk, int64_t k, uint16_t* t, int64_t ahea
   }
 }
 
-// Room for n B tiles on this thread, 64-byte aligned, grown as needed; `slot` 0 and 1 are separate rooms (a block
-// pair's kept tiles, and the two sets of a group's tiles).
-inline uint16_t* tile_room(int slot, int64_t n) {
-  thread_local std::vector<uint16_t> rooms[2];
-  std::vector<uint16_t>& room = rooms[slot];
-  const size_t need = static_cast<size_t>(n * kTileElems + 32);
-  if (room.size() < need) room.resize(need);
-  const uintptr_t p = reinterpret_cast<uintptr_t>(room.data());
-  return reinterpret_cast<uint16_t*>((p + 63) & ~uintptr_t(63));
-}
-
 // A block pair's unpacked tiles for all of K ([K / 32][2] tiles, K * 64 bytes: in L2).
-inline uint16_t* kept_tiles(int64_t K) { return tile_room(0, K / kTileK * 2); }
+inline int64_t kept_tiles(int64_t K) { return K / kTileK * 2; }
 // n tiles for a group's steps.
-inline uint16_t* group_tiles(int64_t n) { return tile_room(1, n); }
+inline uint16_t* group_tiles(int64_t n) { return reinterpret_cast<uint16_t*>(amx::tile_room(1, n)); }
 
 // Rows m0..m0+r0+r1-1 of x (row tiles of r0 and r1 rows) against the NB blocks from b: o[r * 2 + j][rows][16] receives
 // the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 32][2][kTileElems], written when
@@ -110,32 +99,12 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
 // Blocks b0..b1-1 for every row of x (a.gs a multiple of 32, amx::usable): two blocks by up to 32 rows a step.
 template <typename T>
 void blocks(const int4bf16::Args<T>& a, int64_t b0, int64_t b1) {
-  alignas(64) float o[4][kRows * kRows];
-  uint16_t* kept = a.M > amx::kStepRows ? kept_tiles(a.K) : nullptr;
-  int configured = -1;
-  for (int64_t b = b0; b < b1; b += 2) {
-    const int nb = static_cast<int>(std::min<int64_t>(2, b1 - b));
-    for (int64_t m0 = 0; m0 < a.M; m0 += amx::kStepRows) {
-      const int r0 = static_cast<int>(std::min<int64_t>(kRows, a.M - m0));
-      const int r1 = static_cast<int>(std::clamp<int64_t>(a.M - m0 - kRows, 0, kRows));
-      if (r0 * 32 + r1 != configured) {
-        amx::configure(r0, r1);
-        configured = r0 * 32 + r1;
-      }
-      const bool fill = m0 == 0;
-      if (r1 > 0)
-        nb == 2 ? pair_rows<2, 2>(a, b, m0, r0, r1, kept, fill, o) : pair_rows<2, 1>(a, b, m0, r0, r1, kept, fill, o);
-      else
-        nb == 2 ? pair_rows<1, 2>(a, b, m0, r0, r1, kept, fill, o) : pair_rows<1, 1>(a, b, m0, r0, r1, kept, fill, o);
-      for (int j = 0; j < nb; ++j) {
-        const int64_t n0 = (b + j) * kRows;
-        const int64_t cols = std::min<int64_t>(kRows, a.N - n0);
-        tiles512::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0, r0, o[j]);
-        if (r1 > 0) tiles512::store_rows(a.out, a.out_bf16, a.N, n0, cols, m0 + kRows, r1, o[2 + j]);
-      }
-    }
-  }
-  amx::tile_release();
+  amx::over_block_pairs(a.M, a.N, a.out, a.out_bf16, kept_tiles(a.K), b0, b1,
+                        [&](auto ma, auto nb, int64_t b, int64_t m0, int r0, int r1, uint8_t* kept, bool fill,
+                            float (*o)[kRows * kRows]) {
+                          pair_rows<decltype(ma)::value, decltype(nb)::value>(
+                              a, b, m0, r0, r1, reinterpret_cast<uint16_t*>(kept), fill, o);
+                        });
 }
 
 }  // namespace int4amx

@@ -35,6 +35,7 @@
 #include "int4_bf16_avx512.h"  // the bf16-activation kernel, where QUANTKIT_INT4_BF16
 #include "int4_q8_avx2.h"  // the int8-activation kernel for fp32 activations (AVX2 + FMA)
 #include "int4_x16_avx2.h"  // the fp32 kernel's decode-sized tiles, x in 16-bit fixed point (AVX2)
+#include "int4_q8_amx.h"  // the int8-activation kernel on AMX-INT8 tiles, where QUANTKIT_INT4_Q8_AMX
 #include "int4_q8_avx512.h"  // the int8-activation kernel, where QUANTKIT_INT4_Q8
 #include "int8_amx.h"  // the int8-weight kernel on AMX tiles, where QUANTKIT_INT8_AMX
 #include "int8_bf16_avx512.h"  // the int8-weight kernel for bf16 activations, where QUANTKIT_INT8_W
@@ -367,9 +368,20 @@ torch::Tensor int4_linear_q8_f32(torch::Tensor x, torch::Tensor packed, torch::T
   return c.out;
 }
 
+#if defined(QUANTKIT_INT4_Q8_AMX)
+// From this many rows of x, int4_linear_q8 runs on AMX-INT8 tiles where they apply (int4q8amx::usable), with the same
+// bits as vpdpbusd. From one row: over the 1B shape's linears (weights past the caches) the tiles lead at every M,
+// 1.08-1.16x at 1-2 rows, 1.3-2.5x from 4 (benchmarks/int4_q8_amx.py; docs/BENCHMARKS.md); only a weight that stays
+// in L2 between calls (2048 x 2048, 1 MiB a core) runs one row faster on vpdpbusd. A switch for the benchmark.
+inline int64_t& int4_q8_amx_from_m() {
+  static int64_t m = 1;
+  return m;
+}
+#endif
+
 #if defined(QUANTKIT_INT4_Q8)
 // x bf16 [M, K] (columns already permuted for act-order), quantized per row and group to int8 -> fp32 (or bf16)
-// [M, N] by vpdpbusd (int4_q8_avx512.h).
+// [M, N] by vpdpbusd (int4_q8_avx512.h), or AMX-INT8 tiles from int4_q8_amx_from_m() rows (int4_q8_amx.h).
 torch::Tensor int4_linear_q8(torch::Tensor x, torch::Tensor packed, torch::Tensor sz, int64_t n, int64_t gs,
                              bool out_bf16) {
   Bf16Call c(x, n, out_bf16);
@@ -383,6 +395,12 @@ torch::Tensor int4_linear_q8(torch::Tensor x, torch::Tensor packed, torch::Tenso
   with_scales(sz, [&](auto* s) {
     const int4q8::Args<std::remove_const_t<std::remove_pointer_t<decltype(s)>>> args{
         xq.data(), sx.data(), xqsum.data(), packed.data_ptr<uint8_t>(), s, c.of, c.ob, c.m, c.k, n, groups, gs};
+#if defined(QUANTKIT_INT4_Q8_AMX)
+    if (c.m >= int4_q8_amx_from_m() && int4q8amx::usable(gs)) {
+      at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int4q8amx::blocks(args, b0, b1); });
+      return;
+    }
+#endif
     over_blocks(packed.size(0), [&](int64_t b) { int4q8::block(args, b); });
   });
   return c.out;
@@ -434,6 +452,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(QUANTKIT_INT4_AMX)
   dev.def("set_int4_amx_from_m", [](int64_t m) { return std::exchange(int4bf16::amx_from_m(), m); },
         "the rows of x from which int4_linear_bf16 runs on AMX tiles; returns the previous value");
+#endif
+#if defined(QUANTKIT_INT4_Q8_AMX)
+  dev.def("set_int4_q8_amx_from_m", [](int64_t m) { return std::exchange(int4_q8_amx_from_m(), m); },
+        "the rows of x from which int4_linear_q8 runs on AMX-INT8 tiles; returns the previous value");
 #endif
 #if defined(QUANTKIT_INT8_AMX)
   dev.def("set_int8_amx_from_m", [](int64_t m) { return std::exchange(int8_amx_from_m(), m); },

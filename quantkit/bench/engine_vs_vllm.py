@@ -87,6 +87,7 @@ class EngineBenchConfig:
     gptq: bool = False
     gptq_only: bool = False
     vllm_log: Path = Path("out/vllm-bench.log")
+    cpu_int8_activations: bool = False  # quantkit's 4-bit linears W4A8 (EngineConfig.cpu_int8_activations)
 
     def __post_init__(self) -> None:
         from quantkit.errors import QuantkitError
@@ -255,11 +256,13 @@ class Comparison:
 
 
 class Ours:
-    def __init__(self, model: Path, dtype: str, threads: int, max_model_len: int = MAX_MODEL_LEN):
+    def __init__(self, model: Path, dtype: str, threads: int, max_model_len: int = MAX_MODEL_LEN,
+                 int8_activations: bool = False):
         from quantkit.engine import LLM
 
         t = time.perf_counter()
-        self.llm = LLM(str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64, num_threads=threads)
+        self.llm = LLM(str(model), dtype=dtype, max_model_len=max_model_len, max_num_seqs=64, num_threads=threads,
+                       cpu_int8_activations=int8_activations)
         self.startup = time.perf_counter() - t
 
     def run(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
@@ -336,7 +339,7 @@ def compare(model: Path, label: str, cfg: EngineBenchConfig, bar: Bar | None = N
     dtype = auto_cpu_dtype()[0] if cfg.dtype == "auto" else cfg.dtype
     wls, max_len = workloads_for(model, cfg.workloads)
     bar.describe(f"{label}: loading in quantkit")
-    ours = Ours(model, dtype, cfg.threads, max_len)
+    ours = Ours(model, dtype, cfg.threads, max_len, cfg.cpu_int8_activations)
     contest = Contest({"quantkit": ours}, {w.name: WorkloadResult(w.name) for w in wls})
     startup, rss, idle = {"quantkit": ours.startup}, {"quantkit": rss_bytes()}, None
     if cfg.vllm_venv is not None:

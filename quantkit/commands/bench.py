@@ -90,6 +90,9 @@ def bench_engine(
     gptq_only: bool = typer.Option(False, "--gptq-only", help="Embedded model: only its 4-bit GPTQ checkpoint."),
     vllm_log: Path = typer.Option(Path("out/vllm-bench.log"), "--vllm-log", help="Where vLLM's stderr goes."),
     output: Path | None = typer.Option(None, "--output", help="Write the report here as JSON."),
+    cpu_int8_activations: bool = typer.Option(False, "--cpu-int8-activations",
+                                              help="quantkit's 4-bit linears with activations rounded to int8 "
+                                                   "(W4A8), as generate/serve --cpu-int8-activations."),
 ) -> None:
     """Output tokens/s and TTFT of the engine on fixed workloads (token-id prompts, greedy, EOS ignored), beside
     vLLM's CPU build with --against-vllm: same model, prompts and threads, alternating rounds."""
@@ -99,7 +102,8 @@ def bench_engine(
 
     cfg = EngineBenchConfig(model=None if model is None else resolve_model_path(model), vllm_venv=against_vllm,
                             threads=threads, rounds=rounds, dtype=dtype, gptq=gptq, gptq_only=gptq_only,
-                            workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()), vllm_log=vllm_log)
+                            workloads=tuple(w.strip() for w in workloads.split(",") if w.strip()), vllm_log=vllm_log,
+                            cpu_int8_activations=cpu_int8_activations)
     with progress_bar("Measuring", measurements(cfg)) as bar, no_transformers_bars():
         reports = comparisons(cfg, bar)
     for c in reports:

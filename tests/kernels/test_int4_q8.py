@@ -67,6 +67,50 @@ def test_q8_kernel_matches_its_reference(q8, m, n, k, layout, sym, group_size, a
     assert float((got - w4a16).norm() / w4a16.norm()) < 0.02
 
 
+@pytest.fixture
+def q8_amx(q8):
+    """The bf16 int8-activation kernel with its AMX-INT8 tiles (kernels/csrc/int4_q8_amx.h) from one row on, where this
+    CPU and Linux give the process AMX tiles."""
+    if not (hasattr(q8.dev, "set_int4_q8_amx_from_m") and q8.has_amx()):
+        pytest.skip("the AMX-INT8 tiles of the int8-activation kernel: not built at this CPU level, or no AMX granted")
+    old = q8.dev.set_int4_q8_amx_from_m(1)
+    yield q8
+    q8.dev.set_int4_q8_amx_from_m(old)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 32, 33, 70])  # one or two row tiles a step; past 32 rows kept tiles
+@pytest.mark.parametrize(("n", "k", "group_size", "fp32_scales"),
+                         [(272, 512, 128, False), (40, 256, 64, True), (48, 384, -1, False), (16, 512, 256, False)])
+def test_q8_amx_tiles_give_the_vnni_kernels_bits(q8_amx, m, n, k, group_size, fp32_scales):
+    """The tiles sum the same int32 products of code and xq as vpdpbusd and scale each group in the same operations:
+    the same fp32 outputs, bit for bit, and the reference's to summation order."""
+    w = repack(checkpoint(n, k, group_size, "gptq", False, seed=m))
+    sz = w.scale_zero.float() if fp32_scales else w.scale_zero
+    x = (3 * torch.randn(m, k, generator=torch.Generator().manual_seed(n + m))).bfloat16()
+    tiles = q8_amx.int4_linear_q8(x, w.packed, sz, n, w.group_size)
+    tiles_bf16 = q8_amx.int4_linear_q8(x, w.packed, sz, n, w.group_size, True)
+    q8_amx.dev.set_int4_q8_amx_from_m(1 << 30)
+    vectors = q8_amx.int4_linear_q8(x, w.packed, sz, n, w.group_size)
+    assert torch.equal(tiles, vectors)
+    assert torch.equal(tiles_bf16, vectors.to(torch.bfloat16))
+    torch.testing.assert_close(tiles, int4_q8_reference(x.float(), w), **TOL)
+
+
+def test_q8_amx_tiles_sum_full_scale_codes_exactly_and_leave_other_groups_to_vectors(q8_amx):
+    """Every code 15 against x at +-amax over a group of 512 (the largest tile sums: 15 * 127 * 512), and a group of 32
+    (not whole 64-column tile steps): the vector kernel's, the reference's."""
+    n, k = 16, 1024
+    packed, sz = int4_cpu.pack_blocks(torch.full((n, k), 15), torch.ones(2, n), torch.zeros(2, n), 512)
+    x = torch.ones(20, k, dtype=torch.bfloat16)
+    x[1] = -1
+    got = q8_amx.int4_linear_q8(x, packed, sz, n, 512)
+    assert got[0].tolist() == [15.0 * k] * n and got[1].tolist() == [-15.0 * k] * n
+    w32 = repack(checkpoint(48, 256, 32, "gptq", False, seed=3))
+    x32 = (3 * torch.randn(20, 256, generator=torch.Generator().manual_seed(4))).bfloat16()
+    torch.testing.assert_close(q8_amx.int4_linear_q8(x32, w32.packed, w32.scale_zero, 48, 32),
+                               int4_q8_reference(x32.float(), w32), **TOL)
+
+
 def test_q8_kernel_rejects_groups_not_in_fours(q8):
     w = int4_cpu.Int4Blocked(torch.zeros(1, 12, 8, dtype=torch.uint8), torch.ones(1, 2, 2, 16, dtype=torch.float16),
                              16, 6, None)
