@@ -345,8 +345,8 @@ def main() -> None:
     ap.add_argument("--vllm-log", default="out/vllm-ttft.log", help="where vLLM's log goes")
     ap.add_argument("--int8-activations", nargs="?", const="also", choices=("also", "only"),
                     help="also (or, `only`, instead of W4A16) each 4-bit checkpoint with --cpu-int8-activations "
-                         "(W4A8: the AVX-512 VNNI kernel in bf16, the AVX2 one in fp32): two 8B engines in one "
-                         "process do not fit 24 GiB beside llama.cpp")
+                         "(W4A8: the AVX-512 VNNI kernel in bf16, on AMX-INT8 tiles where granted; the AVX2 one "
+                         "in fp32): two 8B engines in one process do not fit 24 GiB beside llama.cpp")
     ap.add_argument("--w4a16", action="store_true",
                     help="also each 4-bit checkpoint with --no-cpu-int8-prefill (bf16 CPUs: W4A16 prompts too)")
     args = ap.parse_args()
