@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
-from quantkit.bench.rounds import round_order
+from quantkit.bench.rounds import alternate
 from quantkit.kernels.paged_attention_cpu import cpu_attention
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 16, 8, 64, 16
@@ -38,6 +39,18 @@ def step_inputs(batch: int, keys: int, seed: int = 0):
     starts = torch.arange(batch + 1, dtype=torch.int32)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=g).bfloat16()
     return caches, tables, lens, starts, q
+
+
+def timed_step(mod, step: Callable[[], list[torch.Tensor]], ahead: int,
+               outs: dict[int, list[torch.Tensor]]) -> Callable[[], float]:
+    """One timed run of `step` with `ahead` blocks prefetched: its ms, its outputs left in outs[ahead]."""
+    def run() -> float:
+        mod.dev.set_prefetch_blocks(ahead)
+        step()  # the previous setting's step left other blocks in the cache than this one reads
+        t = time.perf_counter()
+        outs[ahead] = step()
+        return (time.perf_counter() - t) * 1e3
+    return run
 
 
 def main() -> None:
@@ -64,14 +77,8 @@ def main() -> None:
                 return [mod.paged_attention(q, k, v, tables, lens, starts, HEAD_DIM ** -0.5, none_i32, none_f32,
                                             none_f32, none_f32) for k, v in caches]
 
-            ms, outs = {a: [] for a in AHEAD}, {}
-            for r in range(args.rounds):
-                for a in round_order(AHEAD, r):
-                    mod.dev.set_prefetch_blocks(a)
-                    step()  # the previous setting's step left other blocks in the cache than this one reads
-                    t = time.perf_counter()
-                    outs[a] = step()
-                    ms[a].append((time.perf_counter() - t) * 1e3)
+            outs: dict[int, list[torch.Tensor]] = {}
+            ms = alternate({a: timed_step(mod, step, a, outs) for a in AHEAD}, args.rounds)
             if not all(torch.equal(x, y) for a in AHEAD for x, y in zip(outs[0], outs[a])):
                 raise SystemExit("prefetching changed the output")
             for a in AHEAD:

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch
 
+from quantkit.bench.rounds import alternate, rotated_order
+
 SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))  # q|k|v, o, gate|up, down at the 1B shape
 GROUP = 128
 
@@ -74,12 +76,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     try:
         for m in (int(v) for v in args.ms.split(",")):
-            runs = passes(ext, ws, m)
-            names = list(runs)
-            times: dict[str, list[float]] = {n: [] for n in names}
-            for r in range(args.rounds):
-                for name in names[r % 3:] + names[:r % 3]:
-                    times[name].append(best_ms(runs[name], args.reps))
+            timed = {name: (lambda run=run: best_ms(run, args.reps)) for name, run in passes(ext, ws, m).items()}
+            times = alternate(timed, args.rounds, order=rotated_order)
             med = {n: statistics.median(t) for n, t in times.items()}
             vs16 = statistics.median(a / b for a, b in zip(times["W4A16"], times["W4A8 AMX"]))
             vs8 = statistics.median(a / b for a, b in zip(times["W4A8 vpdpbusd"], times["W4A8 AMX"]))

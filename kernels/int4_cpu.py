@@ -244,10 +244,11 @@ def q8_kernel(w: Int4Blocked) -> bool:
 
 
 def q8_amx_kernel(w: Int4Blocked) -> bool:
-    """Whether the int8-activation kernel runs `w` on AMX-INT8 tiles (kernels/csrc/int4_q8_amx.h): built for a CPU
-    with AMX (the `amx` level, which always targets AMX-INT8 too), Linux granted the tile state, and groups of whole
-    64-column tile steps."""
-    return q8_kernel(w) and amx_kernel(w) and w.group_size % 64 == 0
+    """Whether the int8-activation kernel runs `w` on AMX-INT8 tiles (kernels/csrc/int4_q8_amx.h), as its dispatch
+    decides it (`int4_q8_amx_takes`: built for a CPU with AMX, the tile state granted, groups of whole 64-column tile
+    steps)."""
+    ext = extension()
+    return q8_kernel(w) and hasattr(ext, "int4_q8_amx_takes") and ext.int4_q8_amx_takes(w.group_size)
 
 
 def dense_threshold(dtype: torch.dtype, bf16_kernel: bool = False, amx: bool = False) -> int:

@@ -83,30 +83,42 @@ inline void zero_c() {
   if constexpr (MA == 2 && NB == 2) _tile_zero(3);
 }
 
-// The C tiles into c[r * 2 + j] ([rows][16] fp32).
-template <int MA, int NB>
-inline void store_c(float (*c)[kRows * kRows]) {
+// The C tiles into c[r * 2 + j] ([rows][16]: fp32 sums of TDPBF16PS, int32 ones of the int8 tile products).
+template <int MA, int NB, typename C>
+inline void store_c(C (*c)[kRows * kRows]) {
   _tile_stored(0, c[0], 64);
   if constexpr (NB == 2) _tile_stored(1, c[1], 64);
   if constexpr (MA == 2) _tile_stored(2, c[2], 64);
   if constexpr (MA == 2 && NB == 2) _tile_stored(3, c[3], 64);
 }
 
-// One tile step: C += A . B over 32 columns, A the MA row tiles of x at x (bf16 bits, row stride ldx elements), B of
-// block j the 16 64-byte rows at b[j].
-template <int MA, int NB>
-inline void step(const uint16_t* x, int64_t ldx, const uint16_t* const* b) {
-  _tile_loadd(4, x, ldx * 2);
+// A step's four tile products (C tile r * 2 + j += A tile 4 + r . B tile 6 + j) as one type, for step's Dot. GCC's
+// tile intrinsics are asm templates that paste their tile numbers in as text: they take literals only, not template
+// parameters, so each product is written out.
+#define QUANTKIT_AMX_STEP_DOTS(Name, product) \
+  struct Name {                               \
+    static void a0b0() { product(0, 4, 6); }  \
+    static void a0b1() { product(1, 4, 7); }  \
+    static void a1b0() { product(2, 5, 6); }  \
+    static void a1b1() { product(3, 5, 7); }  \
+  };
+QUANTKIT_AMX_STEP_DOTS(Bf16Dot, _tile_dpbf16ps)  // bf16 pairs, fp32 sums
+
+// One tile step: C += A . B, A the MA row tiles at x (row stride `stride` bytes; the second 16 rows below the first),
+// B of block j the 16 64-byte rows at b[j], each product Dot's.
+template <int MA, int NB, typename Dot = Bf16Dot>
+inline void step(const void* x, int64_t stride, const void* const* b) {
+  _tile_loadd(4, x, stride);
   _tile_loadd(6, b[0], 64);
-  _tile_dpbf16ps(0, 4, 6);
+  Dot::a0b0();
   if constexpr (NB == 2) {
     _tile_loadd(7, b[1], 64);
-    _tile_dpbf16ps(1, 4, 7);
+    Dot::a0b1();
   }
   if constexpr (MA == 2) {
-    _tile_loadd(5, x + kRows * ldx, ldx * 2);
-    _tile_dpbf16ps(2, 5, 6);
-    if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(5, static_cast<const uint8_t*>(x) + kRows * stride, stride);
+    Dot::a1b0();
+    if constexpr (NB == 2) Dot::a1b1();
   }
 }
 

@@ -29,6 +29,33 @@ inline uint8_t* tile_room(int slot, int64_t n) {
   return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t(63));
 }
 
+// One row step of a block pair over the G groups of `steps` tile steps each, the part both kernels share; each brings
+// its own three parts:
+//   unpack(j, g, i, tile)  block j's codes of step i of group g into the B tile at `tile` (1 KiB)
+//   product(g, i, bt)      that step's tile products on the B tiles bt[0], bt[1] (amx::step with the kernel's Dot)
+//   finish(g)              the group's C tiles stored and folded into the outputs (the kernel's epilogue)
+// `kept` and `fill` as over_block_pairs passes them: with kept tiles only the fill step unpacks; without, a group's
+// tiles go to one of two sets, alternating by group (a tile load waits for the stores to its buffer, and one buffer
+// for every group serialized them).
+template <int MA, int NB, typename Unpack, typename Product, typename Finish>
+inline void over_groups(int64_t G, int64_t steps, uint8_t* kept, bool fill, Unpack unpack, Product product,
+                        Finish finish) {
+  uint8_t* own = kept != nullptr ? nullptr : tile_room(1, 2 * 2 * steps);  // two sets of steps x 2 blocks
+  for (int64_t g = 0; g < G; ++g) {
+    // the B tile of step i of the group, block j: base + (i * 2 + j) * kTileBytes
+    uint8_t* base = kept != nullptr ? kept + g * steps * 2 * kTileBytes : own + (g % 2) * steps * 2 * kTileBytes;
+    if (kept == nullptr || fill)
+      for (int64_t i = 0; i < steps; ++i)
+        for (int j = 0; j < NB; ++j) unpack(j, g, i, base + (i * 2 + j) * kTileBytes);
+    zero_c<MA, NB>();
+    for (int64_t i = 0; i < steps; ++i) {
+      const void* bt[2] = {base + i * 2 * kTileBytes, base + (i * 2 + 1) * kTileBytes};
+      product(g, i, bt);
+    }
+    finish(g);
+  }
+}
+
 // Blocks b0..b1-1 of an int4 linear with N outputs for the M rows of x, into out (fp32 [M, N]) or out_bf16. The
 // kernel's pair_rows(ma, nb, b, m0, r0, r1, kept, fill, o), with ma and nb std::integral_constant (row tiles of r0
 // and r1 rows, blocks b..b+nb-1), writes o[r * 2 + j][rows][16]; `kept` is null (unpack every tile) or, past 32

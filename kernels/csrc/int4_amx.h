@@ -50,36 +50,25 @@ inline void unpack_tile(const uint8_t* blk, int64_t k, uint16_t* t, int64_t ahea
 
 // A block pair's unpacked tiles for all of K ([K / 32][2] tiles, K * 64 bytes: in L2).
 inline int64_t kept_tiles(int64_t K) { return K / kTileK * 2; }
-// n tiles for a group's steps.
-inline uint16_t* group_tiles(int64_t n) { return reinterpret_cast<uint16_t*>(amx::tile_room(1, n)); }
 
 // Rows m0..m0+r0+r1-1 of x (row tiles of r0 and r1 rows) against the NB blocks from b: o[r * 2 + j][rows][16] receives
-// the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 32][2][kTileElems], written when
-// `fill` and read back otherwise.
+// the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 32][2] B tiles, written when
+// `fill` and read back otherwise (amx::over_groups).
 template <int MA, int NB, typename T>
-void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, uint16_t* kept, bool fill,
+void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, uint8_t* kept, bool fill,
                float (*o)[kRows * kRows]) {
   alignas(64) float c[4][kRows * kRows];
   const uint16_t* x = a.x + m0 * a.K;
   const int rows[2] = {r0, r1};
-  // Without kept tiles, a group's tiles are unpacked into one of two sets (alternating by group) before its tile
-  // steps: a tile load waits for the stores of its buffer, and one buffer reused every step serialized them.
-  const int64_t steps = a.gs / kTileK;
   const int64_t ahead = stream::ahead();
-  uint16_t* own = kept != nullptr ? nullptr : group_tiles(2 * 2 * steps);  // two sets of steps x 2 blocks
   for (int t = 0; t < 4; ++t) std::fill(o[t], o[t] + kRows * kRows, 0.f);
-  for (int64_t g = 0; g < a.G; ++g) {
-    // tiles of step i of the group, block j: base + (i * 2 + j) * kTileElems
-    uint16_t* base = kept != nullptr ? kept + g * steps * 2 * kTileElems : own + (g % 2) * steps * 2 * kTileElems;
-    if (kept == nullptr || fill)
-      for (int64_t i = 0; i < steps; ++i)
-        for (int j = 0; j < NB; ++j)
-          unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kTileK, base + (i * 2 + j) * kTileElems, ahead);
-    amx::zero_c<MA, NB>();
-    for (int64_t i = 0; i < steps; ++i) {
-      const uint16_t* bt[2] = {base + i * 2 * kTileElems, base + (i * 2 + 1) * kTileElems};
-      amx::step<MA, NB>(x + g * a.gs + i * kTileK, a.K, bt);
-    }
+  const auto unpack = [&](int j, int64_t g, int64_t i, uint8_t* tile) {
+    unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kTileK, reinterpret_cast<uint16_t*>(tile), ahead);
+  };
+  const auto product = [&](int64_t g, int64_t i, const void* const* bt) {
+    amx::step<MA, NB>(x + g * a.gs + i * kTileK, a.K * 2, bt);
+  };
+  const auto finish = [&](int64_t g) {
     amx::store_c<MA, NB>(c);
     for (int j = 0; j < NB; ++j) {
       const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
@@ -92,9 +81,9 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
           _mm512_store_ps(p, _mm512_fmadd_ps(d, scale, _mm512_load_ps(p)));
         }
     }
-  }
+  };
+  amx::over_groups<MA, NB>(a.G, a.gs / kTileK, kept, fill, unpack, product, finish);
 }
-
 
 // Blocks b0..b1-1 for every row of x (a.gs a multiple of 32, amx::usable): two blocks by up to 32 rows a step.
 template <typename T>
@@ -102,8 +91,7 @@ void blocks(const int4bf16::Args<T>& a, int64_t b0, int64_t b1) {
   amx::over_block_pairs(a.M, a.N, a.out, a.out_bf16, kept_tiles(a.K), b0, b1,
                         [&](auto ma, auto nb, int64_t b, int64_t m0, int r0, int r1, uint8_t* kept, bool fill,
                             float (*o)[kRows * kRows]) {
-                          pair_rows<decltype(ma)::value, decltype(nb)::value>(
-                              a, b, m0, r0, r1, reinterpret_cast<uint16_t*>(kept), fill, o);
+                          pair_rows<decltype(ma)::value, decltype(nb)::value>(a, b, m0, r0, r1, kept, fill, o);
                         });
 }
 

@@ -479,4 +479,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(or bf16) [M, N] (AVX-512 VNNI)", py::arg("x"), py::arg("packed"), py::arg("scale_zero"), py::arg("n"),
         py::arg("group_size"), py::arg("out_bf16") = false);
 #endif
+#if defined(QUANTKIT_INT4_Q8_AMX)
+  m.def("int4_q8_amx_takes", [](int64_t gs) { return int4q8amx::usable(gs); },
+        "whether int4_linear_q8 runs groups of gs columns on AMX-INT8 tiles (from int4_q8_amx_from_m rows): whole "
+        "64-column tile steps, and the tiles granted and on");
+#endif
 }

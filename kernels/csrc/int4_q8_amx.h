@@ -32,7 +32,6 @@ namespace int4q8amx {
 
 constexpr int kRows = 16;
 constexpr int kStepK = 64;  // columns a tile step takes: 16 B rows of four
-constexpr int64_t kTileBytes = amx::kTileBytes;
 
 // Whether the AMX path takes groups of gs columns: whole tile steps, and AMX granted.
 static inline bool usable(int64_t gs) { return gs % kStepK == 0 && amx::usable(gs); }
@@ -41,77 +40,55 @@ static inline bool usable(int64_t gs) { return gs % kStepK == 0 && amx::usable(g
 // eight) and high nibbles (rows 8-15, the second source: + 64), lane byte 4i + c of B row `half` gets code (row i,
 // column 4 * half + c).
 struct RowIndex {
-  alignas(64) uint8_t v[2][64];
-  RowIndex() {
-    for (int half = 0; half < 2; ++half)
-      for (int b = 0; b < 64; ++b) {
-        const int i = b / 4, c = 4 * half + b % 4;
-        v[half][b] = static_cast<uint8_t>(i < 8 ? c * 8 + i : 64 + c * 8 + (i - 8));
-      }
-  }
+  __m512i half[2];
 };
+inline RowIndex row_index() {
+  alignas(64) uint8_t v[2][64];
+  for (int half = 0; half < 2; ++half)
+    for (int b = 0; b < 64; ++b) {
+      const int i = b / 4, c = 4 * half + b % 4;
+      v[half][b] = static_cast<uint8_t>(i < 8 ? c * 8 + i : 64 + c * 8 + (i - 8));
+    }
+  return {{_mm512_load_si512(v[0]), _mm512_load_si512(v[1])}};
+}
 
 // Columns k..k+63 of a block (codes at blk: [K, 8]) -> B tile t[16][64]: row r holds lane i's codes (row i, columns
 // k + 4r .. k + 4r + 3). Each line of codes it reads is fetched `ahead` bytes beforehand (stream_ahead.h; 0: none).
-inline void unpack_tile(const uint8_t* blk, int64_t k, uint8_t* t, int64_t ahead) {
-  static const RowIndex index;
-  const __m512i i0 = _mm512_load_si512(index.v[0]), i1 = _mm512_load_si512(index.v[1]);
+inline void unpack_tile(const uint8_t* blk, int64_t k, uint8_t* t, const RowIndex& index, int64_t ahead) {
   const __m512i low4 = _mm512_set1_epi8(15);
   for (int l = 0; l < 8; ++l) {
     const uint8_t* p = blk + (k + 8 * l) * 8;
     stream::prefetch(p, ahead);
     const __m512i v = _mm512_loadu_si512(p);
     const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    _mm512_store_si512(t + (2 * l) * 64, _mm512_permutex2var_epi8(lo, i0, hi));
-    _mm512_store_si512(t + (2 * l + 1) * 64, _mm512_permutex2var_epi8(lo, i1, hi));
+    _mm512_store_si512(t + (2 * l) * 64, _mm512_permutex2var_epi8(lo, index.half[0], hi));
+    _mm512_store_si512(t + (2 * l + 1) * 64, _mm512_permutex2var_epi8(lo, index.half[1], hi));
   }
 }
 
-// One tile step: C += A . B over 64 columns, A the MA row tiles of xq at x (row stride K bytes), B of block j at b[j].
-template <int MA, int NB>
-inline void step(const int8_t* x, int64_t K, const uint8_t* const* b) {
-  _tile_loadd(4, x, K);
-  _tile_loadd(6, b[0], 64);
-  _tile_dpbsud(0, 4, 6);
-  if constexpr (NB == 2) {
-    _tile_loadd(7, b[1], 64);
-    _tile_dpbsud(1, 4, 7);
-  }
-  if constexpr (MA == 2) {
-    _tile_loadd(5, x + kRows * K, K);
-    _tile_dpbsud(2, 5, 6);
-    if constexpr (NB == 2) _tile_dpbsud(3, 5, 7);
-  }
-}
+// The tile products of a step (amx::step's Dot): TDPBSUD, A signed (xq) by B unsigned (codes), int32 sums.
+QUANTKIT_AMX_STEP_DOTS(SignedByUnsigned, _tile_dpbsud)
 
 // Rows m0..m0+r0+r1-1 of xq (row tiles of r0 and r1 rows) against the NB blocks from b: o[r * 2 + j][rows][16]
-// receives the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 64][2][kTileBytes],
-// written when `fill` and read back otherwise.
+// receives the outputs. kept: null (unpack every tile), or the pair's tiles for all of K, [K / 64][2] B tiles, written
+// when `fill` and read back otherwise (amx::over_groups).
 template <int MA, int NB, typename T>
 void pair_rows(const int4q8::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, uint8_t* kept, bool fill,
                float (*o)[kRows * kRows]) {
   alignas(64) int32_t c[4][kRows * kRows];
   const int8_t* x = a.xq + m0 * a.K;
   const int rows[2] = {r0, r1};
-  // Without kept tiles a group's tiles go to one of two sets (alternating by group), as in int4_amx.h: a tile load
-  // waits for the stores to its buffer, and one buffer for every group serialized them.
-  const int64_t steps = a.gs / kStepK;
   const int64_t ahead = stream::ahead();
-  uint8_t* own = kept != nullptr ? nullptr : amx::tile_room(1, 2 * 2 * steps);  // two sets of steps x 2 blocks
+  const RowIndex index = row_index();
   for (int t = 0; t < 4; ++t) std::fill(o[t], o[t] + kRows * kRows, 0.f);
-  for (int64_t g = 0; g < a.G; ++g) {
-    // tiles of step i of the group, block j: base + (i * 2 + j) * kTileBytes
-    uint8_t* base = kept != nullptr ? kept + g * steps * 2 * kTileBytes : own + (g % 2) * steps * 2 * kTileBytes;
-    if (kept == nullptr || fill)
-      for (int64_t i = 0; i < steps; ++i)
-        for (int j = 0; j < NB; ++j)
-          unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kStepK, base + (i * 2 + j) * kTileBytes, ahead);
-    amx::zero_c<MA, NB>();
-    for (int64_t i = 0; i < steps; ++i) {
-      const uint8_t* bt[2] = {base + i * 2 * kTileBytes, base + (i * 2 + 1) * kTileBytes};
-      step<MA, NB>(x + g * a.gs + i * kStepK, a.K, bt);
-    }
-    amx::store_c<MA, NB>(reinterpret_cast<float(*)[kRows * kRows]>(c));  // int32 bits through the fp32 signature
+  const auto unpack = [&](int j, int64_t g, int64_t i, uint8_t* tile) {
+    unpack_tile(a.w + (b + j) * a.K * 8, g * a.gs + i * kStepK, tile, index, ahead);
+  };
+  const auto product = [&](int64_t g, int64_t i, const void* const* bt) {
+    amx::step<MA, NB, SignedByUnsigned>(x + g * a.gs + i * kStepK, a.K, bt);
+  };
+  const auto finish = [&](int64_t g) {
+    amx::store_c<MA, NB>(c);
     for (int j = 0; j < NB; ++j) {
       const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
       const __m512 scale = tiles512::load16(s), zero = tiles512::load16(s + kRows);
@@ -124,7 +101,8 @@ void pair_rows(const int4q8::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, 
           _mm512_store_ps(p, _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(a.sx[at])), _mm512_load_ps(p)));
         }
     }
-  }
+  };
+  amx::over_groups<MA, NB>(a.G, a.gs / kStepK, kept, fill, unpack, product, finish);
 }
 
 // Blocks b0..b1-1 for every row of xq (a.gs a multiple of 64, usable): two blocks by up to 32 rows a step.

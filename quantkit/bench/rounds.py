@@ -3,7 +3,8 @@ the per-round ratios say.
 
 These machines drift (docs/BENCHMARKS.md: whole stretches at one core's speed), so variants run in alternation and
 each round's ratio counts. Every other round runs them in reverse, so that no variant always runs first (its place in
-a round is then not tied to it, whatever the machine does between runs).
+a round is then not tied to it, whatever the machine does between runs). Reversal leaves the middle one of three or
+more in the middle every round; rotated_order moves each variant through every place in turn.
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ def round_order(runs: Sequence[T], r: int) -> list[T]:
     return list(runs) if r % 2 == 0 else list(runs)[::-1]
 
 
-def alternate(runs: Mapping[T, Callable[[], float]], rounds: int) -> dict[T, list[float]]:
-    """Each variant's results, one a round: every round runs each variant once, in round_order's order."""
+def rotated_order(runs: Sequence[T], r: int) -> list[T]:
+    """The runs of round r: rotated r places, so that over len(runs) rounds each run stands once in every place."""
+    k = r % len(runs) if runs else 0
+    return list(runs[k:]) + list(runs[:k])
+
+
+def alternate(runs: Mapping[T, Callable[[], float]], rounds: int,
+              order: Callable[[Sequence[T], int], list[T]] = round_order) -> dict[T, list[float]]:
+    """Each variant's results, one a round: every round runs each variant once, in `order`'s order (round_order's,
+    or rotated_order's)."""
     results: dict[T, list[float]] = {name: [] for name in runs}
     for r in range(rounds):
-        for name in round_order(list(runs), r):
+        for name in order(list(runs), r):
             results[name].append(runs[name]())
     return results
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.bench.engine_vs_vllm import (EngineBenchConfig, Workload, WorkloadResult, measure, measurements,
-                                           workloads_for)
+from quantkit.bench.engine_report import WorkloadResult
+from quantkit.bench.engine_vs_vllm import EngineBenchConfig, Workload, measure, measurements, workloads_for
 from quantkit.errors import QuantkitError
 from tests_support.cli import run_cli
 
@@ -72,7 +72,7 @@ def test_a_fixed_workload_reruns_its_prompts_and_rates_no_decode():
 def test_the_table_shows_each_systems_decode_rate_and_their_ratio_for_the_decode_workloads():
     from rich.console import Console
 
-    from quantkit.bench.engine_vs_vllm import Comparison
+    from quantkit.bench.engine_report import Comparison
     from quantkit.commands.bench import engine_table
 
     fixed, fresh = WorkloadResult("c"), WorkloadResult("d8")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.bench.rounds import alternate, per_round, round_order
+from quantkit.bench.rounds import alternate, per_round, rotated_order, round_order
 
 
 def test_rounds_reverse_the_order_every_other_time():
@@ -21,3 +21,14 @@ def test_alternate_runs_each_variant_once_a_round_in_round_order():
     runs = {name: (lambda name=name: calls.append(name) or float(len(calls))) for name in ("a", "b")}
     assert alternate(runs, 3) == {"a": [1.0, 4.0, 5.0], "b": [2.0, 3.0, 6.0]}
     assert calls == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_rotated_rounds_put_each_variant_in_every_place_and_keep_its_own_results():
+    assert [rotated_order("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert rotated_order([], 3) == []
+    calls = []
+    # each call returns its place in the whole run (1, 2, ...): a result kept under the wrong name shows
+    runs = {name: (lambda name=name: calls.append(name) or float(len(calls))) for name in ("a", "b", "c")}
+    times = alternate(runs, 3, order=rotated_order)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert times == {"a": [1.0, 6.0, 8.0], "b": [2.0, 4.0, 9.0], "c": [3.0, 5.0, 7.0]}
