@@ -23,14 +23,18 @@ SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))  # q|k|v, o, 
 GROUP = 128
 
 
-def weights(layers: int) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
-    """(packed, scale_zero, N, K) for `layers` copies of the four linears: random codes, fp16 scales, zero 8."""
+Weights = list[tuple[torch.Tensor, torch.Tensor, int, int]]
+
+
+def weights(layers: int, shapes: tuple[tuple[int, int], ...] = SHAPES) -> Weights:
+    """(packed, scale_zero, N, K) for `layers` copies of the linears of `shapes` (N, K): random codes, fp16 scales,
+    zero 8."""
     from quantkit.kernels.int4_cpu import pack_blocks
 
     gen = torch.Generator().manual_seed(0)
     out = []
     for _ in range(layers):
-        for n, k in SHAPES:
+        for n, k in shapes:
             codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
             scales = (torch.rand(k // GROUP, n, generator=gen) * 0.01 + 1e-3).half().float()
             out.append((*pack_blocks(codes, scales, torch.full((k // GROUP, n), 8.0), GROUP), n, k))

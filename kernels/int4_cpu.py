@@ -45,20 +45,27 @@ DENSE_FROM_M_BF16 = 48
 # 128-160 rows over the benchmark model's linears (measured at commit e02ec4c, python -m quantkit.bench.int4_tiles; docs/cpu-kernels.md).
 DENSE_FROM_M_BF16_KERNEL = 160
 # With AMX tiles (kernels/csrc/int4_amx.h), the kernel's exact per-group sums lose to the dense path's single pass over
-# bf16 tiles (bf16_dot_linear on AMX too) from 256 rows over the benchmark model's linears (808 against 838 GMAC/s; 797
-# against 913 at 384; measured at commit e02ec4c, python -m quantkit.bench.int4_tiles --switch amx; docs/cpu-kernels.md).
-DENSE_FROM_M_AMX = 256
+# bf16 tiles (bf16_dot_linear on AMX too) at a few hundred rows, later at the 1B shape than at the 8B: one layer's four
+# linears, dense / kernel time at 256, 512, 768, 1024 rows 1.28x, 1.15x, 1.16x, 0.82x at the Llama-3.2-1B shape and
+# 1.25x, 0.90x, 0.90x, 0.86x at the Llama-3.1-8B shape (an earlier run: 1.09x at 512, 0.88x at 768) (python
+# benchmarks/amx_dense_crossover.py --shape 1b|8b, Xeon AMX, 2 threads, 2026-12-07; docs/BENCHMARKS.md "Where prefill
+# chunks go dense on AMX"). (The 90M test model's linears, hidden 1024, crossed at 256: commit e02ec4c.)
+DENSE_FROM_M_AMX = 640
 # With int8 activations asked (W4A8) and no AMX, the VNNI kernel's 64 multiply-adds an instruction stay ahead of the
 # dense tiles' bf16 GEMM at every M: 310-385 against 186-219 GMAC/s from M = 64 to 2048 on Llama-3.2-1B's linears
 # (python benchmarks/int4_cpu.py --dtype bfloat16 --shapes 16384x2048,2048x8192,3072x2048 --ms 64,160,512,2048,
-# EPYC BF16; docs/BENCHMARKS.md), so its direct call takes prefill chunks too. With AMX the dense tiles keep large M
-# (DENSE_FROM_M_AMX; the VNNI kernel against AMX's bf16 tiles is not measured).
+# EPYC BF16; docs/BENCHMARKS.md), so its direct call takes prefill chunks too. With AMX the VNNI kernel hands large M
+# to the dense tiles (DENSE_FROM_M_AMX; it is not measured against them).
 NEVER_DENSE = 1 << 62
 # fp32 activations with int8 activations asked (the AVX2 W4A8 kernel, kernels/csrc/int4_q8_avx2.h): ahead of the fp32
 # kernel and of the fp32 dense tiles at every M, 1.19-2.92x the faster of the two from M = 1 to 2048 on Llama-3.2-1B's
 # linears (python benchmarks/int4_cpu.py --shapes 16384x2048,2048x8192,3072x2048 --ms 1,8,64,256,512,2048, EPYC
 # AVX2; docs/BENCHMARKS.md), so its direct call takes prefill chunks too.
 DENSE_FROM_M_Q8_AVX2 = NEVER_DENSE
+# W4A8 on AMX-INT8 tiles (kernels/csrc/int4_q8_amx.h) against the dense bf16 tiles, same runs: dense / kernel time
+# at 256, 512, 768, 1024, 1536, 2048 rows 1.46x, 1.39x, 1.34x, 0.98x, 1.01x, 0.74x at the 1B shape; 2.04x, 1.35x,
+# 1.19x, 1.20x, 1.09x (to 1536) at the 8B shape.
+DENSE_FROM_M_Q8_AMX = 1280
 DENSE_TILE_ROWS = 1024  # rows of W dequantized at once on the large-M path (bounds the fp32 copy)
 
 

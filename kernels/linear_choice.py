@@ -57,6 +57,7 @@ class LinearKernel:
     needs: tuple[Callable[[LinearCase], str | None], ...]  # each: None where it holds, else why not
     direct: str | None = None  # "q8", "bf16", "f32": decode-sized batches of that dtype call the kernel straight
     dense_from: Callable[[LinearCase], int | None] = lambda case: None  # rows from which dense tiles take over
+    tiles: bool = False  # runs on AMX tiles where it runs (a prompt split by default keeps them: prompt_split_default)
 
     def unmet(self, case: LinearCase) -> str | None:
         """Why this row cannot run `case`, or None."""
@@ -144,11 +145,11 @@ BF16 = (*INT4, _bf16, _built("int4_linear_bf16", "the AVX-512 BF16 kernel"), _gr
 Q8 = (*BF16, _q8_asked, _plain, _built("int4_linear_q8", "the int8-activation kernel"), _groups_of(4))
 TABLE: tuple[LinearKernel, ...] = (
     LinearKernel("int4 (quantkit AMX-INT8 int8-activation kernel)", "int4 blocks", (*Q8, _amx, _groups_of(64)),
-                 direct="q8", dense_from=_dense_q8),
+                 direct="q8", dense_from=lambda case: int4_cpu.DENSE_FROM_M_Q8_AMX, tiles=True),
     LinearKernel("int4 (quantkit AVX-512 VNNI int8-activation kernel)", "int4 blocks", Q8, direct="q8",
                  dense_from=_dense_q8),
     LinearKernel("int4 (quantkit AMX + AVX-512 BF16 kernel)", "int4 blocks", (*BF16, _amx, _groups_of(32)),
-                 direct="bf16", dense_from=_dense_bf16_kernel(True)),
+                 direct="bf16", dense_from=_dense_bf16_kernel(True), tiles=True),
     LinearKernel("int4 (quantkit AVX-512 BF16 kernel)", "int4 blocks", BF16, direct="bf16",
                  dense_from=_dense_bf16_kernel(False)),
     LinearKernel("int4 (quantkit AVX2 int8-activation kernel)", "int4 blocks",
@@ -177,13 +178,22 @@ def prompt_q8_unavailable(dtype: torch.dtype = torch.bfloat16) -> str | None:
 
 def prompt_q8_not_default(dtype: torch.dtype = torch.bfloat16) -> str | None:
     """Why a step's prompt rows do not run the W4A8 kernel by default (EngineConfig.cpu_int8_prefill None): they
-    cannot, or (bf16) AMX tiles are granted, which run prefill in bf16 faster than the VNNI kernel does in int8
-    (docs/BENCHMARKS.md). fp32 prompts run W4A8 wherever the AVX2 int8-activation kernel builds: it is ahead of the
-    fp32 kernel at every M. None: they do."""
+    cannot, or (bf16) AMX tiles are granted and the W4A8 kernel has no AMX-INT8 path here to run them on (the VNNI
+    kernel is slower than the bf16 tiles). With it, a linear's prompt rows leave the tiles only for the W4A8 tiles
+    (prompt_split_default: groups of whole 64s). fp32 prompts run W4A8 wherever the AVX2 int8-activation kernel
+    builds: it is ahead of the fp32 kernel at every M. None: they do."""
     why = prompt_q8_unavailable(dtype)
-    if why is None and dtype == torch.bfloat16 and _amx(LinearCase(4, 128, dtype)) is None:
+    if why is None and dtype == torch.bfloat16 and _amx(LinearCase(4, 128, dtype)) is None \
+            and not hasattr(int4_cpu.extension(), "int4_q8_amx_takes"):
         return "AMX tiles run prefill in bf16"
     return why
+
+
+def prompt_split_default(own: Choice, q8: Choice) -> bool:
+    """Whether, by default, a linear running `own` sends its prompt rows to `q8` (the W4A8 row chosen for it): not
+    where that would take them off AMX tiles (the VNNI kernel runs slower than the bf16 tiles; the AMX-INT8 one
+    faster: docs/BENCHMARKS.md "W4A8 prompts on AMX-INT8 tiles")."""
+    return q8.kernel.tiles or not own.kernel.tiles
 
 
 def choose(case: LinearCase) -> Choice:

@@ -33,13 +33,16 @@ inline uint8_t* tile_room(int slot, int64_t n) {
 // its own three parts:
 //   unpack(j, g, i, tile)  block j's codes of step i of group g into the B tile at `tile` (1 KiB)
 //   product(g, i, bt)      that step's tile products on the B tiles bt[0], bt[1] (amx::step with the kernel's Dot)
-//   finish(g)              the group's C tiles stored and folded into the outputs (the kernel's epilogue)
+//   fold(g, c)             the group's C tiles, stored as c[r * 2 + j][rows][16] (C: fp32 or int32), folded into
+//                          the outputs (the kernel's epilogue)
 // `kept` and `fill` as over_block_pairs passes them: with kept tiles only the fill step unpacks; without, a group's
 // tiles go to one of two sets, alternating by group (a tile load waits for the stores to its buffer, and one buffer
-// for every group serialized them).
-template <int MA, int NB, typename Unpack, typename Product, typename Finish>
-inline void over_groups(int64_t G, int64_t steps, uint8_t* kept, bool fill, Unpack unpack, Product product,
-                        Finish finish) {
+// for every group serialized them). Software-pipelining the groups (the next group's unpacking and tile products
+// issued before this group's epilogue, C stored to two buffers in turn) was timed level with this order (the 1B
+// shape's 64 linears at 1-128 rows, both kernels, 2026-12-07), so the plain order stays.
+template <int MA, int NB, typename C, typename Unpack, typename Product, typename Fold>
+inline void over_groups(int64_t G, int64_t steps, uint8_t* kept, bool fill, Unpack unpack, Product product, Fold fold) {
+  alignas(64) C c[4][kRows * kRows];
   uint8_t* own = kept != nullptr ? nullptr : tile_room(1, 2 * 2 * steps);  // two sets of steps x 2 blocks
   for (int64_t g = 0; g < G; ++g) {
     // the B tile of step i of the group, block j: base + (i * 2 + j) * kTileBytes
@@ -52,7 +55,8 @@ inline void over_groups(int64_t G, int64_t steps, uint8_t* kept, bool fill, Unpa
       const void* bt[2] = {base + i * 2 * kTileBytes, base + (i * 2 + 1) * kTileBytes};
       product(g, i, bt);
     }
-    finish(g);
+    store_c<MA, NB>(c);
+    fold(g, c);
   }
 }
 

@@ -57,7 +57,6 @@ inline int64_t kept_tiles(int64_t K) { return K / kTileK * 2; }
 template <int MA, int NB, typename T>
 void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, uint8_t* kept, bool fill,
                float (*o)[kRows * kRows]) {
-  alignas(64) float c[4][kRows * kRows];
   const uint16_t* x = a.x + m0 * a.K;
   const int rows[2] = {r0, r1};
   const int64_t ahead = stream::ahead();
@@ -68,8 +67,7 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
   const auto product = [&](int64_t g, int64_t i, const void* const* bt) {
     amx::step<MA, NB>(x + g * a.gs + i * kTileK, a.K * 2, bt);
   };
-  const auto finish = [&](int64_t g) {
-    amx::store_c<MA, NB>(c);
+  const auto fold = [&](int64_t g, const float (*c)[kRows * kRows]) {
     for (int j = 0; j < NB; ++j) {
       const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
       const __m512 scale = tiles512::load16(s), zero = _mm512_add_ps(tiles512::load16(s + kRows), _mm512_set1_ps(128.f));
@@ -82,7 +80,7 @@ void pair_rows(const int4bf16::Args<T>& a, int64_t b, int64_t m0, int r0, int r1
         }
     }
   };
-  amx::over_groups<MA, NB>(a.G, a.gs / kTileK, kept, fill, unpack, product, finish);
+  amx::over_groups<MA, NB, float>(a.G, a.gs / kTileK, kept, fill, unpack, product, fold);
 }
 
 // Blocks b0..b1-1 for every row of x (a.gs a multiple of 32, amx::usable): two blocks by up to 32 rows a step.

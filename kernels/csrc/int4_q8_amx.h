@@ -75,7 +75,6 @@ QUANTKIT_AMX_STEP_DOTS(SignedByUnsigned, _tile_dpbsud)
 template <int MA, int NB, typename T>
 void pair_rows(const int4q8::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, uint8_t* kept, bool fill,
                float (*o)[kRows * kRows]) {
-  alignas(64) int32_t c[4][kRows * kRows];
   const int8_t* x = a.xq + m0 * a.K;
   const int rows[2] = {r0, r1};
   const int64_t ahead = stream::ahead();
@@ -87,8 +86,7 @@ void pair_rows(const int4q8::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, 
   const auto product = [&](int64_t g, int64_t i, const void* const* bt) {
     amx::step<MA, NB, SignedByUnsigned>(x + g * a.gs + i * kStepK, a.K, bt);
   };
-  const auto finish = [&](int64_t g) {
-    amx::store_c<MA, NB>(c);
+  const auto fold = [&](int64_t g, const int32_t (*c)[kRows * kRows]) {
     for (int j = 0; j < NB; ++j) {
       const T* s = a.sz + ((b + j) * a.G + g) * 2 * kRows;
       const __m512 scale = tiles512::load16(s), zero = tiles512::load16(s + kRows);
@@ -102,7 +100,7 @@ void pair_rows(const int4q8::Args<T>& a, int64_t b, int64_t m0, int r0, int r1, 
         }
     }
   };
-  amx::over_groups<MA, NB>(a.G, a.gs / kStepK, kept, fill, unpack, product, finish);
+  amx::over_groups<MA, NB, int32_t>(a.G, a.gs / kStepK, kept, fill, unpack, product, fold);
 }
 
 // Blocks b0..b1-1 for every row of xq (a.gs a multiple of 64, usable): two blocks by up to 32 rows a step.

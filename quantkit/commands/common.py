@@ -32,8 +32,9 @@ ENGINE_SWITCHES = {
                                "and group: faster prefill), generated tokens W4A16. Default: on where the int8 kernel "
                                "builds (fp32: every level; bf16: AVX-512 VNNI) and, in bf16, the CPU has no AMX. Off: "
                                "W4A16 throughout."),
-    "cpu_huge_pages": (True, "CPU, Linux: move the weights into transparent huge pages once loaded (where THP is "
-                             "not 'never'): batch-1 decode reads them faster. Off: the allocator's 4 KiB pages."),
+    "cpu_huge_pages": (True, "CPU, Linux: move the weights into transparent huge pages once loaded and allocate the "
+                             "KV cache there (where THP is not 'never'): decode reads both faster. Off: the "
+                             "allocator's 4 KiB pages."),
 }
 
 

@@ -42,8 +42,9 @@ class EngineConfig:
     # half the bytes a decode step reads for it. None (auto): on for checkpoints whose linears are quantized,
     # where the int8 kernel is built; False: the checkpoint's float head; True: also for float checkpoints
     cpu_int8_lm_head: bool | None = None
-    # CPU, Linux: the weights moved into transparent huge pages once loaded (engine/huge_pages.py): batch-1 decode
-    # reads them faster (fewer TLB misses, the prefetcher not stopped every 4 KiB); False: the allocator's pages
+    # CPU, Linux: the weights moved into transparent huge pages once loaded and the KV cache allocated there
+    # (engine/huge_pages.py): decode reads both faster (fewer TLB misses, the prefetcher not stopped every 4 KiB);
+    # False: the allocator's pages
     cpu_huge_pages: bool = True
     # speculative decoding (vLLM's --speculative-config): n-gram prompt lookup, K drafts verified per step
     speculative_config: SpeculativeConfig | dict | None = None

@@ -89,6 +89,16 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
     return buf.fill_(0)
 
 
+def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, count: int) -> list[torch.Tensor]:
+    """`count` zero tensors of `shape` and `dtype`, end to end in one anonymous mapping advised MADV_HUGEPAGE (the KV
+    cache: a decode step reads its blocks wherever the pool put them, a TLB miss a block in 4 KiB pages). Raises
+    RuntimeError where THP is unavailable."""
+    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    offsets, total = arena_offsets([nbytes] * count)
+    arena = huge_page_buffer(total)
+    return [arena[o:o + nbytes].view(dtype).view(shape) for o in offsets]
+
+
 def weight_tensors(model: torch.nn.Module, skip: tuple[type, ...] = ()) -> list[torch.Tensor]:
     """Every CPU tensor the model's modules hold, once each: parameters, buffers and attributes, including those
     inside dataclass values (a repacked weight, a prebound kernel call) and lists, tuples and dicts of them;

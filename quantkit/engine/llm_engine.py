@@ -58,7 +58,7 @@ class LLMEngine:
         swap = SwapSpace(self.kv_plan.num_swap_blocks) if self.kv_plan.num_swap_blocks else None
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, swap)
         self.runner = ModelRunner(self.model, self.kv_plan.num_blocks, cfg.block_size,
-                                  self.kv_plan.num_swap_blocks, self.dtype, self.device)
+                                  self.kv_plan.num_swap_blocks, self.dtype, self.device, cfg.cpu_huge_pages)
         self.swap = swap
         self.sampler = Sampler(cfg.seed, self.eos_ids)
         self.grammars = GrammarMatchers(self.tokenizer, s.vocab_size, self.eos_ids)

@@ -1,7 +1,8 @@
 """The model runner: owns the decoder and the KV cache tensors, turns a SchedulerOutput into one forward.
 
 Per layer the cache is a pair key/value [num_blocks, block_size, kv_heads, head_dim] in the
-model dtype; with swap space, a CPU pair of the same shape with `num_swap_blocks` blocks.
+model dtype (on CPU, in transparent huge pages where granted: kv_tensors); with swap space, a CPU pair of the same
+shape with `num_swap_blocks` blocks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 
 from quantkit.engine.attention import build_metadata, use_cpu_kernel
 from quantkit.engine.decoder import Decoder
+from quantkit.engine.huge_pages import thp_unavailable, zeros_in_huge_pages
 from quantkit.engine.scheduler import ScheduledChunk, SchedulerOutput
 from quantkit.model.prompt_rows import PromptRows, prompt_rows
 
@@ -19,9 +21,19 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
     return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
 
+def kv_tensors(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, count: int,
+               huge_pages: bool) -> list[torch.Tensor]:
+    """`count` zeroed cache tensors of `shape`: on CPU with `huge_pages` (EngineConfig.cpu_huge_pages) in transparent
+    huge pages where Linux grants them (decode attention at the 1B shape over 8 and 32 sequences, blocks scattered as
+    the pool hands them out: 1.15x; docs/BENCHMARKS.md "the KV cache in transparent huge pages"), else torch's."""
+    if huge_pages and device.type == "cpu" and thp_unavailable() is None:
+        return zeros_in_huge_pages(shape, dtype, count)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
+
+
 class ModelRunner:
     def __init__(self, model: Decoder, num_blocks: int, block_size: int, num_swap_blocks: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, huge_pages: bool = False):
         s = model.shape
         # The C++ CPU kernels load here (compiled on a machine's first use, or after their sources moved),
         # while a server's /health still answers 503: not inside the first request's step.
@@ -33,8 +45,8 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         shape = (num_blocks, block_size, s.num_kv_heads, s.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                          for _ in range(s.num_layers)]
+        caches = kv_tensors(shape, dtype, device, 2 * s.num_layers, huge_pages)
+        self.kv_caches = list(zip(caches[::2], caches[1::2]))
         swap_shape = (num_swap_blocks, *shape[1:])
         pin = device.type == "cuda"
         self.swap_caches = [(torch.zeros(swap_shape, dtype=dtype, pin_memory=pin),

@@ -75,7 +75,8 @@ def load_decoder(source: ModelSource, dtype: torch.dtype, device: torch.device, 
     model = model.to(device).eval()
     if device.type == "cpu":
         repack_quant_linears(model, dtype, int8_activations,
-                             int8_prefill_wanted(int8_prefill, int8_activations, bool(quantized), dtype))
+                             int8_prefill_wanted(int8_prefill, int8_activations, bool(quantized), dtype),
+                             prefill_by_default=int8_prefill is None)
         fuse_quantized_projections(model)
         stack_moe_experts(model)
         if head_int8:
@@ -153,8 +154,9 @@ def hold_lm_head_bf16(model: torch.nn.Module, stored: torch.dtype | None, comput
 def int8_prefill_wanted(asked: bool | None, int8_activations: bool, quantized: bool, dtype: torch.dtype) -> bool:
     """Whether the prompt tokens of a 4-bit checkpoint run W4A8 on CPU while generated tokens run W4A16: where asked
     (a log line says why not, where it cannot be), and by default (`asked` None) where the int8-activation kernel
-    for `dtype` builds and, in bf16, no AMX tiles run prefill (kernels/linear_choice.prompt_q8_not_default). Its
-    accuracy cost and speed: docs/BENCHMARKS.md "Real sizes"."""
+    for `dtype` builds and, in bf16 with AMX tiles, has its AMX-INT8 path (kernels/linear_choice.prompt_q8_not_default;
+    then linears on AMX bf16 tiles whose groups the AMX-INT8 path does not take keep theirs). Its accuracy cost and
+    speed: docs/BENCHMARKS.md "Real sizes"."""
     from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     if asked is False or int8_activations or (asked is None and not quantized):
@@ -170,13 +172,15 @@ def int8_prefill_wanted(asked: bool | None, int8_activations: bool, quantized: b
 
 
 def repack_quant_linears(model: torch.nn.Module, dtype: torch.dtype, int8_activations: bool = False,
-                         int8_prefill: bool = False) -> Counter:
+                         int8_prefill: bool = False, prefill_by_default: bool = False) -> Counter:
     """Every QuantLinear into the CPU kernels' layout, checkpoint tensors dropped; counts of each path.
-    `int8_prefill` for every linear but MoE experts (they see a share of the step's rows)."""
+    `int8_prefill` for every linear but MoE experts (they see a share of the step's rows); `prefill_by_default`:
+    the engine's default, not asked (QuantLinear.repack_for_cpu's by_default)."""
     experts = {id(m) for block in model.modules() if hasattr(block, "stack_experts")
                for m in getattr(block, block.spec.experts).modules()}
     paths = Counter(m.repack_for_cpu(dtype, int8_activations=int8_activations,
-                                     int8_prefill=int8_prefill and id(m) not in experts)
+                                     int8_prefill=int8_prefill and id(m) not in experts,
+                                     by_default=prefill_by_default)
                     for m in model.modules() if isinstance(m, QuantLinear))
     for path, n in paths.items():
         if path.startswith("dense"):

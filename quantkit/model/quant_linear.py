@@ -85,16 +85,18 @@ class QuantLinear(nn.Module):
                             self.g_idx, self.bias)
 
     def repack_for_cpu(self, dtype: torch.dtype, drop_checkpoint_tensors: bool = True,
-                       int8_activations: bool = False, int8_prefill: bool = False) -> str:
+                       int8_activations: bool = False, int8_prefill: bool = False, by_default: bool = False) -> str:
         """Repack for the CPU kernels (activations in `dtype`); returns `cpu_path`. `int8_activations`: batches
         below the dense crossover run the W4A8 kernel (x rounded to int8 per row and group) where it builds and
         takes the weight. `int8_prefill`: only the prompt rows of a step do (quantkit.model.prompt_rows),
-        where that kernel takes the weight (`prompt_q8`); the rest stay on the path chosen here."""
+        where that kernel takes the weight (`prompt_q8`); the rest stay on the path chosen here. `by_default`: the
+        engine's default rather than asked, so not where it would take the prompt rows off AMX tiles
+        (linear_choice.prompt_split_default)."""
         from dataclasses import replace
 
         from quantkit.kernels import int4_cpu
         from quantkit.kernels.cpu_int import int4_unsupported, repack_int4, repack_int8
-        from quantkit.kernels.linear_choice import LinearCase, choose
+        from quantkit.kernels.linear_choice import LinearCase, choose, prompt_split_default
 
         p = self.packed()
         reason = int4_unsupported(p)
@@ -109,6 +111,8 @@ class QuantLinear(nn.Module):
             self._direct = int4_cpu.direct_call(w, choice.direct, choice.dense_from_m, dtype) if choice.direct else None
             own = choice.direct is not None and choice.direct != "q8"  # W4A16 straight to the kernel
             q8 = choose(replace(case, int8_activations=True)) if int8_prefill and own else None
+            if q8 is not None and by_default and not prompt_split_default(choice, q8):
+                q8 = None
             self.prompt_q8 = int4_cpu.direct_call(w, "q8", q8.dense_from_m, dtype) if q8 and q8.direct == "q8" \
                 else None
         elif layout == "torch int4pack":

@@ -96,7 +96,8 @@ def test_storages_of_skipped_modules_stay_even_when_shared():
 
 def test_an_engine_with_its_weights_in_huge_pages_decodes_the_same(tmp_path):
     """A 4-bit checkpoint (the repacked int4 weights are plain tensors; oneDNN's prepacked float ones are opaque and
-    stay): greedy tokens equal with and without, and every large storage the engine holds in an advised mapping."""
+    stay): greedy tokens equal with and without, and every large storage the engine holds and its KV cache in an
+    advised mapping."""
     from quantkit.engine import LLM, SamplingParams
     from quantkit.engine.weights import MappedEmbedding
     from tests_support.cli import run_cli
@@ -122,6 +123,7 @@ def test_an_engine_with_its_weights_in_huge_pages_decodes_the_same(tmp_path):
             assert large and moved.moved_bytes >= 2 * 4096 * 1024 // 2  # gate|up of a layer, 4 bits a weight
             assert all("hg" in _mapping_flags(t.data_ptr()) for t in large)
             assert kept and not any("hg" in _mapping_flags(p) for p in kept)  # the mapped table: the file's pages
+            assert all("hg" in _mapping_flags(t.data_ptr()) for kv in llm.engine.runner.kv_caches for t in kv)
         else:
             assert hp.thp_unavailable() is not None and moved.moved_bytes == 0
     assert outs[True] == outs[False]
@@ -135,3 +137,21 @@ def test_a_bandwidth_buffer_in_huge_pages():
     buf = hp.huge_page_buffer(3 * hp.HUGE_PAGE + 64)
     assert buf.dtype == torch.uint8 and buf.numel() == 3 * hp.HUGE_PAGE + 64 and int(buf.sum()) == 0
     assert "hg" in _mapping_flags(buf.data_ptr())
+
+
+def test_kv_cache_tensors_in_huge_pages_are_zeroed_apart_and_writable():
+    from quantkit.engine.model_runner import kv_tensors
+
+    shape = (40, 16, 2, 64)  # 80 KiB of bf16 each: several to a huge page
+    cpu = torch.device("cpu")
+    plain = kv_tensors(shape, torch.bfloat16, cpu, 6, huge_pages=False)  # torch's own (its heap may be advised too)
+    assert len({t.data_ptr() for t in plain}) == 6 and not any(t.any() for t in plain)
+    if (why := hp.thp_unavailable()) is not None:
+        pytest.skip(why)
+    caches = kv_tensors(shape, torch.bfloat16, cpu, 6, huge_pages=True)
+    assert len(caches) == 6 and all(t.shape == shape and t.dtype == torch.bfloat16 for t in caches)
+    assert all(t.is_contiguous() and t.data_ptr() % hp.ALIGN == 0 and not t.any() for t in caches)
+    assert all("hg" in _mapping_flags(t.data_ptr()) for t in caches)
+    for i, t in enumerate(caches):
+        t.fill_(i + 1)
+    assert all(bool((t == i + 1).all()) for i, t in enumerate(caches))  # no two overlap

@@ -201,12 +201,36 @@ def test_int8_prefill_runs_the_steps_prompt_rows_w4a8_and_the_rest_w4a16(cpu_lev
                                    rtol=0, atol=0)
 
 
-def test_prompt_q8_by_default_only_without_amx(q8):
+def test_prompt_q8_by_default_without_amx_or_on_amx_int8_tiles(q8):
     from quantkit.kernels.linear_choice import prompt_q8_not_default, prompt_q8_unavailable
 
     amx = hasattr(q8, "has_amx") and q8.has_amx()
     assert prompt_q8_unavailable() is None
-    assert (prompt_q8_not_default() is None) == (not amx)
+    assert (prompt_q8_not_default() is None) == (not amx or hasattr(q8, "int4_q8_amx_takes"))
+
+
+@pytest.mark.parametrize(("group_size", "tiles_kept"), [(128, False), (32, True), (4, False)])
+def test_a_default_prompt_split_never_takes_rows_off_amx_tiles(q8, group_size, tiles_kept):
+    """repack_for_cpu(int8_prefill=True, by_default=True): on AMX, a linear on the bf16 tiles sends its prompt rows
+    to the W4A8 kernel only where that runs on AMX-INT8 tiles (groups of 64s), not to the slower VNNI kernel (groups
+    of 32); off AMX tiles (groups of 4: the AVX-512 BF16 kernel) the split holds. Asked (by_default False), it
+    always holds."""
+    from quantkit.model.quant_linear import QuantLinear
+
+    if not (hasattr(q8, "has_amx") and q8.has_amx()):
+        pytest.skip("the AMX tiles are not granted here")
+
+    def linear(by_default):
+        p = checkpoint(48, 256, group_size, "gptq", True, seed=group_size)
+        p.bias = None
+        q = QuantLinear(p)
+        q.repack_for_cpu(torch.bfloat16, int8_prefill=True, by_default=by_default)
+        return q
+
+    default, asked = linear(True), linear(False)
+    assert asked.prompt_q8 is not None
+    assert (default.prompt_q8 is None) == tiles_kept
+    assert ("AMX" in default.cpu_path) == (group_size % 32 == 0)
 
 
 def test_fp32_prompts_run_w4a8_by_default_at_every_level(q8_f32):

@@ -43,14 +43,17 @@ def test_the_choice_agrees_with_the_kernels_predicates(case):
     q8 = bf16 and plain_q8 and int4_cpu.q8_kernel(w)
     q8_f32 = case.dtype == torch.float32 and plain_q8 and w.group_size % 4 == 0  # the AVX2 W4A8 kernel: every level
     amx = bf16 and int4_cpu.amx_kernel(w)
-    name = "AMX-INT8 int8-activation" if q8 and int4_cpu.q8_amx_kernel(w) else "AVX-512 VNNI int8-activation" if q8 \
+    q8_amx = q8 and int4_cpu.q8_amx_kernel(w)
+    name = "AMX-INT8 int8-activation" if q8_amx else "AVX-512 VNNI int8-activation" if q8 \
         else "AMX + AVX-512 BF16" if amx else "AVX-512 BF16" if bf16 else "AVX2 int8-activation" if q8_f32 else "AVX2"
     assert choice.cpu_path == f"int4 (quantkit {name} kernel)"
-    # W4A8 without AMX tiles: the VNNI kernel takes every M (prefill chunks too); with them (the machine's, whatever
-    # the group size: the dense tiles are oneDNN's bf16 GEMM on AMX) and for the other kernels, the crossover
+    # W4A8 without AMX tiles: the VNNI kernel takes every M (prefill chunks too); on AMX-INT8 tiles its own crossover;
+    # the VNNI kernel with AMX tiles (the machine's, whatever the group size: the dense tiles are oneDNN's bf16 GEMM on
+    # AMX) and the other kernels, the crossover int4_blocked_linear uses
     ext = int4_cpu.extension()
     tiles = hasattr(ext, "has_amx") and ext.has_amx()
-    want = int4_cpu.NEVER_DENSE if q8 and not tiles else int4_cpu.DENSE_FROM_M_Q8_AVX2 if q8_f32 else \
+    want = int4_cpu.DENSE_FROM_M_Q8_AMX if q8_amx else int4_cpu.NEVER_DENSE if q8 and not tiles else \
+        int4_cpu.DENSE_FROM_M_Q8_AVX2 if q8_f32 else \
         int4_cpu.dense_threshold(case.dtype, bf16, amx)
     assert choice.dense_from_m == want
     plain = not case.bias and not case.act_order
