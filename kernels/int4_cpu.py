@@ -225,15 +225,11 @@ def int4_x16_reference(x: torch.Tensor, w: Int4Blocked) -> torch.Tensor:
     return _rounded_x_reference(x, w, 32767)
 
 
-# int4_linear (fp32 activations) rounds x to 16-bit fixed point per row and group below this many rows, for groups in
-# fours of at most X16_MAX_GROUP columns (kernels/csrc/int4_x16_avx2.h), and multiplies x as it is from there on
-X16_BELOW_M = 4
-X16_MAX_GROUP = 4096
-
-
 def x16_tiles_take(w: Int4Blocked, m: int = 1) -> bool:
-    """Whether the fp32 kernel runs `m` rows of x against `w` on its 16-bit fixed-point tiles."""
-    return m < X16_BELOW_M and w.group_size % 4 == 0 and w.group_size <= X16_MAX_GROUP
+    """Whether the fp32 kernel runs `m` rows of x against `w` on its 16-bit fixed-point tiles (kernels/csrc/
+    int4_x16_avx2.h: below 4 rows, groups in fours of at most 4096 columns), as its dispatch decides it."""
+    ext = extension()
+    return ext is not None and bool(ext.int4_x16_takes(m, w.group_size))
 
 
 def int4_linear_reference(x: torch.Tensor, w: Int4Blocked, bias: torch.Tensor | None) -> torch.Tensor:

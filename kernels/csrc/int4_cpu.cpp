@@ -304,8 +304,8 @@ torch::Tensor int8_linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Ten
     std::vector<uint8_t> planes(2 * mp * c.k);
     std::vector<float> sx(c.m * groups);
     int8amx::digit_planes(c.xp, c.m, c.k, gs, planes.data(), sx.data());
-    const int8amx::Args args{planes.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                             wsum.data_ptr<int32_t>(), c.of, c.ob, c.m, mp, c.k, n, groups, gs};
+    const int8amx::Args args{planes.data(), sx.data(), packed.data_ptr<int8_t>(), scales.data_ptr<float>(), c.of,
+                             c.ob, c.m, mp, c.k, n, groups, gs};  // no wsum: AMX's signed high bytes need none
     at::parallel_for(0, packed.size(0), 1, [&](int64_t b0, int64_t b1) { int8amx::blocks(args, b0, b1); });
     return c.out;
   }
@@ -428,6 +428,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fixed point per row and group)");
   m.def("int4_linear_x16", &int4_linear_x16, "x fp32 [M, K] rounded per row and group to 16-bit fixed point @ W4.T "
         "-> fp32 [M, N] (AVX2; int4_linear's tiles below 4 rows)");
+  m.def("int4_x16_takes", &x16_tiles, "whether int4_linear runs m rows of x on groups of gs columns on its 16-bit "
+        "fixed-point tiles", py::arg("m"), py::arg("gs"));
   m.def("int4_moe_f32", &int4_moe_f32, "x fp32 [T, H], the router's choices [T, k] and weights [T, k], the experts' "
         "gate|up and down stacked [E, ...] -> fp32 [T, H] (AVX2/FMA; moe_int4_cpu.cpp)", py::arg("x"),
         py::arg("chosen"), py::arg("weights"), py::arg("w1"), py::arg("s1"), py::arg("gs1"), py::arg("w2"),

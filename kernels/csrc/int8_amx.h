@@ -66,7 +66,6 @@ struct Args {
   const float* sx;        // [M, G]
   const int8_t* w;        // [NB, K / 4, 16, 4]
   const float* s;         // [NB, G, 16]
-  const int32_t* wsum;    // [NB, G, 16]: the VNNI kernel's; AMX's signed high bytes need none
   float* out;             // [M, N] fp32, or null when out_bf16 is set
   uint16_t* out_bf16;     // [M, N] bf16 bits, or null
   int64_t M, Mp, K, N, G, gs;
@@ -93,7 +92,7 @@ void pair_rows(const Args& a, int64_t b, int64_t m0, float (*o)[kRows * kRows]) 
       _tile_zero(3);
     }
     for (int64_t k = g * a.gs; k < (g + 1) * a.gs; k += kStepK) {
-      for (int64_t l = 0; l < kStepK * kRows; l += 64) {
+      for (int64_t l = 0; ahead > 0 && l < kStepK * kRows; l += 64) {
         stream::prefetch(w0 + k * kRows + l, ahead);
         if constexpr (NB == 2) stream::prefetch(w1 + k * kRows + l, ahead);
       }

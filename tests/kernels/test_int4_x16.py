@@ -89,3 +89,10 @@ def test_the_largest_sums_stay_exact_and_larger_groups_run_the_fma_tiles(kernel,
     if group_size > 4096:
         with pytest.raises(RuntimeError, match="at most 4096"):
             kernel.int4_linear_x16(x, w.packed, w.scale_zero, 16, k)
+
+
+def test_the_dispatch_says_where_it_runs_them(kernel):
+    """int4_x16_takes (what int4_cpu.x16_tiles_take asks): below 4 rows, groups in fours of at most 4096 columns."""
+    assert kernel.int4_x16_takes(1, 128) and kernel.int4_x16_takes(3, 4096)
+    assert not kernel.int4_x16_takes(4, 128)
+    assert not kernel.int4_x16_takes(1, 6) and not kernel.int4_x16_takes(1, 8192)
