@@ -27,17 +27,18 @@ LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 16, 8, 64, 16
 AHEAD = (0, 1, 2, 3, 4)
 
 
-def step_inputs(batch: int, keys: int, seed: int = 0):
-    """(caches per layer, block tables, seq_lens, query_start, q) of a decode step of `batch` sequences."""
+def step_inputs(batch: int, keys: int, seed: int = 0, layers: int = LAYERS, heads: int = HEADS):
+    """(caches per layer, block tables, seq_lens, query_start, q) of a decode step of `batch` sequences, `layers`
+    layers of `heads` query heads (KV_HEADS kv heads of HEAD_DIM, blocks of BLOCK tokens)."""
     g = torch.Generator().manual_seed(seed)
     per_seq = -(-keys // BLOCK)
     pool = 4 * batch * per_seq
     caches = [tuple(torch.randn(pool, BLOCK, KV_HEADS, HEAD_DIM, generator=g).bfloat16() for _ in range(2))
-              for _ in range(LAYERS)]
+              for _ in range(layers)]
     tables = torch.randperm(pool, generator=g)[:batch * per_seq].int().view(batch, per_seq)
     lens = torch.full((batch,), keys, dtype=torch.int32)
     starts = torch.arange(batch + 1, dtype=torch.int32)
-    q = torch.randn(batch, HEADS, HEAD_DIM, generator=g).bfloat16()
+    q = torch.randn(batch, heads, HEAD_DIM, generator=g).bfloat16()
     return caches, tables, lens, starts, q
 
 

@@ -174,12 +174,13 @@ def profile(llm, prompts: list[list[int]], max_tokens: int,
             eng.step()
             took = time.perf_counter() - t
             ran = eng.last_step
-            if decode_only and ran.num_scheduled_tokens > ran.num_running:
-                clock.total = defaultdict(float, before)
-                continue
+            if decode_only:
+                if ran.num_scheduled_tokens > ran.num_running:  # a prompt token in the step: not counted
+                    clock.total = defaultdict(float, before)
+                    continue
+                tokens += ran.num_running  # one token a running request
             wall += took
             steps += 1
-            tokens += ran.num_running if decode_only else 0
     return breakdown(clock), wall, tokens if decode_only else len(prompts) * max_tokens, steps
 
 

@@ -12,12 +12,11 @@ gives the median of the rounds and the medians of the per-round ratios. Needs th
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
 
-from quantkit.bench.rounds import alternate, rotated_order
+from quantkit.bench.rounds import alternate, median_row, rotated_order, table_head
 
 SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))  # q|k|v, o, gate|up, down at the 1B shape
 GROUP = 128
@@ -76,17 +75,12 @@ def main() -> None:
     ws = weights(args.layers)
     print(f"{args.layers} layers of {', '.join(f'{n}x{k}' for n, k in SHAPES)}, group {GROUP}, {args.threads} threads, "
           f"median of {args.rounds} rounds (best of {args.reps} passes each)")
-    print("| M | W4A16 ms | W4A8 vpdpbusd ms | W4A8 AMX ms | AMX / W4A16 | AMX / vpdpbusd |")
-    print("|---|---|---|---|---|---|")
+    print(table_head(("M", "W4A16 ms", "W4A8 vpdpbusd ms", "W4A8 AMX ms", "AMX / W4A16", "AMX / vpdpbusd")))
     try:
         for m in (int(v) for v in args.ms.split(",")):
             timed = {name: (lambda run=run: best_ms(run, args.reps)) for name, run in passes(ext, ws, m).items()}
             times = alternate(timed, args.rounds, order=rotated_order)
-            med = {n: statistics.median(t) for n, t in times.items()}
-            vs16 = statistics.median(a / b for a, b in zip(times["W4A16"], times["W4A8 AMX"]))
-            vs8 = statistics.median(a / b for a, b in zip(times["W4A8 vpdpbusd"], times["W4A8 AMX"]))
-            print(f"| {m} | {med['W4A16']:.2f} | {med['W4A8 vpdpbusd']:.2f} | {med['W4A8 AMX']:.2f} | {vs16:.2f}x | "
-                  f"{vs8:.2f}x |", flush=True)
+            print(median_row(m, times, (("W4A16", "W4A8 AMX"), ("W4A8 vpdpbusd", "W4A8 AMX"))), flush=True)
     finally:
         ext.dev.set_int4_q8_amx_from_m(old)
 

@@ -20,6 +20,8 @@ import torch
 import decode_attention
 from quantkit.bench.rounds import alternate
 
+LAYERS, HEADS = 16, 32  # the 1B shape's; its kv heads, head_dim and block are decode_attention's
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,11 +39,10 @@ def main() -> None:
     mod = cpu_attention()
     if mod is None:
         raise SystemExit("the C++ attention is not built on this machine")
-    decode_attention.LAYERS, decode_attention.HEADS = 16, 32
     none_i32, none_f32 = torch.empty(0, dtype=torch.int32), torch.empty(0)
-    print(f"{args.threads} threads, {args.keys} cached tokens a sequence, {decode_attention.LAYERS} layers a step")
+    print(f"{args.threads} threads, {args.keys} cached tokens a sequence, {LAYERS} layers a step")
     for batch in (int(b) for b in args.batches.split(",")):
-        caches, tables, lens, starts, q = decode_attention.step_inputs(batch, args.keys)
+        caches, tables, lens, starts, q = decode_attention.step_inputs(batch, args.keys, layers=LAYERS, heads=HEADS)
         huge = zeros_in_huge_pages(caches[0][0].shape, caches[0][0].dtype, 2 * len(caches))
         for t, c in zip(huge, (c for kv in caches for c in kv)):
             t.copy_(c)
@@ -59,13 +60,14 @@ def main() -> None:
             return run
 
         def step(kv):
-            return [mod.paged_attention(q, k, v, tables, lens, starts, 64 ** -0.5, none_i32, none_f32, none_f32,
-                                        none_f32) for k, v in kv]
+            scale = decode_attention.HEAD_DIM ** -0.5
+            return [mod.paged_attention(q, k, v, tables, lens, starts, scale, none_i32, none_f32, none_f32, none_f32)
+                    for k, v in kv]
 
         ms = alternate({name: timed(name) for name in variants}, args.rounds)
         if not all(torch.equal(a, b) for a, b in zip(outs["4 KiB"], outs["huge"])):
             raise SystemExit("the pages changed the output")
-        gb = decode_attention.LAYERS * batch * args.keys * 2 * caches[0][0][0, 0].numel() * 2 / 1e9
+        gb = LAYERS * batch * args.keys * 2 * caches[0][0][0, 0].numel() * 2 / 1e9
         med = {name: statistics.median(t) for name, t in ms.items()}
         ratio = statistics.median(a / b for a, b in zip(ms["4 KiB"], ms["huge"]))
         print(f"batch {batch:>3}: 4 KiB pages {med['4 KiB']:.2f} ms ({gb / med['4 KiB'] * 1e3:.1f} GB/s), huge pages "

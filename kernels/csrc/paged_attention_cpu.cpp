@@ -81,6 +81,16 @@ struct Rows {
   }
 };
 
+// Whether fold_block runs its AVX-512 path (built, an fp32, bf16 or fp16 cache, head dim d taken); the AVX2 step
+// stands aside where it does.
+template <typename T>
+inline bool avx512_folds(int64_t d) {
+#if defined(QUANTKIT_AVX512)
+  if constexpr (!std::is_same_v<T, double>) return avx512::supports(d);
+#endif
+  return false;
+}
+
 // Folds one cache block (keys kb, values vb; rows of token_stride elements) into every row's online
 // softmax. Row r sees the block's first visible[r] keys (all of them when visible is null); s is
 // scratch of block_size floats.
@@ -89,8 +99,8 @@ void fold_block(Rows& rows, const T* kb, const T* vb, int64_t token_stride, int6
                 const int64_t* visible, float* s) {
   const int64_t d = rows.d;
 #if defined(QUANTKIT_AVX512)
-  if constexpr (!std::is_same_v<T, double>)  // fp32, bf16, fp16 caches
-    if (avx512::supports(d))
+  if constexpr (!std::is_same_v<T, double>)
+    if (avx512_folds<T>(d))
       return avx512::fold_rows(rows.n, d, rows.q.data(), rows.query_as_cached<T>(), rows.scale, rows.acc.data(),
                                rows.m.data(), rows.l.data(), kb, vb, token_stride, block_size, visible);
 #endif
@@ -184,10 +194,7 @@ bool folded_on_avx2(Rows& rows, const T* kc, const T* vc, int64_t token_stride, 
                     int64_t b1, Base base, const int64_t* last) {
 #if defined(__AVX2__) && defined(__FMA__)
   if constexpr (!std::is_same_v<T, double>) {
-#if defined(QUANTKIT_AVX512)
-    if (avx512::supports(rows.d)) return false;
-#endif
-    if (avx2att::supports(rows.n, rows.d)) {
+    if (!avx512_folds<T>(rows.d) && avx2att::supports(rows.n, rows.d)) {
       avx2att::fold_blocks(rows.n, rows.d, rows.q.data(), rows.acc.data(), rows.m.data(), rows.l.data(), kc, vc,
                            token_stride, block_size, b0, b1, base, last);
       return true;

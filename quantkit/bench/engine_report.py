@@ -8,6 +8,7 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
+
 @dataclass
 class WorkloadResult:
     """One workload's rounds: output tokens/s, TTFT (seconds) and output tokens of each system, in round order."""

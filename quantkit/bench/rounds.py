@@ -53,3 +53,17 @@ def add_round_options(ap, rounds: int, threads: int) -> None:
     """--rounds and --threads, as a one-process benchmark that alternates its variants takes them."""
     ap.add_argument("--rounds", type=int, default=rounds, help="alternating rounds, every variant once a round")
     ap.add_argument("--threads", type=int, default=threads, help="torch threads")
+
+
+def table_head(columns: Sequence[str]) -> str:
+    """A markdown table's header and rule lines."""
+    return "| " + " | ".join(columns) + " |\n" + "|" + "---|" * len(columns)
+
+
+def median_row(key: object, times: Mapping[str, Sequence[float]], ratios: Sequence[tuple[str, str]],
+               digits: int = 2) -> str:
+    """A markdown table row of alternating rounds: `key`, each variant's median (in `times`' order), then for each
+    (a, b) in `ratios` the median of the rounds' a / b."""
+    cells = [str(key)] + [f"{statistics.median(t):.{digits}f}" for t in times.values()]
+    cells += [f"{statistics.median(x / y for x, y in zip(times[a], times[b])):.2f}x" for a, b in ratios]
+    return "| " + " | ".join(cells) + " |"

@@ -93,7 +93,7 @@ def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, count: int) 
     """`count` zero tensors of `shape` and `dtype`, end to end in one anonymous mapping advised MADV_HUGEPAGE (the KV
     cache: a decode step reads its blocks wherever the pool put them, a TLB miss a block in 4 KiB pages). Raises
     RuntimeError where THP is unavailable."""
-    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     offsets, total = arena_offsets([nbytes] * count)
     arena = huge_page_buffer(total)
     return [arena[o:o + nbytes].view(dtype).view(shape) for o in offsets]

@@ -18,7 +18,7 @@ from quantkit.model.prompt_rows import PromptRows, prompt_rows
 
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes of one block across all layers, keys and values."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
 
 def kv_tensors(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, count: int,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.bench.rounds import alternate, per_round, rotated_order, round_order
+from quantkit.bench.rounds import alternate, median_row, per_round, rotated_order, round_order, table_head
 
 
 def test_rounds_reverse_the_order_every_other_time():
@@ -32,3 +32,10 @@ def test_rotated_rounds_put_each_variant_in_every_place_and_keep_its_own_results
     times = alternate(runs, 3, order=rotated_order)
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert times == {"a": [1.0, 6.0, 8.0], "b": [2.0, 4.0, 9.0], "c": [3.0, 5.0, 7.0]}
+
+
+def test_table_rows_give_each_variants_median_and_the_median_of_its_round_ratios():
+    assert table_head(["M", "a ms", "b / a"]) == "| M | a ms | b / a |\n|---|---|---|"
+    times = {"a": [1.0, 2.0, 4.0], "b": [3.0, 2.0, 10.0]}  # b / a per round: 3, 1, 2.5 (median 2.5, not 4 / 2)
+    assert median_row(8, times, [("b", "a")]) == "| 8 | 2.00 | 3.00 | 2.50x |"
+    assert median_row("x", times, [("a", "b")], digits=1) == "| x | 2.0 | 3.0 | 0.40x |"
