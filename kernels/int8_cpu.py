@@ -121,23 +121,25 @@ def int8_head_unavailable(device: torch.device, dtype: torch.dtype, in_features:
 
 class Int8Linear(nn.Module):
     """A bias-free linear holding its weight as Int8Blocked: x [..., K] bf16 -> [..., N] bf16 (the kernel's fp32
-    sums rounded as it stores them), or fp32 -> fp32. Needs `int8_kernel_available(x.dtype)`."""
+    sums rounded as it stores them; with `fp32_out`, fp32: the sums as they are), or fp32 -> fp32. Needs
+    `int8_kernel_available(x.dtype)`."""
 
-    def __init__(self, w: Int8Blocked):
+    def __init__(self, w: Int8Blocked, fp32_out: bool = False):
         super().__init__()
         self.out_features = w.out_features
         self.in_features = 4 * w.packed.shape[1]
         self.group_size = w.group_size
+        self.fp32_out = fp32_out
         self.register_buffer("packed", w.packed)
         self.register_buffer("scales", w.scales)
         self.register_buffer("wsum", w.wsum)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, group_size: int = GROUP_SIZE, fp32_out: bool = False) -> Int8Linear:
         g = group_size_for(linear.in_features, group_size)
         if g is None:
             raise ValueError(f"int8 blocks take columns in fours: in_features {linear.in_features} is not a multiple of 4")
-        return cls(pack_int8(linear.weight.detach(), g))
+        return cls(pack_int8(linear.weight.detach(), g), fp32_out)
 
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scales, self.wsum))
@@ -148,5 +150,5 @@ class Int8Linear(nn.Module):
             out = extension().int8_linear_f32(flat, self.packed, self.scales, self.out_features, self.group_size)
         else:
             out = extension().int8_linear_bf16(flat.to(torch.bfloat16), self.packed, self.scales, self.wsum,
-                                               self.out_features, self.group_size, True)
+                                               self.out_features, self.group_size, not self.fp32_out)
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -173,7 +173,7 @@ def load_lm(model: str | ModelSource, settings: EvalSettings, int8_lm_head: bool
         why = int8_head_unavailable(torch.device(settings.device), DTYPES[settings.dtype], model.lm_head.in_features)
         if why is not None:
             raise QuantkitError(f"--cpu-int8-lm-head: {why}")
-        model.lm_head = Int8Linear.from_linear(model.lm_head)
+        model.lm_head = Int8Linear.from_linear(model.lm_head, fp32_out=True)  # fp32 logits, as the engine's
         lm.quantization += ", lm_head held in int8 (--cpu-int8-lm-head)"
     return lm
 

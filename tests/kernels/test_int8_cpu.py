@@ -132,6 +132,11 @@ def test_module_runs_a_float_linear_in_int8(int8_ext):
                                                                        100, 128, True))
     # against the float head: the int8 rounding of W (at most s / 2 an element) is all that differs
     torch.testing.assert_close(got.float(), (x.float() @ linear.weight.T).detach(), rtol=0.02, atol=0.02)
+    # fp32_out (the engine's lm_head): the same sums, not rounded to bf16 as they are stored
+    sums = Int8Linear.from_linear(linear, fp32_out=True)(x)
+    assert sums.dtype == torch.float32 and torch.equal(sums.bfloat16(), got)
+    assert torch.equal(sums.reshape(6, 100), int8_ext.int8_linear_bf16(x.reshape(6, 256), w.packed, w.scales, w.wsum,
+                                                                        100, 128, False))
 
 
 def test_amx_tiles_give_the_vnni_kernels_bits():
