@@ -117,6 +117,7 @@ class QuantizeConfig:
     scale_search: str = "minmax"  # one of SCALE_SEARCHES (RTN and GPTQ)
     awq_duo_scaling: str = "false"  # one of DUO_SCALINGS (True / False, as older recipes write it, are read as "true" / "false")
     awq_grid: int = 20
+    awq_row_gain: bool = True  # AWQ: each output row's scales times its least-squares gain on the calibration inputs
     awq_search_tokens: int = 2048  # AWQ's scale search judges candidates on evenly strided samples up to this many tokens (0: all)
     # AWQ: what feeds the next layer: the float layer's outputs (llm-awq, AutoAWQ, llm-compressor) or the quantized one's
     awq_next_inputs: str = "quantized"

@@ -17,7 +17,7 @@ from quantkit.errors import QuantkitError
 RECIPE_KEYS = frozenset({
     "method", "format", "bits", "group_size", "sym", "desc_act", "act_group_aware", "static_groups", "damp", "true_sequential",
     "gptaq", "gptaq_alpha",
-    "calib", "nsamples", "seqlen", "seed", "awq_duo_scaling", "awq_search_tokens", "scale_search", "max_shard_size_gb",
+    "calib", "nsamples", "seqlen", "seed", "awq_duo_scaling", "awq_row_gain", "awq_search_tokens", "scale_search", "max_shard_size_gb",
 })
 
 

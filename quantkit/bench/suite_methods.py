@@ -33,6 +33,7 @@ METHODS = {
     "awq": Method(["--method", "awq", "--awq-duo-scaling", "false"], ["--method", "awq"]),
     "awq-duo": Method(["--method", "awq", "--awq-duo-scaling", "true"], ["--method", "awq", "--duo", "true"]),
     "awq-both": Method(["--method", "awq", "--awq-duo-scaling", "both"], ["--method", "awq", "--duo", "both"]),
+    "awq-nogain": Method(["--method", "awq", "--awq-duo-scaling", "false", "--no-awq-row-gain"], None),  # before 12-08
     # quantkit's searched group scales (no llm-compressor counterpart run here: --tools peer skips them)
     "rtn-mse": Method(["--method", "rtn", "--no-sym", "--format", "awq", "--scale-search", "mse"], None),
     # the data-free mode as `quantkit quantize --method rtn --scale-search mse` runs it by default (symmetric, GPTQ

@@ -44,6 +44,7 @@ class QuantizeFlags:
                                      "with AVX-512 BF16 or AMX, else float32), float32 or bfloat16. The quantizers' math stays fp32.")
     scale_search: str = option("minmax", "--scale-search", help="RTN and GPTQ: each group's scale and zero from min-max, or searched: mse (the weight error, data-free), imatrix (the error weighted by the calibration inputs' mean square per channel; RTN then reads --calib), prior (RTN, data-free: weighted by an estimate of that mean square from the model's own norms and weights).")
     awq_duo_scaling: str = option("false", "--awq-duo-scaling", help="AWQ's scale formula per smoothing group: false (activations, x**r), true (activations and weights, x**r / w**(1-r): duo scaling), or both (each searched, the lower loss kept).")
+    awq_row_gain: bool = option(True, "--awq-row-gain/--no-awq-row-gain", help="AWQ: after clipping and rounding, scale each output row by the gain that fits its quantized outputs to the float ones on the calibration inputs (least squares; undoes the shrink clipping leaves).")
     awq_search_tokens: int = option(2048, "--awq-search-tokens", min=0, help="AWQ: judge the scale candidates on evenly strided calibration samples up to this many tokens (0: all).")
     load_plan: Path = option(None, "--load-plan", help="AWQ: apply a saved awq_plan.safetensors instead of searching.")
     max_shard_size_gb: float = option(2.0, "--max-shard-size-gb", help="Shard the output above this size.")
@@ -111,7 +112,7 @@ def quantize_config(flags: QuantizeFlags, given: frozenset[str]):
     calib = CalibConfig(source=DEFAULT_CALIB if calib is None else calib, nsamples=o["nsamples"], seqlen=o["seqlen"],
                         seed=o["seed"])
     same = ("method", "format", "bits", "group_size", "sym", "desc_act", "act_group_aware", "static_groups", "damp",
-            "true_sequential", "gptaq", "gptaq_alpha", "awq_duo_scaling", "awq_search_tokens", "scale_search")
+            "true_sequential", "gptaq", "gptaq_alpha", "awq_duo_scaling", "awq_row_gain", "awq_search_tokens", "scale_search")
     cfg = QuantizeConfig(
         model=p.model, out=p.out, calib=calib, device=p.device, compute_dtype=p.compute_dtype,
         low_memory=_low_memory(p.low_memory, p.dry_run, source), force=p.force, dry_run=p.dry_run,

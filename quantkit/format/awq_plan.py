@@ -5,6 +5,7 @@ AWQ's search (scales folded into the weights, clip thresholds) is saved beside t
 applied again without searching (`quantize --load-plan`). Keys, all fp32:
   layers.<i>.<group>.scale    [K]     the folded scale of a LinearGroup (e.g. `layers.0.qkv.scale`)
   layers.<i>.<linear>.clip    [N, G]  the clip threshold of a quantized linear (e.g. `layers.0.mlp.down_proj.clip`)
+  layers.<i>.<linear>.gain    [N]     the gain each output row's scales were multiplied by (--awq-row-gain)
 Groups that were not scaled (GQA v -> o, nothing to quantize) have no `.scale` key. The same
 tensors give the same folded and clipped weights, so a checkpoint made from a loaded plan is bit
 for bit the one the search made. The file is not a weight shard: checkpoint readers skip it.
@@ -22,6 +23,8 @@ from quantkit.errors import QuantkitError
 PLAN_FILE = "awq_plan.safetensors"
 SCALE_SUFFIX = ".scale"
 CLIP_SUFFIX = ".clip"
+GAIN_SUFFIX = ".gain"
+OPTIONAL_SUFFIXES = (CLIP_SUFFIX, GAIN_SUFFIX)  # keys a plan may lack (plans saved before quantkit wrote them)
 
 
 def layer_prefix(index: int) -> str:
@@ -34,6 +37,10 @@ def scale_key(group: str) -> str:
 
 def clip_key(linear: str) -> str:
     return linear + CLIP_SUFFIX
+
+
+def gain_key(linear: str) -> str:
+    return linear + GAIN_SUFFIX
 
 
 def save_plan(plan: dict[str, torch.Tensor], path: Path) -> None:
@@ -75,11 +82,11 @@ class PlanFile:
 
     def layer(self, index: int, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
         """The plan of layer `index`, checked against `expected` (key -> shape); QuantkitError on mismatch.
-        A clip may be absent: that linear is quantized unclipped (plans saved before quantkit clipped q/k
-        have no clip for them); every scale must be there."""
+        A clip or a gain may be absent: that linear is quantized unclipped or without a gain (plans saved before
+        quantkit clipped q/k, or before it fitted row gains, have none); every scale must be there."""
         prefix = layer_prefix(index)
         found = {k[len(prefix):]: v for k, v in self._tensors.items() if k.startswith(prefix)}
-        missing = sorted(k for k in set(expected) - set(found) if not k.endswith(CLIP_SUFFIX))
+        missing = sorted(k for k in set(expected) - set(found) if not k.endswith(OPTIONAL_SUFFIXES))
         extra = sorted(set(found) - set(expected))
         if missing or extra:
             what = f"lacks {prefix}{missing[0]}" if missing else f"has {prefix}{extra[0]}, which this run does not use"

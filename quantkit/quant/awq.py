@@ -29,10 +29,10 @@ from quantkit.format.arch import LinearGroup, get_submodule, head_counts, tie_ov
 from quantkit.quant.awq_apply import apply_clip, fold_reason, fold_scale
 from quantkit.quant.awq_experts import expected_expert_plan, quantize_experts_awq
 from quantkit.quant.awq_capture import Capture, capture, merge_calls, strided_samples
-from quantkit.format.awq_plan import PlanFile, clip_key, scale_key
+from quantkit.format.awq_plan import PlanFile, clip_key, gain_key, scale_key
 from quantkit.quant.awq_search import (
     CLIP_TOKENS, act_mean, clip_sample, fake_quantize, output_error, scaled_fake_weight, search_clip,
-    scale_candidates, search_scale, weight_mean,
+    fitted_row_gain, scale_candidates, search_scale, weight_mean, with_row_gain,
 )
 from quantkit.quant.methods import LayerContext, LayerResult
 from quantkit.format.primitives import rtn_quantize
@@ -127,6 +127,8 @@ class AWQMethod:
         for name in _clipped(ctx, quantized):
             n, k = get_submodule(ctx.layer, name).weight.shape
             shapes[clip_key(name)] = (n, ctx.scheme.num_groups(k))
+        if self.config.awq_row_gain:
+            shapes.update({gain_key(name): (get_submodule(ctx.layer, name).weight.shape[0],) for name in quantized})
         return shapes
 
     def _load_layer_plan(self, ctx: LayerContext, expected) -> dict[str, torch.Tensor] | None:
@@ -222,8 +224,9 @@ class AWQMethod:
 def quantize_linear(ctx: LayerContext, name: str, x: torch.Tensor, clip: bool, loaded: dict | None, plan: dict,
                     grid: int, weights: dict, losses: dict, clip_stats: dict) -> None:
     """One linear of the layer (its scale already folded): clip (searched on x [T, K], the linear's input as the
-    folded layer feeds it, or loaded; not where `clip` is False or a loaded plan has none), RTN-quantize, leave
-    the dequantized weight in place; the integer weight, output loss and clip ratio into the dicts."""
+    folded layer feeds it, or loaded; not where `clip` is False or a loaded plan has none), RTN-quantize, each
+    output row's scales times its least-squares gain on x (awq_search.with_row_gain; `awq_row_gain`), leave the
+    dequantized weight in place; the integer weight, output loss and clip ratio into the dicts."""
     lin = get_submodule(ctx.layer, name)
     x = x.to(lin.weight.device)
     w = lin.weight.data.float()
@@ -235,6 +238,11 @@ def quantize_linear(ctx: LayerContext, name: str, x: torch.Tensor, clip: bool, l
         org_max = _group_abs_max(w, max_val.shape[1])
         clip_stats[name] = float((max_val.to(w.device) / org_max.clamp(min=1e-12)).mean())
     qw = rtn_quantize(lin.weight.data, ctx.scheme)
+    gain = None if not ctx.config.awq_row_gain else fitted_row_gain(qw, x.float(), w) if loaded is None \
+        else loaded.get(gain_key(name))  # (absent from a plan saved before gains: none)
+    if gain is not None:
+        plan[gain_key(name)] = gain.detach().float().cpu()
+        qw = with_row_gain(qw, plan[gain_key(name)])
     w_hat = qw.dequantize().to(lin.weight.device)
     lin.weight.data = w_hat.to(lin.weight.dtype)
     weights[name] = qw

@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from quantkit.format.arch import get_submodule
-from quantkit.format.awq_plan import clip_key, scale_key
+from quantkit.format.awq_plan import clip_key, gain_key, scale_key
 from quantkit.model.moe import expert_batches
 from quantkit.quant.awq_apply import fold_scale, scale_columns
 from quantkit.quant.awq_search import (
@@ -53,6 +53,8 @@ def expected_expert_plan(ctx: LayerContext) -> dict[str, tuple[int, ...]]:
     for name in sorted(ctx.experts):
         n, k = get_submodule(ctx.layer, name).weight.shape
         shapes[clip_key(name)] = (n, ctx.scheme.num_groups(k))
+        if ctx.config.awq_row_gain:
+            shapes[gain_key(name)] = (n,)
     return shapes
 
 

@@ -155,7 +155,8 @@ def test_awq_block_error_below_rtn_on_real_stories_layer(stories_dir, tmp_path):
     assert set(result.weights) == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
     assert set(result.stats["groups"]) == {"qkv", "o"}
     assert set(result.stats["skipped_groups"]) == {"gate_up", "down"}
-    assert set(result.plan) == {"qkv.scale", "o.scale"} | {f"{n}.clip" for n in result.weights}
+    per_linear = {f"{n}.{part}" for n in result.weights for part in ("clip", "gain")}
+    assert set(result.plan) == {"qkv.scale", "o.scale"} | per_linear
 
 
 @pytest.mark.parametrize("family,kv_heads", [("llama", 4), ("qwen2", 2), ("qwen3", 2)])

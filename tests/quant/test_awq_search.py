@@ -194,3 +194,31 @@ def test_clip_search_batches_rows_without_changing_the_answer(monkeypatch):
     whole = search_clip(w, x, scheme, 20)
     monkeypatch.setattr(awq_search, "CLIP_ELEMENTS", 64 * 64 * 5)  # 5 rows per batch
     assert torch.equal(search_clip(w, x, scheme, 20), whole)
+
+
+def test_row_gain_is_each_outputs_least_squares_fit():
+    from quantkit.quant.awq_search import row_gain
+
+    y_hat = torch.tensor([[1.0, 0.0, 1.0], [2.0, 0.0, -1.0]])
+    y = torch.tensor([[2.0, 5.0, -1.0], [4.0, 1.0, 1.0]])
+    # column 0: y = 2 y_hat; column 1: y_hat all zero (no fit: 1); column 2: a negative fit (kept at 1)
+    assert torch.equal(row_gain(y, y_hat), torch.tensor([2.0, 1.0, 1.0]))
+
+
+def test_a_fitted_gain_undoes_a_shrink_and_lowers_the_output_error():
+    from quantkit.format.primitives import QuantScheme, rtn_quantize
+    from quantkit.quant.awq_search import fitted_row_gain, with_row_gain
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(16, 64, generator=g), torch.randn(256, 64, generator=g)
+    shrunk = rtn_quantize(0.8 * w, QuantScheme(4, 32, False))  # a uniformly shrunk rounding of w
+    gain = fitted_row_gain(shrunk, x, w)
+    assert bool(((gain > 1.15) & (gain < 1.35)).all())
+    fitted = with_row_gain(shrunk, gain)
+    assert torch.equal(fitted.qweight, shrunk.qweight) and torch.equal(fitted.zeros, shrunk.zeros)
+    assert torch.equal(fitted.scales, fitted.scales.half().float())  # the fp16 scales the checkpoint stores
+
+    def error(q):
+        return float((x @ q.dequantize().T - x @ w.T).pow(2).sum())
+
+    assert error(fitted) < 0.5 * error(shrunk)
